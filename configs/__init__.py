@@ -1,0 +1,1 @@
+"""Data files shipped with syncpass: default pass settings and hardware profiles."""

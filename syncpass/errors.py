@@ -1,0 +1,33 @@
+"""The one error type syncpass raises for bad user input.
+
+Every message names *where* (a file, and a JSON path or a line inside it),
+*what* is wrong and, where it helps, how to fix it. The command line prints
+``str(error)`` and exits with status 2; the library API turns it into a
+failure result instead of raising (see :mod:`syncpass.api`).
+"""
+
+from __future__ import annotations
+
+
+class SyncpassError(Exception):
+    """Bad input or an impossible request, located in the user's files.
+
+    ``location`` is ``"file"``, ``"file:$.json.path"`` or ``"file:line"``;
+    empty when the fault is in the request itself (flags, arguments).
+    """
+
+    def __init__(self, message: str, location: str = "") -> None:
+        super().__init__(message)
+        self.message = message
+        self.location = location
+
+    def __str__(self) -> str:
+        return f"{self.location}: {self.message}" if self.location else self.message
+
+
+class InfeasibleError(SyncpassError):
+    """No plan meets the constraints; ``constraint`` names the one at fault."""
+
+    def __init__(self, message: str, constraint: str, location: str = "") -> None:
+        super().__init__(message, location)
+        self.constraint = constraint
