@@ -50,9 +50,7 @@ class SyncConfig:
             raise ValueError(
                 f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
             )
-        if isinstance(self.min_sync_interval, bool) or not isinstance(
-            self.min_sync_interval, int
-        ):
+        if isinstance(self.min_sync_interval, bool) or not isinstance(self.min_sync_interval, int):
             raise ValueError(
                 f"min_sync_interval must be a whole number of ops, got {self.min_sync_interval!r}"
             )
@@ -77,7 +75,9 @@ class SyncConfig:
 CONFIG_KEYS = tuple(field.name for field in dataclasses.fields(SyncConfig))
 
 
-def sync_config_from_mapping(data: Mapping[str, Any], location: str, base: SyncConfig) -> SyncConfig:
+def sync_config_from_mapping(
+    data: Mapping[str, Any], location: str, base: SyncConfig
+) -> SyncConfig:
     """Read ``data`` over ``base``; unknown keys and bad values name ``location``."""
     unknown = sorted(set(data) - set(CONFIG_KEYS))
     if unknown:

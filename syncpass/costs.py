@@ -139,7 +139,9 @@ class Costs:
                 raise ValueError(f"cut after {cut.after!r} names no op")
             index = position[cut.after]
             if index == len(self.ops) - 1:
-                raise ValueError(f"cut after {cut.after!r}: the last op cannot be followed by a cut")
+                raise ValueError(
+                    f"cut after {cut.after!r}: the last op cannot be followed by a cut"
+                )
             if index <= last:
                 raise ValueError(
                     f"cut after {cut.after!r} is out of order or repeated; list cuts in op order"

@@ -41,6 +41,7 @@ This module knows nothing of libcst, torch or the cost file's format.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -500,7 +501,7 @@ def score_cuts(problem: Problem, cuts: tuple[int, ...]) -> PlanScore:
     """Stage figures of the plan with ``cuts`` (positions), under the same model."""
     bounds = (0, *cuts, problem.num_ops)
     scores = []
-    for start, end in zip(bounds, bounds[1:], strict=False):
+    for start, end in itertools.pairwise(bounds):
         last = end == problem.num_ops
         scores.append(
             StageScore(

@@ -82,7 +82,9 @@ class Prediction:
         return sum(stage.idle_s for stage in self.stages) / (len(self.stages) * self.step_s)
 
 
-def stage_order(schedule: str, stage: int, stages: int, microbatches: int, training: bool) -> list[tuple[str, int]]:
+def stage_order(
+    schedule: str, stage: int, stages: int, microbatches: int, training: bool
+) -> list[tuple[str, int]]:
     """The actions stage ``stage`` runs, in order: ``("F", m)`` and ``("B", m)``."""
     forwards = [("F", m) for m in range(microbatches)]
     if not training:

@@ -1,0 +1,468 @@
+"""From a cost file to a Plan: where the sync points go, what each stage costs, and why.
+
+:func:`make_plan` runs one strategy; :func:`compare_baselines` scores the
+rules people use today on the same costs; :func:`best_stage_count` picks the
+number of stages with the least predicted step time. Plans serialise to the
+plan file (JSON, ``docs/formats.md``) that the rewrite stage consumes.
+
+This module imports neither torch nor libcst.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from syncpass.config import BASELINE_STRATEGIES, OPTIMISING_STRATEGIES, SCHEDULES, SyncConfig
+from syncpass.costs import Costs
+from syncpass.errors import InfeasibleError, SyncpassError
+from syncpass.explain import broken_constraints, explain_sync_points
+from syncpass.optimizer import Infeasible, PlanScore, Problem, score_cuts, solve
+from syncpass.schedule import Link, Prediction, StageLoad, simulate
+from syncpass.units import num_bytes, percent
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asked for: ``stages`` (or ``None`` for manual) and settings.
+
+    ``pinned`` adds user-marked cuts (op ids) to those pinned in the cost file.
+    """
+
+    stages: int | None
+    config: SyncConfig
+    microbatches: int | None = None
+    schedule: str = "1f1b"
+    pinned: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.stages is not None and self.stages < 1:
+            raise ValueError(f"stages must be at least 1, got {self.stages}")
+        if self.microbatches is not None and self.microbatches < 1:
+            raise ValueError(f"microbatches must be at least 1, got {self.microbatches}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}")
+
+
+@dataclass(frozen=True)
+class SyncPoint:
+    """One chosen sync point: a cut right after op ``after``."""
+
+    after: str
+    live_bytes: float
+    comm_s: float  # per step: both directions when training
+    ratio: float  # comm_s over the compute of the stage it closes
+    pinned: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One pipeline stage: its ops and figures (full batch, per step)."""
+
+    index: int
+    ops: tuple[str, ...]
+    compute_s: float
+    comm_in_s: float
+    comm_out_s: float
+    time_s: float
+    memory_bytes: float
+    sync_s: float  # simulated time in transfers
+    idle_s: float  # simulated bubble and waiting
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """The communication threshold asked for and the one the plan needed.
+
+    ``forced_by`` names the sync point whose ratio set ``used`` when the
+    adaptive strategy had to raise it. ``math.inf`` means no limit.
+    """
+
+    requested: float
+    used: float
+    forced_by: str | None = None
+
+    @property
+    def raised(self) -> bool:
+        return self.used > self.requested
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A pipeline plan: the contract between planning and rewriting."""
+
+    strategy: str
+    batch_size: int
+    training: bool
+    schedule: str
+    microbatches: int
+    min_sync_interval: int
+    threshold: Threshold
+    sync_points: tuple[SyncPoint, ...]
+    stages: tuple[StagePlan, ...]
+    bottleneck_s: float
+    total_comm_s: float
+    predicted_step_s: float
+    comm_wait_ratio: float
+    bubble_ratio: float
+    violations: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    hardware: str | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.stages) != len(self.sync_points) + 1:
+            raise ValueError("a plan has one more stage than it has sync points")
+        if self.strategy not in (*OPTIMISING_STRATEGIES, *BASELINE_STRATEGIES, "manual"):
+            raise ValueError(f"unknown strategy {self.strategy!r}")
+
+    @property
+    def bottleneck_stage(self) -> int:
+        return max(range(len(self.stages)), key=lambda s: self.stages[s].time_s)
+
+
+# --- building the problem ---------------------------------------------------
+
+
+def problem_from_costs(costs: Costs, config: SyncConfig, pinned: tuple[str, ...] = ()) -> Problem:
+    """The optimiser's arrays for ``costs``; ``pinned`` op ids must have cuts."""
+    n = len(costs.ops)
+    index = costs.op_index
+    cut_comm = np.zeros(n + 1)
+    admissible = np.zeros(n + 1, dtype=bool)
+    pins = np.zeros(n + 1, dtype=bool)
+    for cut in costs.cuts:
+        position = index[cut.after] + 1
+        admissible[position] = True
+        cut_comm[position] = costs.cut_comm_s(cut)
+        pins[position] = cut.pinned
+    for op_id in pinned:
+        if op_id not in index:
+            raise SyncpassError(f"cannot pin a sync point after {op_id!r}: no op has that id")
+        position = index[op_id] + 1
+        if not admissible[position]:
+            raise SyncpassError(
+                f"cannot pin a sync point after {op_id!r}: the cost file lists no cut there"
+            )
+        pins[position] = True
+    memory = costs.hardware.device_memory_bytes
+    return Problem(
+        op_compute=np.array([costs.op_compute_s(op) for op in costs.ops], dtype=np.float64),
+        op_memory=np.array([costs.op_memory_bytes(op) for op in costs.ops], dtype=np.float64),
+        cut_comm=cut_comm,
+        admissible=admissible,
+        pinned=pins,
+        min_ops=config.min_sync_interval,
+        memory_limit=math.inf if memory is None else float(memory),
+    )
+
+
+# --- strategies ---------------------------------------------------------------
+
+
+def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
+    """Plan ``costs`` with ``request.config.strategy``.
+
+    Raises :class:`SyncpassError` (an :class:`InfeasibleError` when the
+    constraints rule out every plan) with a message that says what to change.
+    """
+    problem = problem_from_costs(costs, request.config, request.pinned)
+    strategy = request.config.strategy
+    requested_tau = request.config.communication_cost_threshold
+    stages = _stage_count(problem, request, origin)
+    notes: list[str] = []
+    if strategy in OPTIMISING_STRATEGIES:
+        result = solve(problem, stages, requested_tau, adaptive=strategy == "adaptive")
+        if isinstance(result, Infeasible):
+            raise _infeasible_error(result, problem, stages, request.config, costs, origin)
+        cuts, used_tau = result.cuts, result.threshold_used
+    elif strategy == "manual":
+        cuts, used_tau = tuple(int(p) for p in np.flatnonzero(problem.pinned)), requested_tau
+    else:
+        baseline = _baseline_cuts(problem, stages, strategy, costs)
+        if isinstance(baseline, Infeasible):
+            raise _infeasible_error(baseline, problem, stages, request.config, costs, origin)
+        cuts, used_tau = baseline, requested_tau
+        notes.append(f"{strategy}: {_BASELINE_RULES[strategy]}")
+    score = score_cuts(problem, cuts)
+    forced_by = None
+    if used_tau > requested_tau:
+        worst = max(range(len(cuts)), key=lambda c: score.stages[c].cut_ratio)
+        forced_by = costs.ops[cuts[worst] - 1].id
+        notes.append(
+            f"no {stages}-stage plan keeps every sync point within the threshold "
+            f"{percent(requested_tau)}; raised it to {percent(used_tau)}, the least that admits "
+            f"a plan, forced by the sync point after {forced_by}"
+        )
+    threshold = Threshold(requested=requested_tau, used=used_tau, forced_by=forced_by)
+    return _assemble(costs, problem, request, strategy, cuts, score, threshold, notes)
+
+
+_BASELINE_RULES = {
+    "uniform": "equal numbers of ops per stage",
+    "parameters": "equal parameter bytes per stage (DeepSpeed's default)",
+    "time": "equal compute per stage, communication ignored (torchgpipe's balance_by_time)",
+}
+
+
+def _baseline_cuts(
+    problem: Problem, stages: int, strategy: str, costs: Costs
+) -> tuple[int, ...] | Infeasible:
+    """Balanced partition of one weight per op, honouring legal cuts, pins and min interval.
+
+    Ties between equally balanced partitions go to the cuts closest to the
+    ideal boundaries (multiples of total weight / stages).
+    """
+    if strategy == "uniform":
+        weights = np.ones(problem.num_ops)
+    elif strategy == "parameters":
+        weights = np.array([op.param_bytes for op in costs.ops], dtype=np.float64)
+    else:
+        weights = problem.op_compute.copy()
+    prefix = np.concatenate(([0.0], np.cumsum(weights)))
+    share = prefix[-1] / stages
+    nearest = np.round(prefix / share) * share if share > 0 else prefix
+    balanced = Problem(
+        op_compute=weights,
+        op_memory=np.zeros(problem.num_ops),
+        cut_comm=np.zeros(problem.num_ops + 1),
+        admissible=problem.admissible,
+        pinned=problem.pinned,
+        min_ops=problem.min_ops,
+    )
+    result = solve(balanced, stages, math.inf, adaptive=False, tie_cost=np.abs(prefix - nearest))
+    return result if isinstance(result, Infeasible) else result.cuts
+
+
+def compare_baselines(costs: Costs, request: PlanRequest) -> tuple[Plan, ...]:
+    """The ``uniform``, ``parameters`` and ``time`` plans for the same request."""
+    return tuple(
+        make_plan(costs, _with_strategy(request, strategy)) for strategy in BASELINE_STRATEGIES
+    )
+
+
+def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin: str = "") -> Plan:
+    """The plan with the least predicted step time over 1..``max_stages`` stages."""
+    best: Plan | None = None
+    last_error: SyncpassError | None = None
+    for stages in range(1, max_stages + 1):
+        try:
+            plan = make_plan(costs, _with_stages(request, stages), origin)
+        except InfeasibleError as error:
+            last_error = error
+            continue
+        if best is None or plan.predicted_step_s < best.predicted_step_s:
+            best = plan
+    if best is None:
+        assert last_error is not None
+        raise last_error
+    return best
+
+
+def _with_strategy(request: PlanRequest, strategy: str) -> PlanRequest:
+    return PlanRequest(
+        stages=request.stages,
+        config=request.config.replace(strategy=strategy),
+        microbatches=request.microbatches,
+        schedule=request.schedule,
+        pinned=request.pinned,
+    )
+
+
+def _with_stages(request: PlanRequest, stages: int) -> PlanRequest:
+    return PlanRequest(
+        stages=stages,
+        config=request.config,
+        microbatches=request.microbatches,
+        schedule=request.schedule,
+        pinned=request.pinned,
+    )
+
+
+def _stage_count(problem: Problem, request: PlanRequest, origin: str) -> int:
+    pins = int(problem.pinned.sum())
+    if request.config.strategy == "manual":
+        if pins == 0:
+            raise SyncpassError(
+                "the manual strategy uses only the sync points the user marked, and none is "
+                'marked; pin cuts ("pinned": true in the cost file, or --cuts)',
+                origin,
+            )
+        if request.stages is not None and request.stages != pins + 1:
+            raise SyncpassError(
+                f"{pins} marked sync point(s) make {pins + 1} stages, but {request.stages} "
+                "were asked for; drop --stages or mark more cuts",
+                origin,
+            )
+        return pins + 1
+    if request.stages is None:
+        raise SyncpassError("the number of stages is required (--stages S)")
+    stages = request.stages
+    n, k = problem.num_ops, problem.min_ops
+    cuts = int(problem.admissible.sum())
+    if stages * k > n:
+        raise InfeasibleError(
+            f"{stages} stages need at least {stages * k} ops (min_sync_interval {k}), "
+            f"but the model has {n}; use at most {n // k} stages",
+            "stages",
+            origin,
+        )
+    if stages - 1 > cuts:
+        raise InfeasibleError(
+            f"{stages} stages need {stages - 1} sync points, but the cost file lists only "
+            f"{cuts} admissible cut(s); use at most {cuts + 1} stages",
+            "stages",
+            origin,
+        )
+    if pins > stages - 1:
+        raise InfeasibleError(
+            f"{pins} pinned sync points make at least {pins + 1} stages, but {stages} were asked for",
+            "stages",
+            origin,
+        )
+    return stages
+
+
+def _infeasible_error(
+    result: Infeasible,
+    problem: Problem,
+    stages: int,
+    config: SyncConfig,
+    costs: Costs,
+    origin: str,
+) -> InfeasibleError:
+    if result.constraint == "stages":
+        message = (
+            f"no {stages}-stage plan exists with at least {config.min_sync_interval} op(s) per "
+            f"stage (min_sync_interval) using only the {int(problem.admissible.sum())} admissible "
+            f"cut(s) and keeping the {int(problem.pinned.sum())} pinned one(s); use fewer stages, "
+            "a smaller min_sync_interval, or allow more cuts"
+        )
+    elif result.constraint == "memory":
+        limit = costs.hardware.device_memory_bytes
+        assert limit is not None and result.needed is not None
+        message = (
+            f"no {stages}-stage plan fits in device memory {num_bytes(limit)} "
+            f"(hardware.device_memory_bytes): the best plan needs {num_bytes(result.needed)} on "
+            "its fullest device; use more stages or a device with more memory"
+        )
+    else:
+        needed = result.needed
+        hint = (
+            f"the least threshold that admits a plan is {percent(needed)} (--threshold {needed:.6g})"
+            if needed is not None and math.isfinite(needed)
+            else "no finite threshold admits one (some stage would have no compute)"
+        )
+        message = (
+            f"no {stages}-stage plan keeps every sync point's communication within "
+            f"{percent(config.communication_cost_threshold)} of the compute of the stage it "
+            f"closes (communication_cost_threshold, strategy fixed); {hint}, or use "
+            "--strategy adaptive"
+        )
+    return InfeasibleError(message, result.constraint, origin)
+
+
+# --- assembling ------------------------------------------------------------------
+
+
+def default_microbatches(stages: int, batch_size: int) -> int:
+    """Four micro-batches per stage (a bubble under 20% for 1F1B), at most one sample each."""
+    return max(1, min(4 * stages, batch_size))
+
+
+def predict(
+    costs: Costs, problem: Problem, cuts: tuple[int, ...], microbatches: int, schedule: str
+) -> Prediction:
+    """Simulated step of the plan with ``cuts`` under ``schedule``."""
+    bounds = (0, *cuts, problem.num_ops)
+    loads = tuple(
+        StageLoad(
+            forward_s=sum(op.compute_s for op in costs.ops[start:end]),
+            backward_s=sum(op.backward_s for op in costs.ops[start:end]) if costs.training else 0.0,
+        )
+        for start, end in itertools.pairwise(bounds)
+    )
+    live = {costs.op_index[cut.after] + 1: cut.live_bytes for cut in costs.cuts}
+    links = tuple(
+        Link(
+            alpha_s=costs.hardware.alpha_s,
+            beta_bytes_per_s=costs.hardware.beta_bytes_per_s,
+            batch_bytes=live[cut],
+        )
+        for cut in cuts
+    )
+    return simulate(loads, links, microbatches, schedule, costs.training)
+
+
+def _assemble(
+    costs: Costs,
+    problem: Problem,
+    request: PlanRequest,
+    strategy: str,
+    cuts: tuple[int, ...],
+    score: PlanScore,
+    threshold: Threshold,
+    notes: list[str],
+) -> Plan:
+    stages = len(cuts) + 1
+    microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
+    prediction = predict(costs, problem, cuts, microbatches, request.schedule)
+    live = {costs.op_index[cut.after] + 1: cut.live_bytes for cut in costs.cuts}
+    reasons = explain_sync_points(costs, problem, cuts, score, threshold.used)
+    sync_points = tuple(
+        SyncPoint(
+            after=costs.ops[cut - 1].id,
+            live_bytes=live[cut],
+            comm_s=float(problem.cut_comm[cut]),
+            ratio=score.stages[index].cut_ratio,
+            pinned=bool(problem.pinned[cut]),
+            reason=reasons[index],
+        )
+        for index, cut in enumerate(cuts)
+    )
+    stage_plans = tuple(
+        StagePlan(
+            index=index,
+            ops=tuple(op.id for op in costs.ops[stage.start : stage.end]),
+            compute_s=stage.compute,
+            comm_in_s=stage.comm_in,
+            comm_out_s=stage.comm_out,
+            time_s=stage.time,
+            memory_bytes=stage.memory,
+            sync_s=prediction.stages[index].sync_s,
+            idle_s=prediction.stages[index].idle_s,
+        )
+        for index, stage in enumerate(score.stages)
+    )
+    violations: list[str] = []
+    if strategy not in OPTIMISING_STRATEGIES:  # the optimiser's plans are legal by construction
+        violations = broken_constraints(
+            problem,
+            cuts,
+            request.config.communication_cost_threshold,
+            [op.id for op in costs.ops],
+        )
+    return Plan(
+        strategy=strategy,
+        batch_size=costs.batch_size,
+        training=costs.training,
+        schedule=request.schedule,
+        microbatches=microbatches,
+        min_sync_interval=request.config.min_sync_interval,
+        threshold=threshold,
+        sync_points=sync_points,
+        stages=stage_plans,
+        bottleneck_s=score.bottleneck,
+        total_comm_s=score.total_comm,
+        predicted_step_s=prediction.step_s,
+        comm_wait_ratio=prediction.comm_wait_ratio,
+        bubble_ratio=prediction.bubble_ratio,
+        violations=tuple(violations),
+        notes=tuple(notes),
+        hardware=costs.hardware.name,
+        model=costs.model,
+    )
