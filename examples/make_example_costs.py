@@ -49,7 +49,9 @@ def gpt_costs(
     for index in range(layers):
         attention_flops = 2 * tokens * 4 * width * width + 2 * 2 * batch * seq * seq * width
         ops.append(op(f"blocks.{index}.attn", attention_flops, 4 * width * width, activation))
-        ops.append(op(f"blocks.{index}.mlp", 2 * tokens * 8 * width * width, 8 * width * width, activation))
+        ops.append(
+            op(f"blocks.{index}.mlp", 2 * tokens * 8 * width * width, 8 * width * width, activation)
+        )
     ops.append(op("ln_f", 5.0 * tokens * width, 2 * width, activation))
     ops.append(op("lm_head", 2.0 * tokens * width * vocab, vocab * width, tokens * vocab * FP32))
     # Between any two ops only the residual stream (batch, seq, width) is live.
@@ -66,7 +68,11 @@ def gpt_costs(
             "beta_bytes_per_s": 16e9,
             "device_memory_bytes": 24 * 2**30,
         },
-        "config": {"strategy": "adaptive", "min_sync_interval": 1, "communication_cost_threshold": 0.1},
+        "config": {
+            "strategy": "adaptive",
+            "min_sync_interval": 1,
+            "communication_cost_threshold": 0.1,
+        },
         "ops": ops,
         "cuts": cuts,
     }

@@ -12,6 +12,8 @@ import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cache
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -90,6 +92,15 @@ def sync_config_from_mapping(
         return base.replace(**dict(data))
     except (ValueError, TypeError) as error:
         raise SyncpassError(str(error), location) from None
+
+
+@cache
+def default_sync_config() -> SyncConfig:
+    """The shipped defaults, from ``configs/defaults.toml``."""
+    text = resources.files("syncpass.configs").joinpath("defaults.toml").read_text("utf-8")
+    return sync_config_from_mapping(
+        tomllib.loads(text), "syncpass/configs/defaults.toml", SyncConfig()
+    )
 
 
 def load_config_file(path: Path, base: SyncConfig) -> SyncConfig:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syncpass.config import CONFIG_KEYS, SyncConfig, sync_config_from_mapping
+from syncpass.config import CONFIG_KEYS, SyncConfig, default_sync_config, sync_config_from_mapping
 from syncpass.errors import SyncpassError
 
 COST_FILE_VERSION = 1
@@ -229,7 +229,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         else reader.number(hardware_data, "$.hardware", "device_memory_bytes", 0, strict=True),
         name=reader.optional_string(hardware_data, "$.hardware", "name"),
     )
-    config = SyncConfig()
+    config = default_sync_config()
     if "config" in top:
         config_data = reader.mapping(top["config"], "$.config")
         config = sync_config_from_mapping(config_data, f"{origin}:$.config", config)

@@ -229,8 +229,8 @@ def _range_min(values: FloatArray, lo: IntArray, hi: IntArray) -> FloatArray:
     nonempty = lo <= hi
     low = np.where(nonempty, lo, 0)
     high = np.where(nonempty, hi, 0)
-    level = _floor_log2(high - low + 1)
-    result = np.minimum(table[level, low], table[level, high - (1 << level) + 1])
+    levels_used = _floor_log2(high - low + 1)
+    result = np.minimum(table[levels_used, low], table[levels_used, high - (1 << levels_used) + 1])
     return np.where(nonempty, result, _INF)
 
 
@@ -241,15 +241,16 @@ def _stab_max(values: FloatArray, lo: IntArray, hi: IntArray, size: int) -> Floa
     num_levels = max(1, int(size).bit_length())
     table = np.full((num_levels, size), -_INF)
     if len(values):
-        level = _floor_log2(hi - lo + 1)
-        np.maximum.at(table, (level, lo), values)
-        np.maximum.at(table, (level, hi - (1 << level) + 1), values)
+        levels_used = _floor_log2(hi - lo + 1)
+        np.maximum.at(table, (levels_used, lo), values)
+        np.maximum.at(table, (levels_used, hi - (1 << levels_used) + 1), values)
     for level in range(num_levels - 1, 0, -1):
         width = 1 << (level - 1)
         row = table[level]
         np.maximum(table[level - 1], row, out=table[level - 1])
         np.maximum(table[level - 1, width:], row[:-width], out=table[level - 1, width:])
-    return table[0]
+    top: FloatArray = table[0]
+    return top
 
 
 class _Oracle:

@@ -1,0 +1,211 @@
+"""`syncpass plan` as a user runs it: output, exit codes, errors, files."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from costbuilder import cost_dict
+
+from syncpass.cli import main
+
+
+def write_costs(tmp_path: Path, data: object, name: str = "m.costs.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_report_names_stages_sync_points_threshold_and_baselines(
+    example_costs_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["plan", "--costs", str(example_costs_path), "--stages", "4"]) == 0
+    out = capsys.readouterr().out
+    for expected in (
+        "stage",
+        "bottleneck",
+        "threshold: 10% (met)",
+        "predicted step (1f1b",
+        "communication wait",
+        "sync points:",
+        "closes stage 0",
+        "uniform",
+        "parameters",
+        "time",
+        "syncpass speedup",
+    ):
+        assert expected in out
+
+
+def test_json_plan_on_stdout(example_costs_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(
+            [
+                "plan",
+                "--costs",
+                str(example_costs_path),
+                "--stages",
+                "3",
+                "--json",
+                "--schedule",
+                "gpipe",
+                "--microbatches",
+                "6",
+            ]
+        )
+        == 0
+    )
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["strategy"] == "adaptive"
+    assert plan["threshold"] == {"requested": 0.1, "used": 0.1, "forced_by": None}
+    assert len(plan["sync_points"]) == 2 and len(plan["stages"]) == 3
+    assert plan["schedule"] == "gpipe" and plan["microbatches"] == 6
+    assert all(set(p) >= {"after", "comm_s", "live_bytes", "reason"} for p in plan["sync_points"])
+    assert all(set(s) >= {"ops", "compute_s", "time_s", "memory_bytes"} for s in plan["stages"])
+    assert plan["bottleneck_s"] == max(s["time_s"] for s in plan["stages"])
+
+
+def test_flags_override_the_cost_file_and_config_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    costs = write_costs(tmp_path, cost_dict([1] * 8, [0] * 7))
+    config = tmp_path / "sync.toml"
+    config.write_text("min_sync_interval = 3\nstrategy = 'uniform'\n")
+    assert (
+        main(["plan", "--costs", str(costs), "--stages", "2", "--config", str(config), "--json"])
+        == 0
+    )
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["strategy"], plan["min_sync_interval"]) == ("uniform", 3)
+    assert (
+        main(
+            [
+                "plan",
+                "--costs",
+                str(costs),
+                "--stages",
+                "2",
+                "--config",
+                str(config),
+                "--strategy",
+                "fixed",
+                "--min-sync-interval",
+                "2",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    plan = json.loads(capsys.readouterr().out)
+    assert (plan["strategy"], plan["min_sync_interval"]) == ("fixed", 2)
+
+
+def test_stages_auto(example_costs_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert (
+        main(["plan", "--costs", str(example_costs_path), "--stages", "auto", "--max-stages", "5"])
+        == 0
+    )
+    assert "--stages auto:" in capsys.readouterr().out
+
+
+def test_manual_cuts_from_the_command_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    costs = write_costs(tmp_path, cost_dict([1] * 4, [0] * 3))
+    assert (
+        main(["plan", "--costs", str(costs), "--strategy", "manual", "--cuts", "op0,op2", "--json"])
+        == 0
+    )
+    plan = json.loads(capsys.readouterr().out)
+    assert [p["after"] for p in plan["sync_points"]] == ["op0", "op2"]
+
+
+@pytest.mark.parametrize(
+    ("data", "args", "message"),
+    [
+        ("{not json", ["--stages", "2"], "m.costs.json: not valid JSON"),
+        (
+            cost_dict([1, -1], [0]),
+            ["--stages", "2"],
+            "m.costs.json:$.ops[1].compute_s: must be >= 0",
+        ),
+        (
+            {**cost_dict([1, 1], [0]), "cuts": [{"after": "nope", "live_bytes": 1}]},
+            ["--stages", "2"],
+            "m.costs.json:$.cuts[0].after: unknown op id 'nope'",
+        ),
+        (cost_dict([1, 1], [0]), ["--stages", "3"], "3 stages need at least 3 ops"),
+        (
+            cost_dict([1, 1, 1, 1], [9, 9, 9]),
+            ["--stages", "2", "--strategy", "fixed"],
+            "communication_cost_threshold, strategy fixed",
+        ),
+        (cost_dict([1, 1], [0]), ["--stages", "2", "--cuts", "op7"], "no op has that id"),
+    ],
+)
+def test_bad_input_exits_2_naming_the_file_and_fault(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], data: object, args: list[str], message: str
+) -> None:
+    path = tmp_path / "m.costs.json"
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    output = tmp_path / "plan.json"
+    assert main(["plan", "--costs", str(path), *args, "-o", str(output)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("syncpass: error: ")
+    assert message.replace("m.costs.json", str(path)) in captured.err or message in captured.err
+    assert not output.exists()  # nothing half-written
+
+
+def test_output_file_is_the_json_plan(example_costs_path: Path, tmp_path: Path) -> None:
+    output = tmp_path / "plan.json"
+    assert (
+        main(["plan", "--costs", str(example_costs_path), "--stages", "2", "-o", str(output)]) == 0
+    )
+    assert json.loads(output.read_text())["num_stages"] == 2
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no temporary files left
+
+
+def test_usage_errors_exit_2(example_costs_path: Path) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["plan", "--costs", str(example_costs_path), "--stages", "0"])
+    assert caught.value.code == 2
+
+
+def test_plan_never_imports_torch_or_jax(example_costs_path: Path) -> None:
+    probe = (
+        "import sys\n"
+        "from syncpass.cli import main\n"
+        f"status = main(['plan', '--costs', {str(example_costs_path)!r}, '--stages', '4'])\n"
+        "heavy = sorted(m for m in ('torch', 'jax', 'libcst') if m in sys.modules)\n"
+        "print('heavy:', heavy, file=sys.stderr)\n"
+        "sys.exit(status if not heavy else 3)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "heavy: []" in result.stderr
+
+
+def test_console_script_runs(example_costs_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "syncpass",
+            "plan",
+            "--costs",
+            str(example_costs_path),
+            "--stages",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "sync points:" in result.stdout

@@ -1,0 +1,142 @@
+"""Cost files: the documented format reads back as written; bad input names its JSON path."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from costbuilder import cost_dict
+
+from syncpass.config import SyncConfig, default_sync_config, load_config_file
+from syncpass.costs import costs_to_json, load_costs, parse_costs
+from syncpass.errors import SyncpassError
+
+ISSUE_EXAMPLE = {
+    "version": 1,
+    "batch_size": 64,
+    "training": True,
+    "memory_multiplier": 4,
+    "hardware": {"alpha_s": 2e-05, "beta_bytes_per_s": 5e9, "device_memory_bytes": 8e10},
+    "config": {"strategy": "adaptive", "min_sync_interval": 1, "communication_cost_threshold": 0.1},
+    "ops": [
+        {
+            "id": "layers.0",
+            "compute_s": 0.001,
+            "backward_s": 0.002,
+            "param_bytes": 4096,
+            "out_bytes": 1024,
+        },
+        {
+            "id": "layers.1",
+            "compute_s": 0.001,
+            "backward_s": 0.002,
+            "param_bytes": 4096,
+            "out_bytes": 1024,
+        },
+    ],
+    "cuts": [{"after": "layers.0", "live_bytes": 1024}],
+}
+
+
+def test_reads_the_documented_example() -> None:
+    costs = parse_costs(ISSUE_EXAMPLE)
+    assert [op.id for op in costs.ops] == ["layers.0", "layers.1"]
+    assert costs.cut_comm_s(costs.cuts[0]) == pytest.approx(2 * (2e-05 + 1024 / 5e9))
+    assert costs.op_compute_s(costs.ops[0]) == pytest.approx(0.003)
+    assert costs.op_memory_bytes(costs.ops[0]) == 4 * 4096 + 1024
+
+
+def test_round_trips(example_costs_path: Path) -> None:
+    costs = load_costs(example_costs_path)
+    assert parse_costs(json.loads(json.dumps(costs_to_json(costs)))) == costs
+
+
+def test_defaults_come_from_the_shipped_config() -> None:
+    data = copy.deepcopy(ISSUE_EXAMPLE)
+    del data["config"]
+    assert parse_costs(data).config == default_sync_config() == SyncConfig()
+
+
+def _broken(change: Any) -> dict[str, Any]:
+    data = copy.deepcopy(ISSUE_EXAMPLE)
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize(
+    ("change", "where", "what"),
+    [
+        (lambda d: d.pop("ops"), "$", "missing required field 'ops'"),
+        (lambda d: d["ops"][1].pop("compute_s"), "$.ops[1]", "missing required field 'compute_s'"),
+        (lambda d: d["ops"][0].update(compute_s=-1), "$.ops[0].compute_s", "must be >= 0"),
+        (
+            lambda d: d["ops"][0].update(compute_s="fast"),
+            "$.ops[0].compute_s",
+            "must be a finite number",
+        ),
+        (
+            lambda d: d["cuts"][0].update(after="layers.9"),
+            "$.cuts[0].after",
+            "unknown op id 'layers.9'",
+        ),
+        (lambda d: d["cuts"][0].update(after="layers.1"), "$.cuts[0].after", "is the last op"),
+        (lambda d: d["ops"][1].update(id="layers.0"), "$.ops[1].id", "already used by $.ops[0]"),
+        (lambda d: d.update(version=2), "$.version", "unsupported version 2"),
+        (lambda d: d.update(extra=1), "$", "unknown field 'extra'"),
+        (
+            lambda d: d["hardware"].update(beta_bytes_per_s=0),
+            "$.hardware.beta_bytes_per_s",
+            "must be > 0",
+        ),
+        (lambda d: d.update(batch_size=0), "$.batch_size", "whole number >= 1"),
+        (lambda d: d.update(ops={}), "$.ops", "must be a JSON array"),
+        (lambda d: d.update(ops=[]), "$.ops", "needs at least one op"),
+        (lambda d: d["config"].update(strategy="greedy"), "$.config", "strategy must be one of"),
+        (lambda d: d["config"].update(colour="red"), "$.config", "unknown setting 'colour'"),
+        (lambda d: d["cuts"][0].update(live_bytes=-5), "$.cuts[0].live_bytes", "must be >= 0"),
+    ],
+)
+def test_bad_fields_are_named_by_json_path(change: Any, where: str, what: str) -> None:
+    with pytest.raises(SyncpassError) as caught:
+        parse_costs(_broken(change), "model.costs.json")
+    assert caught.value.location == f"model.costs.json:{where}"
+    assert what in caught.value.message
+
+
+def test_out_of_order_cuts_are_refused() -> None:
+    data = cost_dict([1, 1, 1], [0, 0])
+    data["cuts"].reverse()
+    with pytest.raises(SyncpassError, match="out of order"):
+        parse_costs(data)
+
+
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [("{", "not valid JSON"), ("", "not valid JSON"), ("\udcff", "not a text file")],
+)
+def test_unreadable_files(tmp_path: Path, text: str, what: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_bytes(b"\xff\xfe\x00" if text == "\udcff" else text.encode())
+    with pytest.raises(SyncpassError, match=what) as caught:
+        load_costs(path)
+    assert caught.value.location == str(path)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(SyncpassError, match="no such cost file"):
+        load_costs(tmp_path / "absent.json")
+
+
+def test_config_file_reads_pyproject_table_and_names_unknown_keys(tmp_path: Path) -> None:
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "m"\n[tool.syncpass]\nmin_sync_interval = 3\n')
+    assert load_config_file(pyproject, SyncConfig()).min_sync_interval == 3
+    bad = tmp_path / "sync.toml"
+    bad.write_text("min_interval = 3\n")
+    with pytest.raises(SyncpassError) as caught:
+        load_config_file(bad, SyncConfig())
+    assert "unknown setting 'min_interval'" in str(caught.value)
+    assert "min_sync_interval" in str(caught.value)  # lists the valid ones

@@ -1,0 +1,253 @@
+"""The optimiser is exact: it agrees with exhaustive search on random small instances."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from syncpass.optimizer import (
+    Infeasible,
+    Problem,
+    Solution,
+    _range_min,
+    _smallest_accepted,
+    _stab_max,
+    min_threshold,
+    score_cuts,
+    solve,
+)
+
+INF = math.inf
+
+
+@dataclass(frozen=True)
+class Instance:
+    problem: Problem
+    stages: int
+    threshold: float
+    adaptive: bool
+
+
+def _ratio(comm: float, compute: float) -> float:
+    if comm == 0:
+        return 0.0
+    return INF if compute <= 0 else comm / compute
+
+
+def legal_plans(problem: Problem, stages: int) -> list[tuple[tuple[int, ...], float, float, float]]:
+    """Every plan meeting all constraints but the threshold: (cuts, max ratio, bottleneck, comm)."""
+    n = problem.num_ops
+    admissible = [j for j in range(1, n) if problem.admissible[j]]
+    pinned = {j for j in range(1, n) if problem.pinned[j]}
+    plans = []
+    for cuts in itertools.combinations(admissible, stages - 1):
+        if not pinned <= set(cuts):
+            continue
+        bounds = (0, *cuts, n)
+        stage_pairs = list(itertools.pairwise(bounds))
+        if any(end - start < problem.min_ops for start, end in stage_pairs):
+            continue
+        if any(
+            sum(problem.op_memory[start:end]) > problem.memory_limit for start, end in stage_pairs
+        ):
+            continue
+        computes = [float(sum(problem.op_compute[start:end])) for start, end in stage_pairs]
+        ratios = [
+            _ratio(float(problem.cut_comm[end]), c)
+            for (_, end), c in zip(stage_pairs, computes, strict=True)
+            if end < n
+        ]
+        times = [
+            c + problem.cut_comm[start] + problem.cut_comm[end]
+            for (start, end), c in zip(stage_pairs, computes, strict=True)
+        ]
+        comm = 0.0
+        for cut in cuts:
+            comm += float(problem.cut_comm[cut])
+        plans.append((cuts, max(ratios, default=0.0), float(max(times)), comm))
+    return plans
+
+
+def brute_force(instance: Instance) -> tuple[float, float, float] | None:
+    """(threshold used, bottleneck, total comm) of the best plan, or None if none is allowed."""
+    plans = legal_plans(instance.problem, instance.stages)
+    if not plans:
+        return None
+    if any(ratio <= instance.threshold for _, ratio, _, _ in plans):
+        used = instance.threshold
+    elif instance.adaptive:
+        used = min(ratio for _, ratio, _, _ in plans)
+    else:
+        return None
+    bottleneck, comm = min((b, c) for _, ratio, b, c in plans if ratio <= used)
+    return used, bottleneck, comm
+
+
+# Dyadic costs keep every sum exact in floating point, so "equal" means equal.
+quarter = st.integers(0, 8).map(lambda k: k / 4)
+eighth = st.integers(0, 8).map(lambda k: k / 8)
+
+
+@st.composite
+def instances(draw: st.DrawFn) -> Instance:
+    n = draw(st.integers(1, 8))
+    compute = np.array(draw(st.lists(quarter, min_size=n, max_size=n)))
+    memory = np.array(draw(st.lists(st.integers(0, 6), min_size=n, max_size=n)), dtype=float)
+    inner = draw(
+        st.lists(st.sampled_from([True, True, True, False]), min_size=n - 1, max_size=n - 1)
+    )
+    admissible = np.array([False, *inner, False]) if n > 1 else np.array([False, False])
+    comm = np.array([0.0, *draw(st.lists(eighth, min_size=n - 1, max_size=n - 1)), 0.0])
+    comm = np.where(admissible, comm, 0.0)
+    pin_flags = draw(
+        st.lists(st.sampled_from([False] * 6 + [True]), min_size=n + 1, max_size=n + 1)
+    )
+    pinned = admissible & np.array(pin_flags)
+    problem = Problem(
+        op_compute=compute,
+        op_memory=memory,
+        cut_comm=comm,
+        admissible=admissible,
+        pinned=pinned,
+        min_ops=draw(st.integers(1, 3)),
+        memory_limit=draw(st.sampled_from([INF, 4.0, 6.0, 9.0, 14.0])),
+    )
+    return Instance(
+        problem=problem,
+        stages=draw(st.integers(1, 4)),
+        threshold=draw(st.sampled_from([INF, 0.0, 0.125, 0.25, 0.5, 1.0, 2.0])),
+        adaptive=draw(st.booleans()),
+    )
+
+
+@settings(max_examples=500, deadline=None)
+@given(instances())
+def test_solve_equals_exhaustive_search(instance: Instance) -> None:
+    expected = brute_force(instance)
+    result = solve(instance.problem, instance.stages, instance.threshold, instance.adaptive)
+    if expected is None:
+        assert isinstance(result, Infeasible)
+        return
+    assert isinstance(result, Solution)
+    assert (result.threshold_used, result.bottleneck, result.total_comm) == expected
+    # The cuts returned really have those figures and meet every constraint.
+    score = score_cuts(instance.problem, result.cuts)
+    assert (score.bottleneck, score.total_comm) == expected[1:]
+    legal = {plan[0] for plan in legal_plans(instance.problem, instance.stages)}
+    assert result.cuts in legal
+    assert all(stage.cut_ratio <= result.threshold_used for stage in score.stages)
+
+
+@settings(max_examples=200, deadline=None)
+@given(instances())
+def test_min_threshold_is_the_least_max_ratio(instance: Instance) -> None:
+    plans = legal_plans(instance.problem, instance.stages)
+    found = min_threshold(instance.problem, instance.stages)
+    if not plans:
+        assert found is None
+    else:
+        assert found == min(ratio for _, ratio, _, _ in plans)
+
+
+def test_adaptive_raises_threshold_to_a_candidate_ratio() -> None:
+    # Two ops of compute 1 and 3; the only cut sends 1 s. Ratio = 1/1.
+    problem = Problem(
+        op_compute=np.array([1.0, 3.0]),
+        op_memory=np.zeros(2),
+        cut_comm=np.array([0.0, 1.0, 0.0]),
+        admissible=np.array([False, True, False]),
+        pinned=np.zeros(3, dtype=bool),
+    )
+    adaptive = solve(problem, 2, 0.1, adaptive=True)
+    assert isinstance(adaptive, Solution)
+    assert adaptive.threshold_used == 1.0
+    assert adaptive.cuts == (1,)
+    fixed = solve(problem, 2, 0.1, adaptive=False)
+    assert fixed == Infeasible("threshold", 1.0)
+
+
+def test_diagnoses_memory_with_the_memory_that_would_do() -> None:
+    problem = Problem(
+        op_compute=np.ones(4),
+        op_memory=np.array([3.0, 3.0, 5.0, 1.0]),
+        cut_comm=np.zeros(5),
+        admissible=np.array([False, True, True, True, False]),
+        pinned=np.zeros(5, dtype=bool),
+        memory_limit=4.0,
+    )
+    assert solve(problem, 2, INF, adaptive=True) == Infeasible("memory", 6.0)
+
+
+def test_diagnoses_too_many_stages() -> None:
+    problem = Problem(
+        op_compute=np.ones(3),
+        op_memory=np.zeros(3),
+        cut_comm=np.zeros(4),
+        admissible=np.array([False, True, True, False]),
+        pinned=np.zeros(4, dtype=bool),
+        min_ops=2,
+    )
+    assert solve(problem, 2, INF, adaptive=True) == Infeasible("stages")
+
+
+def test_tie_cost_breaks_ties_between_equal_bottlenecks() -> None:
+    problem = Problem(
+        op_compute=np.array([1.0, 0.0, 1.0]),
+        op_memory=np.zeros(3),
+        cut_comm=np.zeros(4),
+        admissible=np.array([False, True, True, False]),
+        pinned=np.zeros(4, dtype=bool),
+    )
+    prefer_second = np.array([0.0, 1.0, 0.0, 0.0])
+    first = solve(problem, 2, INF, adaptive=False)
+    second = solve(problem, 2, INF, adaptive=False, tie_cost=prefer_second)
+    assert isinstance(first, Solution) and isinstance(second, Solution)
+    assert first.cuts == (1,)  # earliest on a tie
+    assert second.cuts == (2,)
+
+
+def test_problem_rejects_inconsistent_arrays() -> None:
+    with pytest.raises(ValueError, match="pinned cut must be admissible"):
+        Problem(
+            op_compute=np.ones(2),
+            op_memory=np.zeros(2),
+            cut_comm=np.zeros(3),
+            admissible=np.zeros(3, dtype=bool),
+            pinned=np.array([False, True, False]),
+        )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.integers(-50, 50), min_size=1, max_size=40),
+    st.data(),
+)
+def test_range_and_stab_queries_match_loops(values: list[int], data: st.DataObject) -> None:
+    size = len(values)
+    array = np.array(values, dtype=float)
+    count = data.draw(st.integers(1, 10))
+    lo = np.array(data.draw(st.lists(st.integers(0, size - 1), min_size=count, max_size=count)))
+    hi = np.array(data.draw(st.lists(st.integers(-1, size - 1), min_size=count, max_size=count)))
+    expected_min = [min(values[a : b + 1]) if a <= b else INF for a, b in zip(lo, hi, strict=True)]
+    assert _range_min(array, lo, hi).tolist() == expected_min
+    weights = np.array(
+        data.draw(st.lists(st.integers(-9, 9), min_size=count, max_size=count)), dtype=float
+    )
+    expected_max = [
+        max((w for w, a, b in zip(weights, lo, hi, strict=True) if a <= i <= b), default=-INF)
+        for i in range(size)
+    ]
+    assert _stab_max(weights, lo, hi, size).tolist() == expected_max
+
+
+def test_smallest_accepted_is_exact_to_the_last_bit() -> None:
+    target = 0.1 + 0.2  # not a round number
+    found = _smallest_accepted(lambda x: x >= target, 0.0, 1.0)
+    assert found == target
+    assert np.nextafter(found, 0.0) < target

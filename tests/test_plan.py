@@ -1,0 +1,176 @@
+"""Plans from cost files: strategies, baselines on equal terms, explanations, plan files."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from costbuilder import cost_dict
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from syncpass.config import SyncConfig
+from syncpass.costs import load_costs, parse_costs
+from syncpass.errors import InfeasibleError, SyncpassError
+from syncpass.plan import PlanRequest, best_stage_count, compare_baselines, make_plan
+from syncpass.planfile import parse_plan, plan_to_json
+
+
+def request(stages: int | None, **config: object) -> PlanRequest:
+    return PlanRequest(stages=stages, config=SyncConfig().replace(**config), microbatches=4)
+
+
+def test_stages_cover_the_ops_in_order() -> None:
+    costs = parse_costs(cost_dict([1, 2, 3, 4, 5, 6], [0, 0, 0, 0, 0]))
+    plan = make_plan(costs, request(3, communication_cost_threshold=math.inf))
+    assert [op for stage in plan.stages for op in stage.ops] == [op.id for op in costs.ops]
+    assert [point.after for point in plan.sync_points] == [
+        "op2",
+        "op4",
+    ]  # 6 | 4+5 | 6 ... best is 9
+    assert plan.bottleneck_s == max(stage.time_s for stage in plan.stages)
+
+
+def test_syncpass_avoids_a_heavy_cut_that_time_balancing_takes() -> None:
+    # Compute splits evenly after op1, but 9 s of activations cross there;
+    # after op0 or op2 almost nothing crosses.
+    costs = parse_costs(cost_dict([2, 2, 2, 2], [0.1, 9.0, 0.1], beta=1.0))
+    config = {"communication_cost_threshold": math.inf}
+    plan = make_plan(costs, request(2, **config))
+    time_plan = make_plan(costs, request(2, strategy="time", **config))
+    assert [p.after for p in time_plan.sync_points] == ["op1"]
+    assert [p.after for p in plan.sync_points] in (["op0"], ["op2"])
+    assert plan.bottleneck_s == pytest.approx(6.1)
+    assert time_plan.bottleneck_s == pytest.approx(13.0)
+    assert (
+        "one cut later" in plan.sync_points[0].reason
+        or "one cut earlier" in plan.sync_points[0].reason
+    )
+
+
+def test_uniform_and_parameters_baselines_follow_their_rules() -> None:
+    costs = parse_costs(cost_dict([1] * 6, [0] * 5, params=[100, 0, 0, 0, 0, 100], out=[0] * 6))
+    uniform = make_plan(costs, request(3, strategy="uniform"))
+    assert [len(stage.ops) for stage in uniform.stages] == [2, 2, 2]
+    costs = parse_costs(cost_dict([1] * 4, [0] * 3, params=[60, 40, 30, 70]))
+    parameters = make_plan(costs, request(2, strategy="parameters"))
+    assert [p.after for p in parameters.sync_points] == ["op1"]  # 100 bytes each side
+    assert "DeepSpeed" in parameters.notes[0]
+
+
+def test_adaptive_reports_the_raised_threshold_and_the_cut_that_forced_it() -> None:
+    costs = parse_costs(cost_dict([1, 1, 1, 1], [5, 0.5, 5], beta=1.0))
+    plan = make_plan(costs, request(2, communication_cost_threshold=0.1))
+    assert plan.threshold.requested == 0.1
+    assert plan.threshold.used == pytest.approx(0.25)  # 0.5 s over 2 s of compute
+    assert plan.threshold.forced_by == "op1"
+    assert any("raised it to 25%" in note for note in plan.notes)
+
+
+def test_fixed_threshold_fails_with_the_least_threshold_that_would_do() -> None:
+    costs = parse_costs(cost_dict([1, 1, 1, 1], [5, 0.5, 5], beta=1.0))
+    with pytest.raises(InfeasibleError) as caught:
+        make_plan(costs, request(2, strategy="fixed", communication_cost_threshold=0.1), "m.json")
+    assert caught.value.constraint == "threshold"
+    assert "--threshold 0.25" in str(caught.value)
+    assert str(caught.value).startswith("m.json: ")
+
+
+def test_memory_that_no_plan_meets_is_named_with_what_would_fit() -> None:
+    costs = parse_costs(cost_dict([1, 1, 1], [0, 0], params=[4, 4, 4], multiplier=1, memory=6))
+    with pytest.raises(InfeasibleError, match="device memory 6 B") as caught:
+        make_plan(costs, request(2, communication_cost_threshold=math.inf))
+    assert caught.value.constraint == "memory"
+    assert "needs 8 B" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("stages", "config", "what"),
+    [
+        (5, {}, "5 stages need at least 5 ops"),
+        (3, {"min_sync_interval": 2}, "need at least 6 ops"),
+    ],
+)
+def test_too_many_stages(stages: int, config: dict[str, object], what: str) -> None:
+    costs = parse_costs(cost_dict([1, 1, 1, 1], [0, 0, 0]))
+    with pytest.raises(InfeasibleError, match=what):
+        make_plan(costs, request(stages, **config))
+
+
+def test_too_few_admissible_cuts() -> None:
+    costs = parse_costs(cost_dict([1, 1, 1, 1], [0, None, None]))
+    with pytest.raises(InfeasibleError, match="only 1 admissible cut"):
+        make_plan(costs, request(3))
+
+
+def test_manual_uses_exactly_the_pinned_cuts() -> None:
+    costs = parse_costs(cost_dict([1, 1, 1, 1], [0, 0, 0], pinned=[0]))
+    plan = make_plan(costs, request(None, strategy="manual"))
+    assert [p.after for p in plan.sync_points] == ["op0"]
+    assert plan.sync_points[0].pinned
+    assert "pinned by the user" in plan.sync_points[0].reason
+    with pytest.raises(SyncpassError, match="make 2 stages, but 3 were asked"):
+        make_plan(costs, request(3, strategy="manual"))
+
+
+def test_pinned_cuts_are_kept_by_every_strategy() -> None:
+    costs = parse_costs(cost_dict([5, 1, 1, 1, 1, 5], [0] * 5, pinned=[4]))
+    for strategy in ("adaptive", "fixed", "uniform", "parameters", "time"):
+        plan = make_plan(
+            costs, request(3, strategy=strategy, communication_cost_threshold=math.inf)
+        )
+        assert "op4" in [p.after for p in plan.sync_points], strategy
+
+
+def test_baselines_report_the_constraints_they_break() -> None:
+    costs = parse_costs(cost_dict([1, 1, 1, 1], [0, 0, 0], params=[1, 1, 5, 5], memory=9))
+    plans = compare_baselines(costs, request(2, communication_cost_threshold=math.inf))
+    uniform = next(p for p in plans if p.strategy == "uniform")
+    assert uniform.violations == ("stage 1 needs 10 B, over the device's 9 B",)
+    # The optimiser's plan meets the limit where the rule breaks it.
+    assert make_plan(costs, request(2)).stages[1].memory_bytes <= 9
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(0, 20), min_size=2, max_size=12),
+    st.lists(st.integers(0, 20), min_size=11, max_size=11),
+    st.integers(2, 4),
+)
+def test_the_optimum_is_never_worse_than_a_legal_baseline(
+    compute: list[int], live: list[int], stages: int
+) -> None:
+    n = len(compute)
+    if stages > n:
+        return
+    costs = parse_costs(
+        cost_dict([c / 4 for c in compute], [b / 8 for b in live[: n - 1]], training=True)
+    )
+    config = {"communication_cost_threshold": math.inf}
+    plan = make_plan(costs, request(stages, **config))
+    for baseline in compare_baselines(costs, request(stages, **config)):
+        assert not baseline.violations
+        assert plan.bottleneck_s <= baseline.bottleneck_s
+
+
+def test_best_stage_count_minimises_predicted_step(example_costs_path) -> None:  # type: ignore[no-untyped-def]
+    costs = load_costs(example_costs_path)
+    chosen = best_stage_count(costs, request(None), 6)
+    others = [make_plan(costs, request(s)).predicted_step_s for s in range(1, 7)]
+    assert chosen.predicted_step_s == min(others)
+
+
+def test_plan_file_round_trips(example_costs_path) -> None:  # type: ignore[no-untyped-def]
+    costs = load_costs(example_costs_path)
+    plan = make_plan(costs, request(4))
+    assert parse_plan(plan_to_json(plan)) == plan
+    document = plan_to_json(plan, compare_baselines(costs, request(4)))
+    assert {b["strategy"] for b in document["baselines"]} == {"uniform", "parameters", "time"}
+    assert set(document) >= {
+        "bottleneck_s",
+        "threshold",
+        "sync_points",
+        "stages",
+        "predicted_step_s",
+        "strategy",
+    }

@@ -1,0 +1,105 @@
+"""The schedule simulator against closed forms for cases simple enough to have one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from syncpass.schedule import Link, StageLoad, simulate, stage_order
+
+
+def free_links(stages: int) -> tuple[Link, ...]:
+    return tuple(
+        Link(alpha_s=0.0, beta_bytes_per_s=1.0, batch_bytes=0.0) for _ in range(stages - 1)
+    )
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("stages", "microbatches"), [(1, 1), (2, 4), (4, 8), (4, 2), (3, 3)])
+def test_balanced_pipeline_takes_fill_plus_drain(
+    schedule: str, stages: int, microbatches: int
+) -> None:
+    # Equal stages, free links: (M + S - 1) slots of one micro-batch's forward + backward.
+    loads = tuple(StageLoad(forward_s=2.0, backward_s=4.0) for _ in range(stages))
+    prediction = simulate(loads, free_links(stages), microbatches, schedule, training=True)
+    per_microbatch = (2.0 + 4.0) / microbatches
+    assert prediction.step_s == pytest.approx((microbatches + stages - 1) * per_microbatch)
+    assert prediction.bubble_ratio == pytest.approx((stages - 1) / (microbatches + stages - 1))
+    assert prediction.comm_wait_ratio == 0.0
+
+
+def test_forward_only_pipeline() -> None:
+    loads = tuple(StageLoad(forward_s=1.0, backward_s=0.0) for _ in range(3))
+    prediction = simulate(loads, free_links(3), 5, "gpipe", training=False)
+    assert prediction.step_s == pytest.approx((5 + 3 - 1) * 1.0 / 5)
+
+
+def test_one_microbatch_pays_every_transfer_on_the_critical_path() -> None:
+    loads = (StageLoad(1.0, 2.0), StageLoad(3.0, 5.0))
+    link = Link(alpha_s=0.5, beta_bytes_per_s=2.0, batch_bytes=1.0)  # 1.0 s per transfer
+    prediction = simulate(loads, (link,), 1, "1f1b", training=True)
+    # forward 1 + send 1 + forward 3 + backward 5 + send 1 + backward 2
+    assert prediction.step_s == pytest.approx(13.0)
+    assert [stage.sync_s for stage in prediction.stages] == [2.0, 2.0]
+
+
+def test_latency_is_paid_per_microbatch_and_bytes_are_split() -> None:
+    link = Link(alpha_s=1.0, beta_bytes_per_s=1.0, batch_bytes=8.0)
+    assert link.transfer_s(1) == 9.0
+    assert link.transfer_s(4) == 3.0
+
+
+def test_1f1b_order_fills_then_alternates() -> None:
+    assert stage_order("1f1b", 0, 3, 4, True) == [
+        ("F", 0),
+        ("F", 1),
+        ("F", 2),
+        ("B", 0),
+        ("F", 3),
+        ("B", 1),
+        ("B", 2),
+        ("B", 3),
+    ]
+    assert stage_order("1f1b", 2, 3, 4, True) == [
+        ("F", 0),
+        ("B", 0),
+        ("F", 1),
+        ("B", 1),
+        ("F", 2),
+        ("B", 2),
+        ("F", 3),
+        ("B", 3),
+    ]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.tuples(st.floats(0, 10), st.floats(0, 10)), min_size=1, max_size=5),
+    st.lists(st.floats(0, 1e6), min_size=4, max_size=4),
+    st.integers(1, 9),
+    st.sampled_from(["gpipe", "1f1b"]),
+    st.booleans(),
+)
+def test_simulated_steps_are_consistent(
+    load_pairs: list[tuple[float, float]],
+    sizes: list[float],
+    microbatches: int,
+    schedule: str,
+    training: bool,
+) -> None:
+    loads = tuple(StageLoad(f, b) for f, b in load_pairs)
+    links = tuple(Link(1e-3, 1e6, size) for size in sizes[: len(loads) - 1])
+    prediction = simulate(loads, links, microbatches, schedule, training)
+    busiest = max(stage.compute_s + stage.sync_s for stage in prediction.stages)
+    # No stage can finish before its own work is done; nothing is negative.
+    assert prediction.step_s >= busiest - 1e-9
+    assert all(stage.idle_s >= -1e-9 for stage in prediction.stages)
+    assert 0.0 <= prediction.comm_wait_ratio <= 1.0 + 1e-9
+    # The work is the same whatever the schedule.
+    total = sum(f + (b if training else 0.0) for f, b in load_pairs)
+    assert math.isclose(
+        sum(stage.compute_s for stage in prediction.stages), total, rel_tol=1e-9, abs_tol=1e-12
+    )
