@@ -7,7 +7,8 @@ but realistic planning instance is generated in memory (the seed is printed,
 so a run can be repeated): ops with lognormal compute times, parameter and
 output bytes, an admissible cut after every op with varying live bytes, a
 link with alpha = 20 us and beta = 5 GB/s, a device memory limit that binds
-(1.5 x the model's memory / S), training, memory_multiplier 4,
+(1.5 x the model's memory / S, but never below 1.25 x the largest op, which
+must fit on a device alone), training, memory_multiplier 4,
 min_sync_interval 1, and threshold 0.1 with the adaptive strategy. The
 instance is written as a version-1 cost-file dict and goes through
 ``parse_costs`` and ``problem_from_costs``, the same path ``syncpass plan``
@@ -35,7 +36,7 @@ status.
 
 How to run
 ----------
-    python bench/bench_plan.py                  # full table (several minutes)
+    python bench/bench_plan.py                  # full table (about a minute)
     python bench/bench_plan.py --quick          # n = 100 and 1,000 only
     python bench/bench_plan.py --baseline-budget 10 --seed 7
 """

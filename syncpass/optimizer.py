@@ -310,13 +310,40 @@ def _bits_float(bits: int) -> float:
     return float(np.array(bits, dtype=np.int64).view(np.float64))
 
 
-def _smallest_accepted(accepts: Callable[[float], bool], low: float, high: float) -> float:
+def _smallest_accepted(
+    accepts: Callable[[float], bool],
+    low: float,
+    high: float,
+    candidates: FloatArray | None = None,
+) -> float:
     """Smallest float in ``(low, high]`` that ``accepts`` (monotone), given ``accepts(high)``.
 
-    ``low`` must be rejected (or be the value just below the range).
-    Bisection runs over the ordered bit patterns of non-negative float64,
-    so the answer is exact, never rounded to a step.
+    ``low`` must be rejected (or be the value just below the range). With
+    ``candidates`` (sorted values the answer is likely to be one of), a binary
+    search over them narrows the range first, then a galloping search checks
+    the floats just below the accepted candidate. Either way the last step is
+    bisection over the ordered bit patterns of non-negative float64, so the
+    answer is exact, never rounded to a step.
     """
+    if candidates is not None:
+        inside = candidates[(candidates > low) & (candidates < high)]
+        rejected, accepted = -1, len(inside)
+        while accepted - rejected > 1:
+            middle = (rejected + accepted) // 2
+            if accepts(float(inside[middle])):
+                accepted = middle
+            else:
+                rejected = middle
+        if rejected >= 0:
+            low = float(inside[rejected])
+        if accepted < len(inside):
+            high = float(inside[accepted])
+        # The oracle's rounding can differ from the candidates' by a few ulps:
+        # the answer may sit just above the rejected candidate, or just
+        # below the accepted one. Gallop from each side before bisecting.
+        low, high, found = _gallop(accepts, low, high, upward=True)
+        if not found:
+            low, high, _ = _gallop(accepts, low, high, upward=False)
     low_bits, high_bits = _float_bits(low), _float_bits(high)
     while high_bits - low_bits > 1:
         middle = (low_bits + high_bits) // 2
@@ -325,6 +352,54 @@ def _smallest_accepted(accepts: Callable[[float], bool], low: float, high: float
         else:
             low_bits = middle
     return _bits_float(high_bits)
+
+
+def _gallop(
+    accepts: Callable[[float], bool], low: float, high: float, upward: bool
+) -> tuple[float, float, bool]:
+    """Probe 1, 2, 4, ... ulps from one end of ``(low, high]``; narrow it as the probes answer."""
+    step = 1
+    for _ in range(24):
+        low_bits, high_bits = _float_bits(low), _float_bits(high)
+        probe_bits = low_bits + step if upward else high_bits - step
+        if not low_bits < probe_bits < high_bits:
+            break
+        probe = _bits_float(probe_bits)
+        if accepts(probe):
+            high = probe
+            if upward:
+                return low, high, True
+        else:
+            low = probe
+            if not upward:
+                return low, high, True
+        step *= 2
+    return low, high, False
+
+
+#: Up to this many ops, every stage time and cut ratio is enumerated, so the
+#: searches take ~log2(n^2) oracle calls instead of ~60.
+_ENUMERATE_OPS = 1500
+
+
+def _pair_values(problem: Problem, kind: str) -> FloatArray | None:
+    """Sorted distinct stage times (``"time"``) or cut ratios (``"ratio"``) of legal stages."""
+    n = problem.num_ops
+    if n > _ENUMERATE_OPS:
+        return None
+    starts = problem.positions[:, None]
+    ends = problem.positions[None, :]
+    can_start = (problem.positions == 0) | problem.admissible
+    can_end = (problem.positions == n) | problem.admissible
+    legal = (ends - starts >= problem.min_ops) & can_start[:, None] & can_end[None, :]
+    compute = problem.prefix_compute[None, :] - problem.prefix_compute[:, None]
+    if kind == "time":
+        values = compute + problem.cut_comm[:, None] + problem.cut_comm[None, :]
+    else:
+        legal &= ends < n
+        values = cut_ratios(np.broadcast_to(problem.cut_comm[None, :], compute.shape), compute)
+    unique: FloatArray = np.unique(values[legal])
+    return unique
 
 
 def _min_bottleneck(oracle: _Oracle) -> float:
@@ -338,7 +413,12 @@ def _min_bottleneck(oracle: _Oracle) -> float:
     lower = float(problem.prefix_compute[-1]) / oracle.stages * (1 - 1e-9)
     if lower >= upper or oracle.forward(lower) is not None:
         lower = 0.0
-    return _smallest_accepted(lambda bound: oracle.forward(bound) is not None, lower, upper)
+    return _smallest_accepted(
+        lambda bound: oracle.forward(bound) is not None,
+        lower,
+        upper,
+        _pair_values(problem, "time"),
+    )
 
 
 def _least_comm_cuts(oracle: _Oracle, bound: float, tie_cost: FloatArray) -> tuple[int, ...]:
@@ -405,8 +485,16 @@ def min_threshold(problem: Problem, stages: int, at_least: float = 0.0) -> float
     if not _feasible(problem, stages, largest):
         return _INF
     return _smallest_accepted(
-        lambda threshold: _feasible(problem, stages, threshold), at_least, largest
+        lambda threshold: _feasible(problem, stages, threshold),
+        at_least,
+        largest,
+        _pair_values(problem, "ratio"),
     )
+
+
+#: Instances with at most this many (start, end, stage) triples are solved
+#: on the whole table of stages at once; larger ones by search.
+_TABLE_CELLS = 2_000_000
 
 
 def solve(
@@ -415,6 +503,7 @@ def solve(
     threshold: float,
     adaptive: bool,
     tie_cost: FloatArray | None = None,
+    method: str = "auto",
 ) -> Solution | Infeasible:
     """Optimal cuts for ``stages`` stages (see the module docstring for the model).
 
@@ -422,9 +511,21 @@ def solve(
     one that admits a plan; otherwise the threshold is hard. Among plans with
     the least bottleneck, the one with least total ``tie_cost`` (per cut
     position; by default its communication) wins, the earliest cuts on ties.
+
+    ``method`` is ``"table"`` (dynamic programs over all stages at once,
+    ``O(S n^2)`` numpy work: fastest for small models), ``"search"`` (the
+    oracle and bisection of the module docstring: for large ones) or
+    ``"auto"``. Both are exact and give the same plan.
     """
     if stages < 1:
         raise ValueError("stages must be at least 1")
+    if method == "auto":
+        cells = (problem.num_ops + 1) ** 2 * stages
+        method = "table" if cells <= _TABLE_CELLS else "search"
+    if method == "table":
+        return _StageTable(problem, stages).solve(threshold, adaptive, tie_cost)
+    if method != "search":
+        raise ValueError(f"method must be auto, table or search, got {method!r}")
     used = threshold
     if not _feasible(problem, stages, threshold):
         diagnosis = diagnose(problem, stages, threshold)
@@ -441,6 +542,88 @@ def solve(
     return Solution(
         cuts=cuts, threshold_used=used, bottleneck=score.bottleneck, total_comm=score.total_comm
     )
+
+
+class _StageTable:
+    """Every candidate stage ``(start i, end j)`` of a small problem, as matrices."""
+
+    def __init__(self, problem: Problem, stages: int) -> None:
+        self.problem = problem
+        self.stages = stages
+        n = problem.num_ops
+        positions = problem.positions
+        starts, ends = positions[:, None], positions[None, :]
+        compute_p, memory_q, comm = problem.prefix_compute, problem.prefix_memory, problem.cut_comm
+        compute = compute_p[None, :] - compute_p[:, None]
+        pinned_at = np.where(problem.pinned, positions, 0)
+        previous_pin = np.concatenate(([0], np.maximum.accumulate(pinned_at)[:-1]))
+        self.shape_ok = (ends - starts >= problem.min_ops) & (starts >= previous_pin[None, :])
+        self.memory = memory_q[None, :] - memory_q[:, None]
+        # Same arithmetic as Problem.stage_time and the threshold windows.
+        self.time = compute + (comm[:, None] + comm[None, :])
+        self.ratio = np.where(
+            ends < n, cut_ratios(np.broadcast_to(comm[None, :], compute.shape), compute), 0.0
+        )
+        self.is_last = positions == n
+
+    def _ends(self, stage: int) -> BoolArray:
+        return self.is_last if stage == self.stages else self.problem.admissible
+
+    def _min_max(self, values: FloatArray, legal: BoolArray) -> float | None:
+        """Least over plans of the largest ``values[i, j]`` of their stages (None: no plan)."""
+        best = np.full(self.problem.num_ops + 1, _INF)
+        reach = self.is_last.copy()
+        reach[:] = False
+        reach[0] = True
+        best[0] = -_INF
+        for stage in range(1, self.stages + 1):
+            usable = legal & reach[:, None]
+            worst = np.where(usable, np.maximum(best[:, None], values), _INF)
+            reach = usable.any(axis=0) & self._ends(stage)
+            best = np.where(reach, worst.min(axis=0), _INF)
+        return float(best[-1]) if reach[-1] else None
+
+    def solve(
+        self, threshold: float, adaptive: bool, tie_cost: FloatArray | None
+    ) -> Solution | Infeasible:
+        problem = self.problem
+        if self._min_max(self.time, self.shape_ok) is None:
+            return Infeasible("stages")
+        fits = self.shape_ok & (self.memory <= problem.memory_limit)
+        least_ratio = self._min_max(self.ratio, fits)
+        if least_ratio is None:
+            return Infeasible("memory", self._min_max(self.memory, self.shape_ok))
+        used = threshold
+        if least_ratio > threshold:
+            if not adaptive:
+                return Infeasible("threshold", least_ratio)
+            used = least_ratio
+        legal = fits & (self.ratio <= used)
+        bottleneck = self._min_max(self.time, legal)
+        assert bottleneck is not None
+        cuts = self._least_total(legal & (self.time <= bottleneck), tie_cost)
+        score = score_cuts(problem, cuts)
+        return Solution(cuts, used, score.bottleneck, score.total_comm)
+
+    def _least_total(self, legal: BoolArray, tie_cost: FloatArray | None) -> tuple[int, ...]:
+        problem = self.problem
+        cost_at = problem.cut_comm if tie_cost is None else tie_cost
+        total = np.full(problem.num_ops + 1, _INF)
+        total[0] = 0.0
+        parents = []
+        for stage in range(1, self.stages + 1):
+            candidates = np.where(legal & (total < _INF)[:, None], total[:, None], _INF)
+            parent = np.argmin(candidates, axis=0)  # the earliest start on ties
+            best = candidates[parent, problem.positions]
+            total = np.where((best < _INF) & self._ends(stage), best + cost_at, _INF)
+            parents.append(parent)
+        position = problem.num_ops
+        assert total[position] < _INF, "the bottleneck must admit a plan"
+        cuts = []
+        for parent in reversed(parents[1:]):
+            position = int(parent[position])
+            cuts.append(position)
+        return tuple(reversed(cuts))
 
 
 def diagnose(problem: Problem, stages: int, threshold: float) -> Infeasible:

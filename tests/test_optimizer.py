@@ -126,11 +126,14 @@ def instances(draw: st.DrawFn) -> Instance:
     )
 
 
-@settings(max_examples=500, deadline=None)
-@given(instances())
-def test_solve_equals_exhaustive_search(instance: Instance) -> None:
+@pytest.mark.parametrize("method", ["table", "search"])
+@settings(max_examples=400, deadline=None)
+@given(instance=instances())
+def test_solve_equals_exhaustive_search(method: str, instance: Instance) -> None:
     expected = brute_force(instance)
-    result = solve(instance.problem, instance.stages, instance.threshold, instance.adaptive)
+    result = solve(
+        instance.problem, instance.stages, instance.threshold, instance.adaptive, method=method
+    )
     if expected is None:
         assert isinstance(result, Infeasible)
         return
@@ -164,12 +167,13 @@ def test_adaptive_raises_threshold_to_a_candidate_ratio() -> None:
         admissible=np.array([False, True, False]),
         pinned=np.zeros(3, dtype=bool),
     )
-    adaptive = solve(problem, 2, 0.1, adaptive=True)
+    adaptive = solve(problem, 2, 0.1, adaptive=True, method="search")
+    assert adaptive == solve(problem, 2, 0.1, adaptive=True, method="table")
     assert isinstance(adaptive, Solution)
     assert adaptive.threshold_used == 1.0
     assert adaptive.cuts == (1,)
-    fixed = solve(problem, 2, 0.1, adaptive=False)
-    assert fixed == Infeasible("threshold", 1.0)
+    for method in ("table", "search"):
+        assert solve(problem, 2, 0.1, adaptive=False, method=method) == Infeasible("threshold", 1.0)
 
 
 def test_diagnoses_memory_with_the_memory_that_would_do() -> None:
@@ -181,7 +185,8 @@ def test_diagnoses_memory_with_the_memory_that_would_do() -> None:
         pinned=np.zeros(5, dtype=bool),
         memory_limit=4.0,
     )
-    assert solve(problem, 2, INF, adaptive=True) == Infeasible("memory", 6.0)
+    for method in ("table", "search"):
+        assert solve(problem, 2, INF, adaptive=True, method=method) == Infeasible("memory", 6.0)
 
 
 def test_diagnoses_too_many_stages() -> None:
@@ -193,7 +198,8 @@ def test_diagnoses_too_many_stages() -> None:
         pinned=np.zeros(4, dtype=bool),
         min_ops=2,
     )
-    assert solve(problem, 2, INF, adaptive=True) == Infeasible("stages")
+    for method in ("table", "search"):
+        assert solve(problem, 2, INF, adaptive=True, method=method) == Infeasible("stages")
 
 
 def test_tie_cost_breaks_ties_between_equal_bottlenecks() -> None:
@@ -205,11 +211,12 @@ def test_tie_cost_breaks_ties_between_equal_bottlenecks() -> None:
         pinned=np.zeros(4, dtype=bool),
     )
     prefer_second = np.array([0.0, 1.0, 0.0, 0.0])
-    first = solve(problem, 2, INF, adaptive=False)
-    second = solve(problem, 2, INF, adaptive=False, tie_cost=prefer_second)
-    assert isinstance(first, Solution) and isinstance(second, Solution)
-    assert first.cuts == (1,)  # earliest on a tie
-    assert second.cuts == (2,)
+    for method in ("table", "search"):
+        first = solve(problem, 2, INF, adaptive=False, method=method)
+        second = solve(problem, 2, INF, adaptive=False, tie_cost=prefer_second, method=method)
+        assert isinstance(first, Solution) and isinstance(second, Solution)
+        assert first.cuts == (1,)  # earliest on a tie
+        assert second.cuts == (2,)
 
 
 def test_problem_rejects_inconsistent_arrays() -> None:
@@ -251,3 +258,35 @@ def test_smallest_accepted_is_exact_to_the_last_bit() -> None:
     found = _smallest_accepted(lambda x: x >= target, 0.0, 1.0)
     assert found == target
     assert np.nextafter(found, 0.0) < target
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(2, 40),
+    st.integers(1, 6),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([INF, 0.05, 0.5]),
+)
+def test_table_and_search_agree_on_larger_real_valued_instances(
+    n: int, stages: int, seed: int, threshold: float
+) -> None:
+    # Real-valued costs: both methods must find the same optimum, whatever the rounding.
+    rng = np.random.default_rng(seed)
+    admissible = np.concatenate(([False], rng.random(n - 1) < 0.8, [False]))
+    problem = Problem(
+        op_compute=rng.lognormal(size=n),
+        op_memory=rng.random(n),
+        cut_comm=np.where(admissible, rng.random(n + 1) * 0.3, 0.0),
+        admissible=admissible,
+        pinned=np.zeros(n + 1, dtype=bool),
+        memory_limit=float(rng.choice([INF, n / stages * 0.9])),
+    )
+    table = solve(problem, stages, threshold, adaptive=True, method="table")
+    search = solve(problem, stages, threshold, adaptive=True, method="search")
+    if isinstance(table, Infeasible):
+        assert table.constraint == getattr(search, "constraint", None)
+        return
+    assert isinstance(search, Solution)
+    assert table.threshold_used == search.threshold_used
+    assert table.bottleneck == pytest.approx(search.bottleneck, rel=1e-12)
+    assert table.total_comm == pytest.approx(search.total_comm, rel=1e-9)
