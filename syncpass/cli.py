@@ -9,6 +9,8 @@ in hooks.
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
 import math
 import sys
 from collections.abc import Sequence
@@ -16,12 +18,13 @@ from pathlib import Path
 
 from syncpass import __version__
 from syncpass.config import SCHEDULES, STRATEGIES, SyncConfig, load_config_file
-from syncpass.costs import load_costs
+from syncpass.costs import Costs, load_costs
 from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
 from syncpass.plan import Plan, PlanRequest, best_stage_count, compare_baselines, make_plan
-from syncpass.planfile import dumps_plan
+from syncpass.planfile import dumps_plan, plan_to_json
 from syncpass.report import render_plan
+from syncpass.units import seconds
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -52,10 +55,62 @@ def _stages(text: str) -> int | str:
     return "auto" if text == "auto" else _positive_int(text)
 
 
+def _add_plan_options(parser: argparse.ArgumentParser) -> None:
+    """The planning flags ``plan`` and ``rewrite`` share."""
+    parser.add_argument(
+        "--stages",
+        type=_stages,
+        metavar="S",
+        help="number of pipeline stages, or 'auto' for the count with the least predicted step "
+        "time (required unless --strategy manual)",
+    )
+    parser.add_argument(
+        "--max-stages",
+        type=_positive_int,
+        default=8,
+        metavar="N",
+        help="upper bound for --stages auto (default 8)",
+    )
+    parser.add_argument(
+        "--config", type=Path, metavar="FILE", help="TOML settings ([tool.syncpass] or top level)"
+    )
+    parser.add_argument(
+        "--strategy", choices=STRATEGIES, help="default: the cost file's, else adaptive"
+    )
+    parser.add_argument(
+        "--min-sync-interval", type=_positive_int, metavar="K", help="fewest ops per stage"
+    )
+    parser.add_argument(
+        "--threshold",
+        type=_threshold,
+        metavar="TAU",
+        help="communication_cost_threshold: largest comm/compute ratio at a sync point "
+        "(inf: no limit)",
+    )
+    parser.add_argument(
+        "--microbatches",
+        type=_positive_int,
+        metavar="M",
+        help="micro-batches per step (default 4 per stage)",
+    )
+    parser.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default="1f1b",
+        help="pipeline schedule to predict (default 1f1b)",
+    )
+    parser.add_argument(
+        "--cuts",
+        metavar="OP[,OP...]",
+        help="pin sync points after these op ids (the cuts of --strategy manual)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="syncpass",
-        description="Place the sync points of a model-parallel program and write them into its source.",
+        description="Place the sync points of a model-parallel program and write them into "
+        "its source.",
     )
     parser.add_argument("--version", action="version", version=f"syncpass {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -69,52 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--costs", required=True, type=Path, metavar="FILE", help="cost file (JSON, version 1)"
     )
-    plan.add_argument(
-        "--stages",
-        type=_stages,
-        metavar="S",
-        help="number of pipeline stages, or 'auto' for the count with the least predicted step time "
-        "(required unless --strategy manual)",
-    )
-    plan.add_argument(
-        "--max-stages",
-        type=_positive_int,
-        default=8,
-        metavar="N",
-        help="upper bound for --stages auto (default 8)",
-    )
-    plan.add_argument(
-        "--config", type=Path, metavar="FILE", help="TOML settings ([tool.syncpass] or top level)"
-    )
-    plan.add_argument(
-        "--strategy", choices=STRATEGIES, help="default: the cost file's, else adaptive"
-    )
-    plan.add_argument(
-        "--min-sync-interval", type=_positive_int, metavar="K", help="fewest ops per stage"
-    )
-    plan.add_argument(
-        "--threshold",
-        type=_threshold,
-        metavar="TAU",
-        help="communication_cost_threshold: largest comm/compute ratio at a sync point (inf: no limit)",
-    )
-    plan.add_argument(
-        "--microbatches",
-        type=_positive_int,
-        metavar="M",
-        help="micro-batches per step (default 4 per stage)",
-    )
-    plan.add_argument(
-        "--schedule",
-        choices=SCHEDULES,
-        default="1f1b",
-        help="pipeline schedule to predict (default 1f1b)",
-    )
-    plan.add_argument(
-        "--cuts",
-        metavar="OP[,OP...]",
-        help="pin sync points after these op ids (the cuts of --strategy manual)",
-    )
+    _add_plan_options(plan)
     plan.add_argument(
         "--json",
         action="store_true",
@@ -127,11 +137,43 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-baselines", action="store_true", help="skip the uniform/parameters/time comparison"
     )
     plan.set_defaults(handler=_run_plan)
+
+    rewrite = commands.add_parser(
+        "rewrite",
+        help="write a plan's sync points into a model's source",
+        description="Plan the model in FILE and write its sync points (pipe_split() calls) into "
+        "the source, changing nothing else. The rewritten code goes to stdout unless -o or "
+        "--in-place is given; messages go to stderr.",
+    )
+    rewrite.add_argument("file", metavar="FILE", help="model source file, or - for stdin")
+    source = rewrite.add_mutually_exclusive_group(required=True)
+    source.add_argument("--costs", type=Path, metavar="FILE", help="cost file of this model")
+    rewrite.add_argument(
+        "--model", metavar="CLASS", help="the model class, when the file has several"
+    )
+    _add_plan_options(rewrite)
+    where = rewrite.add_mutually_exclusive_group()
+    where.add_argument(
+        "-o", "--output", metavar="OUT", help="write the rewritten source here (- for stdout)"
+    )
+    where.add_argument("--in-place", action="store_true", help="rewrite FILE itself")
+    rewrite.add_argument(
+        "--check",
+        action="store_true",
+        help="write nothing; exit 1 if the file would change, 0 if it is up to date",
+    )
+    rewrite.add_argument(
+        "--diff", action="store_true", help="print a unified diff on stdout instead of the code"
+    )
+    rewrite.add_argument(
+        "--report", type=Path, metavar="FILE", help="write the plan and the analysis (JSON) here"
+    )
+    rewrite.set_defaults(handler=_run_rewrite)
     return parser
 
 
-def _run_plan(args: argparse.Namespace) -> int:
-    costs = load_costs(args.costs)
+def _settings(args: argparse.Namespace, costs: Costs) -> tuple[PlanRequest, bool]:
+    """The plan request the flags describe over the cost file's settings; and 'auto'."""
     config: SyncConfig = costs.config
     if args.config is not None:
         config = load_config_file(args.config, config)
@@ -154,6 +196,12 @@ def _run_plan(args: argparse.Namespace) -> int:
         schedule=args.schedule,
         pinned=pinned,
     )
+    return request, auto
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    costs = load_costs(args.costs)
+    request, auto = _settings(args, costs)
     origin = str(args.costs)
     plan: Plan
     if auto:
@@ -166,10 +214,10 @@ def _run_plan(args: argparse.Namespace) -> int:
             costs,
             PlanRequest(
                 stages=len(plan.stages),
-                config=config,
+                config=request.config,
                 microbatches=plan.microbatches,
-                schedule=args.schedule,
-                pinned=pinned,
+                schedule=request.schedule,
+                pinned=request.pinned,
             ),
         )
     document = dumps_plan(plan, baselines)
@@ -180,9 +228,84 @@ def _run_plan(args: argparse.Namespace) -> int:
     else:
         if auto:
             sys.stdout.write(
-                f"--stages auto: {len(plan.stages)} stage(s) give the least predicted step time (tried 1..{args.max_stages})\n"
+                f"--stages auto: {len(plan.stages)} stage(s) give the least predicted step time "
+                f"(tried 1..{args.max_stages})\n"
             )
         sys.stdout.write(render_plan(plan, baselines))
+    return EXIT_OK
+
+
+def _read_input(name: str) -> str:
+    if name == "-":
+        data = sys.stdin.buffer.read()
+        label = "<stdin>"
+    else:
+        try:
+            data = Path(name).read_bytes()
+        except FileNotFoundError:
+            raise SyncpassError("no such file", name) from None
+        except OSError as error:
+            raise SyncpassError(f"cannot read the file: {error.strerror}", name) from None
+        label = name
+    from syncpass.frontend.source import decode_source
+
+    return decode_source(data, label)
+
+
+def _run_rewrite(args: argparse.Namespace) -> int:
+    from syncpass.rewrite import rewrite_source
+    from syncpass.rewrite_report import analysis_to_json
+
+    path = "<stdin>" if args.file == "-" else args.file
+    if args.in_place and args.file == "-":
+        raise SyncpassError("--in-place needs a file, not stdin")
+    text = _read_input(args.file)
+    costs = load_costs(args.costs)
+    request, auto = _settings(args, costs)
+    result = rewrite_source(
+        text,
+        path,
+        costs,
+        request,
+        class_name=args.model,
+        max_stages=args.max_stages if auto else None,
+    )
+    points = len(result.plan.sync_points)
+    summary = (
+        f"{points} sync point(s), {len(result.plan.stages)} stage(s): bottleneck "
+        f"{seconds(result.plan.bottleneck_s)}, predicted step {seconds(result.plan.predicted_step_s)}"
+    )
+    if args.report is not None:
+        document = {
+            "plan": plan_to_json(result.plan),
+            "analysis": analysis_to_json(result.graph),
+        }
+        write_atomically(args.report, json.dumps(document, indent=2) + "\n")
+    if args.diff:
+        sys.stdout.writelines(
+            difflib.unified_diff(
+                result.original.splitlines(keepends=True),
+                result.rewritten.splitlines(keepends=True),
+                fromfile=path,
+                tofile=path if args.output in (None, "-") else args.output,
+            )
+        )
+    if args.check:
+        if result.changed:
+            print(f"would rewrite {path}: {summary}", file=sys.stderr)
+            return EXIT_CHECK_FAILED
+        print(f"{path} is up to date: {summary}", file=sys.stderr)
+        return EXIT_OK
+    if args.diff:
+        return EXIT_OK
+    target = args.file if args.in_place else args.output
+    if target is None or target == "-":
+        sys.stdout.write(result.rewritten)
+        print(f"syncpass: {summary}", file=sys.stderr)
+    else:
+        if not (args.in_place and not result.changed):
+            write_atomically(target, result.rewritten)
+        print(f"syncpass: wrote {target}: {summary}", file=sys.stderr)
     return EXIT_OK
 
 

@@ -1,0 +1,27 @@
+"""Reading model source with libcst: parsing, finding the model, building its op graph.
+
+Only this package and ``syncpass.transformers`` import libcst.
+"""
+
+from __future__ import annotations
+
+from syncpass.frontend.analysis import (
+    ContainerSizes,
+    ForwardModel,
+    analyse_model,
+    find_forward,
+    loop_containers,
+    model_class_names,
+)
+from syncpass.frontend.source import parse_source, read_source
+
+__all__ = [
+    "ContainerSizes",
+    "ForwardModel",
+    "analyse_model",
+    "find_forward",
+    "loop_containers",
+    "model_class_names",
+    "parse_source",
+    "read_source",
+]

@@ -1,0 +1,574 @@
+"""Build the op graph of a model's ``forward`` from its source.
+
+The analysis is static: it reads the source, never runs it. What it cannot
+know from the source alone, the length of each layer container, comes in as
+:data:`ContainerSizes` (from the live example model, or from the op ids of a
+cost file). Metadata (qualified names, expression contexts, positions) is
+computed for the model class and the file's imports only, not the whole file.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.metadata import (
+    ExpressionContext,
+    ExpressionContextProvider,
+    MetadataWrapper,
+    PositionProvider,
+    QualifiedNameProvider,
+)
+
+from syncpass.errors import SyncpassError
+from syncpass.graph import Cut, LoopIteration, Op, OpGraph, Region, SourceLocation
+
+#: Length of each layer container of the model, by attribute path ("blocks").
+ContainerSizes = Mapping[str, int]
+
+PIN_SYNC = re.compile(r"#\s*syncpass:\s*sync\b")
+FORBID_SYNC = re.compile(r"#\s*syncpass:\s*no-sync\b")
+
+_OPERATORS = {
+    cst.Add: "add",
+    cst.Subtract: "sub",
+    cst.Multiply: "mul",
+    cst.Divide: "truediv",
+    cst.FloorDivide: "floordiv",
+    cst.MatrixMultiply: "matmul",
+    cst.Power: "pow",
+    cst.Modulo: "mod",
+    cst.BitAnd: "and",
+    cst.BitOr: "or",
+    cst.BitXor: "xor",
+    cst.LeftShift: "lshift",
+    cst.RightShift: "rshift",
+}
+
+
+@dataclass(frozen=True)
+class ContainerLoop:
+    """``for item in self.<container>[start:stop]`` (optionally enumerated)."""
+
+    container: str
+    start: int | None
+    stop: int | None
+    item: str
+    index_name: str | None = None
+
+    def iterations(self, size: int) -> range:
+        start = 0 if self.start is None else self.start
+        stop = size if self.stop is None else min(self.stop, size)
+        return range(start, stop)
+
+
+@dataclass(frozen=True)
+class ForwardModel:
+    """The class and forward method an op graph was built from."""
+
+    class_name: str
+    classdef: cst.ClassDef
+    forward: cst.FunctionDef
+
+
+def model_class_names(module: cst.Module) -> list[str]:
+    """Top-level classes that define a ``forward`` method, in file order."""
+    return [
+        statement.name.value
+        for statement in module.body
+        if isinstance(statement, cst.ClassDef) and _forward_of(statement) is not None
+    ]
+
+
+def _forward_of(classdef: cst.ClassDef) -> cst.FunctionDef | None:
+    for statement in classdef.body.body:
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == "forward":
+            return statement
+    return None
+
+
+def find_forward(module: cst.Module, class_name: str | None, path: str) -> ForwardModel:
+    """The model class named ``class_name`` (or the only one) and its forward."""
+    names = model_class_names(module)
+    if class_name is None:
+        if not names:
+            raise SyncpassError("no model class: no top-level class defines a forward method", path)
+        if len(names) > 1:
+            raise SyncpassError(
+                f"several model classes ({', '.join(names)}); choose one with --model NAME", path
+            )
+        class_name = names[0]
+    for statement in module.body:
+        if isinstance(statement, cst.ClassDef) and statement.name.value == class_name:
+            forward = _forward_of(statement)
+            if forward is None:
+                raise SyncpassError(f"class {class_name} has no forward method", path)
+            return ForwardModel(class_name, statement, forward)
+    known = f"; model classes here: {', '.join(names)}" if names else ""
+    raise SyncpassError(f"no top-level class named {class_name!r}{known}", path)
+
+
+# --- recognising loops over layer containers ---------------------------------
+
+
+def _self_path(node: cst.BaseExpression) -> str | None:
+    """``self.a.b`` -> ``"a.b"``; ``self.a[3]`` -> ``"a.3"``; otherwise ``None``."""
+    if isinstance(node, cst.Attribute):
+        base = _self_path(node.value)
+        if base is not None:
+            return f"{base}.{node.attr.value}" if base else node.attr.value
+        return None
+    if isinstance(node, cst.Name):
+        return "" if node.value == "self" else None
+    if (
+        isinstance(node, cst.Subscript)
+        and len(node.slice) == 1
+        and isinstance(node.slice[0].slice, cst.Index)
+        and isinstance(node.slice[0].slice.value, cst.Integer)
+    ):
+        base = _self_path(node.value)
+        if base:
+            return f"{base}.{node.slice[0].slice.value.evaluated_value}"
+    return None
+
+
+def _int_or_none(node: cst.BaseExpression | None) -> tuple[bool, int | None]:
+    if node is None:
+        return True, None
+    if isinstance(node, cst.Integer):
+        return True, int(node.evaluated_value)
+    return False, None
+
+
+def _container_slice(node: cst.BaseExpression) -> tuple[str, int | None, int | None] | None:
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        part = node.slice[0].slice
+        if isinstance(part, cst.Slice) and part.step is None:
+            base = _self_path(node.value)
+            ok_lower, lower = _int_or_none(part.lower)
+            ok_upper, upper = _int_or_none(part.upper)
+            if base and ok_lower and ok_upper:
+                return base, lower, upper
+        return None
+    base = _self_path(node)
+    return (base, None, None) if base else None
+
+
+def match_container_loop(node: cst.For) -> ContainerLoop | None:
+    """The container loop ``node`` is, if it is one the rewrite can split."""
+    if node.orelse is not None or node.asynchronous is not None:
+        return None
+    iterable = node.iter
+    index_name = None
+    if m.matches(iterable, m.Call(func=m.Name("enumerate"), args=[m.Arg(keyword=None)])):
+        assert isinstance(iterable, cst.Call)
+        if not m.matches(node.target, m.Tuple(elements=[m.Element(m.Name()), m.Element(m.Name())])):
+            return None
+        assert isinstance(node.target, cst.Tuple)
+        first, second = (element.value for element in node.target.elements)
+        assert isinstance(first, cst.Name) and isinstance(second, cst.Name)
+        index_name, item = first.value, second.value
+        iterable = iterable.args[0].value
+    elif isinstance(node.target, cst.Name):
+        item = node.target.value
+    else:
+        return None
+    found = _container_slice(iterable)
+    if found is None:
+        return None
+    container, start, stop = found
+    if (start is not None and start < 0) or (stop is not None and stop < 0):
+        return None
+    if _has_jump(node.body):
+        return None
+    return ContainerLoop(container, start, stop, item, index_name)
+
+
+def _has_jump(body: cst.BaseSuite) -> bool:
+    jumps = m.Break() | m.Continue() | m.Return() | m.Yield()
+    return bool(m.findall(body, jumps))
+
+
+# --- facts about each forward statement ----------------------------------------
+
+
+@dataclass
+class _CallFact:
+    depth: int
+    order: int
+    submodule: str | None  # "stem", "blocks.3", or the loop item's name as "<item>"
+    function: str | None  # "torch.cat", "operator.add", "view"
+
+
+@dataclass
+class _StatementFacts:
+    reads: list[str] = field(default_factory=list)
+    writes: list[str] = field(default_factory=list)
+    calls: list[_CallFact] = field(default_factory=list)
+
+
+class GatherStatementFactsVisitor(cst.CSTVisitor):
+    """Reads, writes and calls of each top-level statement of a forward."""
+
+    METADATA_DEPENDENCIES = (QualifiedNameProvider, ExpressionContextProvider)
+
+    def __init__(self, statements: Sequence[cst.BaseStatement]) -> None:
+        super().__init__()
+        self.index_of = {id(statement): index for index, statement in enumerate(statements)}
+        self.facts = [_StatementFacts() for _ in statements]
+        self.current: list[int] = []
+        self.depth = 0
+        self.order = 0
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        index = self.index_of.get(id(node))
+        if index is not None:
+            self.current.append(index)
+        return super().on_visit(node)
+
+    def on_leave(self, original_node: cst.CSTNode) -> None:
+        super().on_leave(original_node)
+        if id(original_node) in self.index_of:
+            self.current.pop()
+
+    def _facts(self) -> _StatementFacts | None:
+        return self.facts[self.current[-1]] if self.current else None
+
+    def visit_Name(self, node: cst.Name) -> None:
+        facts = self._facts()
+        if facts is None:
+            return
+        context = self.get_metadata(ExpressionContextProvider, node, None)
+        if context == ExpressionContext.STORE:
+            facts.writes.append(node.value)
+        elif context == ExpressionContext.LOAD:
+            facts.reads.append(node.value)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        facts = self._facts()
+        if facts is not None and isinstance(node.target, cst.Name):
+            facts.reads.append(node.target.value)  # x += y reads x too
+
+    def visit_Call(self, node: cst.Call) -> None:
+        facts = self._facts()
+        if facts is not None:
+            facts.calls.append(self._describe(node))
+        self.depth += 1
+
+    def leave_Call(self, original_node: cst.Call) -> None:
+        self.depth -= 1
+
+    def visit_BinaryOperation(self, node: cst.BinaryOperation) -> None:
+        facts = self._facts()
+        if facts is not None:
+            name = _OPERATORS.get(type(node.operator), "binop")
+            facts.calls.append(_CallFact(self.depth, self._next(), None, f"operator.{name}"))
+        self.depth += 1
+
+    def leave_BinaryOperation(self, original_node: cst.BinaryOperation) -> None:
+        self.depth -= 1
+
+    def _next(self) -> int:
+        self.order += 1
+        return self.order
+
+    def _describe(self, node: cst.Call) -> _CallFact:
+        path = _self_path(node.func)
+        if path:
+            return _CallFact(self.depth, self._next(), path, None)
+        if isinstance(node.func, cst.Name):
+            qualified = self.get_metadata(QualifiedNameProvider, node.func, set())
+            name = min((q.name for q in qualified), default=node.func.value)
+            return _CallFact(self.depth, self._next(), f"<{node.func.value}>", name)
+        qualified = self.get_metadata(QualifiedNameProvider, node.func, set())
+        if qualified:
+            return _CallFact(self.depth, self._next(), None, min(q.name for q in qualified))
+        if isinstance(node.func, cst.Attribute):  # a method, e.g. x.view(...)
+            return _CallFact(self.depth, self._next(), None, node.func.attr.value)
+        return _CallFact(self.depth, self._next(), None, "call")
+
+
+def _reduced_module(module: cst.Module, classdef: cst.ClassDef) -> cst.Module:
+    """The file's imports and the model class: all the metadata needs to see."""
+    imports = [
+        statement
+        for statement in module.body
+        if m.matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))
+    ]
+    return module.with_changes(body=[*imports, classdef])
+
+
+# --- the op graph ------------------------------------------------------------------
+
+
+def _comment_of(statement: cst.BaseStatement) -> str:
+    if isinstance(statement, cst.SimpleStatementLine):
+        comment = statement.trailing_whitespace.comment
+    elif isinstance(statement, cst.BaseCompoundStatement) and isinstance(
+        statement.body, cst.IndentedBlock
+    ):
+        comment = statement.body.header.comment
+    else:
+        comment = None
+    return comment.value if comment is not None else ""
+
+
+def _is_trivial(statement: cst.BaseStatement) -> bool:
+    """Docstrings, ``pass`` and the like: no op."""
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    return all(
+        isinstance(small, cst.Pass)
+        or (
+            isinstance(small, cst.Expr)
+            and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
+        )
+        for small in statement.body
+    )
+
+
+def _is_return(statement: cst.BaseStatement) -> bool:
+    return isinstance(statement, cst.SimpleStatementLine) and any(
+        isinstance(small, cst.Return) for small in statement.body
+    )
+
+
+_REGION_REASONS = {
+    cst.If: "an if statement: which branch runs can depend on the data",
+    cst.While: "a while loop: its trip count can depend on the data",
+    cst.With: "a with block: a sync point inside would cross its context",
+    cst.Try: "a try statement",
+    cst.For: "a loop over something other than a layer container of known length",
+    cst.FunctionDef: "a nested function definition",
+    cst.ClassDef: "a nested class definition",
+}
+
+
+def _unique(base: str, line: int, column: int, taken: set[str]) -> str:
+    for candidate in (base, f"{base}@L{line}", f"{base}@L{line}:{column}"):
+        if candidate not in taken:
+            taken.add(candidate)
+            return candidate
+    raise AssertionError("two statements cannot share a line and a column")
+
+
+def _statement_id(facts: _StatementFacts, line: int, loop_item: dict[str, str]) -> str:
+    submodules = [
+        call
+        for call in facts.calls
+        if call.submodule is not None
+        and (not call.submodule.startswith("<") or call.submodule in loop_item)
+    ]
+    if submodules:
+        outermost = min(submodules, key=lambda call: (call.depth, call.order))
+        assert outermost.submodule is not None
+        return loop_item.get(outermost.submodule, outermost.submodule)
+    functions = [call for call in facts.calls if call.function is not None]
+    if functions:
+        outermost = min(functions, key=lambda call: (call.depth, call.order))
+        return f"{outermost.function}@L{line}"
+    return f"stmt@L{line}"
+
+
+def _calls(facts: _StatementFacts, loop_item: dict[str, str]) -> tuple[str, ...]:
+    names = []
+    for call in sorted(facts.calls, key=lambda call: call.order):
+        if call.submodule is not None and not call.submodule.startswith("<"):
+            names.append(f"self.{call.submodule}")
+        elif call.submodule is not None and call.submodule in loop_item:
+            names.append(f"self.{loop_item[call.submodule]}")
+        elif call.function is not None:
+            names.append(call.function)
+    return tuple(dict.fromkeys(names))
+
+
+def analyse_model(
+    module: cst.Module,
+    path: str,
+    class_name: str | None = None,
+    sizes: ContainerSizes | None = None,
+) -> OpGraph:
+    """The op graph of ``class_name``'s forward (see :mod:`syncpass.graph`)."""
+    sizes = sizes or {}
+    model = find_forward(module, class_name, path)
+    forward = model.forward
+    if not isinstance(forward.body, cst.IndentedBlock):
+        raise SyncpassError(
+            "forward is written on one line; nothing can be placed inside it",
+            f"{path}:{_line(module, forward)}",
+        )
+    statements = list(forward.body.body)
+    reduced = _reduced_module(module, model.classdef)
+    wrapper = MetadataWrapper(reduced, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
+    # Positions are of the reduced module; shift them back to the file's lines.
+    offset = _lines_before(module, model.classdef) - _lines_before(reduced, model.classdef)
+    visitor = GatherStatementFactsVisitor(statements)
+    wrapper.visit(visitor)
+
+    params = [p.name.value for p in (*forward.params.posonly_params, *forward.params.params)]
+    params += [p.name.value for p in forward.params.kwonly_params]
+    for star in (forward.params.star_arg, forward.params.star_kwarg):
+        if isinstance(star, cst.Param):
+            params.append(star.name.value)
+    inputs = tuple(name for name in params if name != "self")
+    local_names = set(inputs)
+    for facts in visitor.facts:
+        local_names.update(facts.writes)
+
+    ops: list[Op] = []
+    regions: list[Region] = []
+    pinned: set[str] = set()
+    forbidden: set[str] = set()
+    sink_reads: list[str] = []
+    taken: set[str] = set()
+    for index, statement in enumerate(statements):
+        facts = visitor.facts[index]
+        start = positions[statement].start
+        line = start.line + offset
+        location = SourceLocation(path, line, start.column)
+        reads = tuple(dict.fromkeys(name for name in facts.reads if name in local_names))
+        writes = tuple(dict.fromkeys(name for name in facts.writes if name in local_names))
+        comment = _comment_of(statement)
+        if _is_trivial(statement):
+            continue
+        if _is_return(statement):
+            sink_reads.extend(reads)
+            continue
+        if isinstance(statement, cst.SimpleStatementLine):
+            op_id = _unique(_statement_id(facts, line, {}), line, start.column, taken)
+            ops.append(Op(op_id, _calls(facts, {}), reads, writes, location, index))
+            if PIN_SYNC.search(comment):
+                pinned.add(op_id)
+            if FORBID_SYNC.search(comment):
+                forbidden.add(op_id)
+            continue
+        loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
+        if loop is not None and loop.container in sizes:
+            iterations = loop.iterations(sizes[loop.container])
+            internal = {loop.item, loop.index_name}
+            body_reads = tuple(name for name in reads if name not in internal)
+            body_writes = tuple(name for name in writes if name not in internal)
+            for position, iteration in enumerate(iterations):
+                item_path = f"{loop.container}.{iteration}"
+                base = _statement_id(facts, line, {f"<{loop.item}>": item_path})
+                op_id = _unique(base, line, start.column, taken)
+                ops.append(
+                    Op(
+                        op_id,
+                        _calls(facts, {f"<{loop.item}>": item_path}),
+                        body_reads,
+                        body_writes,
+                        location,
+                        index,
+                        loop=LoopIteration(loop.container, iteration),
+                    )
+                )
+                last_iteration = position == len(iterations) - 1
+                if FORBID_SYNC.search(comment) and not last_iteration:
+                    forbidden.add(op_id)
+            continue
+        reason = _REGION_REASONS.get(type(statement), "a statement the analysis cannot see into")
+        if loop is not None:
+            reason = (
+                f"the length of self.{loop.container} is unknown (give --example, or a cost "
+                "file that lists its iterations)"
+            )
+        elif isinstance(statement, cst.For) and _has_jump(statement.body):
+            reason = "a loop with break, continue or return"
+        keyword = (
+            type(statement)
+            .__name__.lower()
+            .replace("functiondef", "def")
+            .replace("classdef", "class")
+        )
+        op_id = _unique(f"{keyword}@L{line}", line, start.column, taken)
+        end = positions[statement].end.line + offset
+        ops.append(Op(op_id, _calls(facts, {}), reads, writes, location, index, region=reason))
+        regions.append(Region(location, end, reason))
+        if FORBID_SYNC.search(comment):
+            forbidden.add(op_id)
+
+    if not ops:
+        raise SyncpassError(
+            f"{model.class_name}.forward has no ops to plan",
+            f"{path}:{positions[forward].start.line + offset}",
+        )
+    edges, live = _dataflow(ops, inputs, sink_reads)
+    cuts = tuple(
+        Cut(after=op.id, live=live[position], pinned=op.id in pinned)
+        for position, op in enumerate(ops[:-1])
+        if op.id not in forbidden
+    )
+    return OpGraph(
+        path=path,
+        model_class=model.class_name,
+        forward=SourceLocation(
+            path, positions[forward].start.line + offset, positions[forward].start.column
+        ),
+        inputs=inputs,
+        ops=tuple(ops),
+        edges=edges,
+        cuts=cuts,
+        regions=tuple(regions),
+        forbidden=tuple(sorted(forbidden)),
+    )
+
+
+def _line(module: cst.Module, node: cst.CSTNode) -> int:
+    wrapper = MetadataWrapper(module, unsafe_skip_copy=True)
+    return wrapper.resolve(PositionProvider)[node].start.line
+
+
+def _lines_before(module: cst.Module, statement: cst.BaseStatement) -> int:
+    """Lines of ``module`` above top-level ``statement`` (its own leading lines included)."""
+    lines = len(module.header)
+    for other in module.body:
+        if other is statement:
+            return lines
+        lines += module.code_for_node(other).count("\n")
+    raise ValueError("statement is not at the top level of module")
+
+
+def _dataflow(
+    ops: Sequence[Op], inputs: Sequence[str], sink_reads: Sequence[str]
+) -> tuple[tuple[tuple[str, str], ...], list[tuple[str, ...]]]:
+    """Def-use edges between ops, and the live names after each op."""
+    producer: dict[str, str | None] = {name: None for name in inputs}
+    edges: dict[tuple[str, str], None] = {}
+    for op in ops:
+        for name in op.reads:
+            source = producer.get(name)
+            if source is not None and source != op.id:
+                edges[(source, op.id)] = None
+        for name in op.writes:
+            producer[name] = op.id
+    # Live after op j: defined at or before j (or an input), used after j.
+    live: list[tuple[str, ...]] = []
+    defined: dict[str, None] = dict.fromkeys(inputs)
+    used_after: list[set[str]] = [set() for _ in ops]
+    later: set[str] = set(sink_reads)
+    for position in range(len(ops) - 1, -1, -1):
+        used_after[position] = set(later)
+        later.update(ops[position].reads)
+    for position, op in enumerate(ops):
+        defined.update(dict.fromkeys(op.writes))
+        live.append(tuple(name for name in defined if name in used_after[position]))
+    return tuple(edges), live
+
+
+def loop_containers(module: cst.Module, class_name: str | None, path: str) -> tuple[str, ...]:
+    """Layer containers the forward loops over (``"blocks"`` for ``for b in self.blocks``)."""
+    forward = find_forward(module, class_name, path).forward
+    if not isinstance(forward.body, cst.IndentedBlock):
+        return ()
+    names = []
+    for statement in forward.body.body:
+        if isinstance(statement, cst.For):
+            loop = match_container_loop(statement)
+            if loop is not None:
+                names.append(loop.container)
+    return tuple(dict.fromkeys(names))

@@ -1,0 +1,50 @@
+"""Reading a model file into a libcst tree, with errors a user can act on."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import libcst as cst
+
+from syncpass.errors import SyncpassError
+
+
+def decode_source(data: bytes, name: str) -> str:
+    """The text of a Python source file; refuses empty and binary files."""
+    if not data.strip():
+        raise SyncpassError("the file is empty; expected Python source with a model class", name)
+    if b"\x00" in data:
+        raise SyncpassError("this is a binary file, not Python source", name)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise SyncpassError(
+            "not UTF-8 text: cannot read it as Python source", f"{name}:{line}"
+        ) from None
+
+
+def parse_source(text: str, name: str) -> cst.Module:
+    """Parse ``text``; a syntax error names ``name:line`` and what the parser expected."""
+    try:
+        return cst.parse_module(text)
+    except cst.ParserSyntaxError as error:
+        first_line = error.message.splitlines()[0] if error.message else "invalid syntax"
+        message = re.sub(r"^parser error: error at \d+:\d+: ", "", first_line)
+        raise SyncpassError(
+            f"syntax error at column {error.raw_column + 1}: {message}", f"{name}:{error.raw_line}"
+        ) from None
+
+
+def read_source(path: str | Path) -> tuple[str, cst.Module]:
+    """Read and parse a model file (``-`` is not handled here: callers pass text)."""
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise SyncpassError("no such file", str(path)) from None
+    except OSError as error:
+        raise SyncpassError(f"cannot read the file: {error.strerror}", str(path)) from None
+    text = decode_source(data, str(path))
+    return text, parse_source(text, str(path))

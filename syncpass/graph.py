@@ -1,0 +1,114 @@
+"""The op graph of a model's forward: the contract between analysis, profiling and rewriting.
+
+An **op** is one unit of planning granularity in the forward method:
+
+* one simple statement (``x = self.stem(x)``, ``h = torch.cat([a, b], 1)``);
+* one iteration of a loop over a layer container (``for block in self.blocks``),
+  the whole loop body counting as one op per iteration;
+* one compound statement the analysis cannot see into (``if``, ``while``,
+  ``with``, a loop over anything else): a **region** no sync point may enter.
+
+A sync point can follow an op only where a statement can be inserted: after a
+top-level statement of ``forward``, or between two iterations of a container
+loop (the rewrite then splits the loop over slices of the container).
+
+Op ids are stable: they come from the source (the submodule a statement
+calls, else its outermost function, plus ``@L<line>`` where needed), never
+from object identity, so plans serialise and compare across runs.
+
+This module imports neither libcst nor torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """A place in the user's source (1-based line and column)."""
+
+    path: str
+    line: int
+    column: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.line}"
+
+
+@dataclass(frozen=True)
+class LoopIteration:
+    """The op is iteration ``index`` of the loop over ``self.<container>``."""
+
+    container: str  # attribute path inside the model, e.g. "blocks" or "encoder.layers"
+    index: int  # absolute index into the container
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op of the forward, in execution order."""
+
+    id: str
+    calls: tuple[str, ...]  # what it runs: "self.stem", "torch.cat", "operator.add", ...
+    reads: tuple[str, ...]  # local names it uses
+    writes: tuple[str, ...]  # local names it defines
+    location: SourceLocation
+    statement: int  # index of the top-level forward statement it belongs to
+    loop: LoopIteration | None = None
+    region: str | None = None  # why no sync point may go inside it, when it is a region
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("an op needs a non-empty id")
+
+
+@dataclass(frozen=True)
+class Cut:
+    """An admissible sync point after op ``after``; ``live`` crosses it."""
+
+    after: str
+    live: tuple[str, ...]
+    pinned: bool = False  # the user wrote "# syncpass: sync" there
+
+
+@dataclass(frozen=True)
+class Region:
+    """Source that no sync point may enter, and why."""
+
+    location: SourceLocation
+    end_line: int
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.location.path}:{self.location.line}-{self.end_line}: {self.reason}"
+
+
+@dataclass(frozen=True)
+class OpGraph:
+    """Ops of one model's forward with their def-use edges and admissible cuts."""
+
+    path: str
+    model_class: str
+    forward: SourceLocation
+    inputs: tuple[str, ...]  # forward's parameters, without self
+    ops: tuple[Op, ...]
+    edges: tuple[tuple[str, str], ...]  # (producer op id, consumer op id)
+    cuts: tuple[Cut, ...]
+    regions: tuple[Region, ...] = ()
+    forbidden: tuple[str, ...] = ()  # op ids the user marked "# syncpass: no-sync"
+
+    def __post_init__(self) -> None:
+        ids = [op.id for op in self.ops]
+        if len(set(ids)) != len(ids):
+            duplicate = next(op_id for op_id in ids if ids.count(op_id) > 1)
+            raise ValueError(f"op id {duplicate!r} appears twice in the graph")
+        known = set(ids)
+        for cut in self.cuts:
+            if cut.after not in known:
+                raise ValueError(f"cut after unknown op {cut.after!r}")
+
+    def op(self, op_id: str) -> Op:
+        for op in self.ops:
+            if op.id == op_id:
+                return op
+        raise KeyError(op_id)

@@ -1,0 +1,187 @@
+"""Rewrite a model's source with the sync points of a plan (torch pipeline backend).
+
+The pass, step by step:
+
+1. parse the source; remove the sync points an earlier syncpass run wrote, so
+   a rewritten file plans exactly like the original (idempotence);
+2. build the op graph of the model's forward and check it against the cost
+   file (same ops, same order: the cost file must describe this source);
+3. plan (any strategy of :mod:`syncpass.plan`);
+4. insert one ``pipe_split()`` per sync point, each with a one-line comment;
+5. verify before anything is written: the output parses, and removing the
+   inserted calls gives back the input tree.
+
+Nothing here imports torch or runs the user's code.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from syncpass.costs import Costs
+from syncpass.errors import SyncpassError
+from syncpass.frontend import (
+    ContainerSizes,
+    analyse_model,
+    loop_containers,
+    model_class_names,
+    parse_source,
+)
+from syncpass.graph import OpGraph
+from syncpass.plan import Plan, PlanRequest, best_stage_count, make_plan
+from syncpass.transformers.torch_pipeline import (
+    SYNC_COMMENT_PREFIX,
+    SyncSite,
+    insert_pipe_splits,
+    remove_pipe_splits,
+)
+from syncpass.units import num_bytes, seconds
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    """The rewritten source, and the plan and op graph it came from."""
+
+    original: str
+    rewritten: str
+    plan: Plan
+    graph: OpGraph
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return self.original != self.rewritten
+
+
+def strip_sync_points(text: str, path: str, class_name: str | None = None) -> str:
+    """``text`` without the sync points syncpass wrote (unchanged if there are none)."""
+    if SYNC_COMMENT_PREFIX not in text:
+        return text
+    stripped: str = remove_pipe_splits(parse_source(text, path), class_name, path).code
+    return stripped
+
+
+def container_sizes(costs: Costs, containers: tuple[str, ...]) -> ContainerSizes:
+    """Length of each container, read off the cost file's op ids (``blocks.11`` -> 12)."""
+    sizes = {}
+    for container in containers:
+        pattern = re.compile(rf"^{re.escape(container)}\.(\d+)(@L\d+(:\d+)?)?$")
+        indices = [int(found.group(1)) for op in costs.ops if (found := pattern.match(op.id))]
+        if indices:
+            sizes[container] = max(indices) + 1
+    return sizes
+
+
+def model_class(text_module_classes: list[str], costs: Costs, requested: str | None) -> str | None:
+    """The class to rewrite: ``--model``, else the cost file's model if it names one here."""
+    if requested is not None:
+        return requested
+    if costs.model in text_module_classes:
+        return costs.model
+    return None
+
+
+def check_costs_match(graph: OpGraph, costs: Costs) -> None:
+    """The cost file must describe this source: same op ids in the same order."""
+    source_ids = [op.id for op in graph.ops]
+    cost_ids = [op.id for op in costs.ops]
+    if source_ids == cost_ids:
+        admissible = {cut.after for cut in graph.cuts}
+        for cut in costs.cuts:
+            if cut.after not in admissible:
+                op = graph.op(cut.after)
+                raise SyncpassError(
+                    f"the cost file allows a sync point after {cut.after}, but the source cannot "
+                    "take one there (it is marked no-sync or is inside a region)",
+                    str(op.location),
+                )
+        return
+    for position, (source_id, cost_id) in enumerate(zip(source_ids, cost_ids, strict=False)):
+        if source_id != cost_id:
+            where = str(graph.ops[position].location)
+            raise SyncpassError(
+                f"the cost file does not match the source: op {position} is {source_id!r} here "
+                f"but {cost_id!r} in the cost file; profile the model again "
+                "(syncpass profile) after changing its forward",
+                where,
+            )
+    raise SyncpassError(
+        f"the cost file does not match the source: {len(source_ids)} ops here, "
+        f"{len(cost_ids)} in the cost file; profile the model again (syncpass profile)",
+        str(graph.forward),
+    )
+
+
+def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
+    """Where each of the plan's sync points goes in the forward, with its comment."""
+    last_iteration: dict[int, int] = {}
+    for op in graph.ops:
+        if op.loop is not None:
+            last_iteration[op.statement] = op.loop.index
+    sites = []
+    count = len(plan.sync_points)
+    for number, point in enumerate(plan.sync_points, start=1):
+        op = graph.op(point.after)
+        comment = (
+            f"{number}/{count}: {num_bytes(point.live_bytes)}, "
+            f"{seconds(point.comm_s)}/step predicted"
+        )
+        inside_loop = op.loop is not None and op.loop.index != last_iteration[op.statement]
+        sites.append(
+            SyncSite(
+                statement=op.statement,
+                split_after=op.loop.index if inside_loop and op.loop is not None else None,
+                comment=comment,
+            )
+        )
+    return sites
+
+
+def rewrite_source(
+    text: str,
+    path: str,
+    costs: Costs,
+    request: PlanRequest,
+    class_name: str | None = None,
+    max_stages: int | None = None,
+) -> RewriteResult:
+    """Plan ``costs`` for the model in ``text`` and write the plan's sync points into it.
+
+    ``max_stages`` with ``request.stages`` of ``None`` picks the stage count
+    with the least predicted step time. Raises :class:`SyncpassError` for bad
+    input; never writes files.
+    """
+    module = parse_source(text, path)
+    base = strip_sync_points(text, path)
+    if base != text:
+        module = parse_source(base, path)
+    name = model_class(model_class_names(module), costs, class_name)
+    sizes = container_sizes(costs, loop_containers(module, name, path))
+    graph = analyse_model(module, path, name, sizes)
+    check_costs_match(graph, costs)
+    if request.stages is None and max_stages is not None:
+        plan = best_stage_count(costs, request, max_stages, path)
+    else:
+        plan = make_plan(costs, request, path)
+    rewritten_module, warnings = insert_pipe_splits(
+        module, graph.model_class, sync_sites(graph, plan), path
+    )
+    if warnings and plan.sync_points:
+        raise SyncpassError("could not place the planned sync points: " + "; ".join(warnings), path)
+    rewritten = rewritten_module.code
+    _verify(rewritten, base, path, graph.model_class)
+    return RewriteResult(
+        original=text, rewritten=rewritten, plan=plan, graph=graph, warnings=warnings
+    )
+
+
+def _verify(rewritten: str, base: str, path: str, class_name: str) -> None:
+    """Refuse output that does not parse or does not strip back to the input."""
+    parse_source(rewritten, f"{path} (rewritten)")
+    if strip_sync_points(rewritten, path, class_name) != base:
+        raise SyncpassError(
+            "internal check failed: removing the inserted sync points does not give back the "
+            "input; nothing was written (please report this with the file)",
+            path,
+        )
