@@ -283,7 +283,7 @@ def _mergeable(first: cst.BaseStatement, second: cst.BaseStatement) -> bool:
     """Two pieces of one split loop: same target and body, adjacent slices."""
     if not (isinstance(first, cst.For) and isinstance(second, cst.For)):
         return False
-    if match_container_loop(first) is None or match_container_loop(second) is None:
+    if isinstance(first.iter, cst.Call) != isinstance(second.iter, cst.Call):
         return False
     if not (first.target.deep_equals(second.target) and first.body.deep_equals(second.body)):
         return False

@@ -437,7 +437,8 @@ def analyse_model(
             continue
         if _is_return(statement):
             sink_reads.extend(reads)
-            continue
+            if not facts.calls:  # `return x`: nothing to run
+                continue
         if isinstance(statement, cst.SimpleStatementLine):
             op_id = _unique(_statement_id(facts, line, {}), line, start.column, taken)
             ops.append(Op(op_id, _calls(facts, {}), reads, writes, location, index))

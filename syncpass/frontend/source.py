@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -26,14 +27,28 @@ def decode_source(data: bytes, name: str) -> str:
 
 
 def parse_source(text: str, name: str) -> cst.Module:
-    """Parse ``text``; a syntax error names ``name:line`` and what the parser expected."""
+    """Parse ``text``; a syntax error names ``name:line`` and what is wrong.
+
+    Python's own parser words syntax errors best and places them exactly, so
+    when libcst refuses the text, the message and line come from ``ast``
+    where it agrees the text is invalid.
+    """
     try:
         return cst.parse_module(text)
     except cst.ParserSyntaxError as error:
+        try:
+            ast.parse(text)
+        except SyntaxError as python_error:
+            line = python_error.lineno or error.raw_line
+            column = python_error.offset or error.raw_column + 1
+            raise SyncpassError(
+                f"syntax error at column {column}: {python_error.msg}", f"{name}:{line}"
+            ) from None
         first_line = error.message.splitlines()[0] if error.message else "invalid syntax"
         message = re.sub(r"^parser error: error at \d+:\d+: ", "", first_line)
         raise SyncpassError(
-            f"syntax error at column {error.raw_column + 1}: {message}", f"{name}:{error.raw_line}"
+            f"syntax libcst cannot read, at column {error.raw_column + 1}: {message}",
+            f"{name}:{error.raw_line}",
         ) from None
 
 

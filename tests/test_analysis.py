@@ -1,0 +1,155 @@
+"""The op graph the analysis builds from source alone."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+
+from syncpass.errors import SyncpassError
+from syncpass.frontend import analyse_model, parse_source
+from syncpass.graph import OpGraph
+
+
+def graph_of(source: str, sizes: dict[str, int] | None = None, model: str | None = None) -> OpGraph:
+    text = textwrap.dedent(source)
+    return analyse_model(parse_source(text, "m.py"), "m.py", model, sizes)
+
+
+def test_ops_are_recognised_by_qualified_name() -> None:
+    graph = graph_of(
+        """
+        import torch as t
+        from torch.nn import functional as F
+
+        def matmul(a, b):
+            return a
+
+        class M:
+            def forward(self, x, y):
+                a = t.matmul(x, y)
+                b = matmul(x, y)
+                c = F.relu(a) @ b
+                return c
+        """
+    )
+    assert [op.id for op in graph.ops] == ["torch.matmul@L10", "matmul@L11", "operator.matmul@L12"]
+    assert graph.ops[0].calls == ("torch.matmul",)
+    assert graph.ops[1].calls == ("matmul",)  # the local function, not torch's
+    assert graph.ops[2].calls == ("operator.matmul", "torch.nn.functional.relu")
+
+
+def test_submodule_calls_name_their_ops_and_edges_follow_def_use() -> None:
+    graph = graph_of(
+        """
+        class M:
+            def forward(self, x):
+                h = self.stem(x)
+                skip = h
+                h = self.body.conv(h)
+                h = self.blocks[2](h) + skip
+                return self.head(h)
+        """
+    )
+    assert [op.id for op in graph.ops] == ["stem", "stmt@L5", "body.conv", "blocks.2", "head"]
+    assert set(graph.edges) == {
+        ("stem", "stmt@L5"),
+        ("stem", "body.conv"),
+        ("body.conv", "blocks.2"),
+        ("stmt@L5", "blocks.2"),
+        ("blocks.2", "head"),
+    }
+    live = {cut.after: cut.live for cut in graph.cuts}
+    assert live == {
+        "stem": ("h",),
+        "stmt@L5": ("h", "skip"),
+        "body.conv": ("h", "skip"),
+        "blocks.2": ("h",),
+    }
+
+
+def test_container_loops_are_planned_per_iteration() -> None:
+    source = """
+        class M:
+            def forward(self, x):
+                for i, block in enumerate(self.layers[1:]):
+                    x = block(x)
+                return x
+        """
+    graph = graph_of(source, {"layers": 4})
+    assert [op.id for op in graph.ops] == ["layers.1", "layers.2", "layers.3"]
+    assert [op.loop.index for op in graph.ops if op.loop] == [1, 2, 3]
+    assert [cut.after for cut in graph.cuts] == ["layers.1", "layers.2"]
+    # Without the container's length the loop is one region, named with file:line.
+    unknown = graph_of(source)
+    assert [op.id for op in unknown.ops] == ["for@L4"]
+    assert "length of self.layers is unknown" in str(unknown.regions[0])
+    assert str(unknown.regions[0]).startswith("m.py:4-5: ")
+
+
+@pytest.mark.parametrize(
+    ("block", "reason"),
+    [
+        ("if x.sum() > 0:\n    x = self.a(x)", "an if statement"),
+        ("while x.norm() > 1:\n    x = x / 2", "a while loop"),
+        ("with torch.no_grad():\n    x = self.a(x)", "a with block"),
+        ("for k in range(3):\n    x = x * k", "a loop over something other"),
+        ("for b in self.blocks:\n    if b is None:\n        break\n    x = b(x)", "break"),
+    ],
+)
+def test_regions_take_no_sync_point_inside(block: str, reason: str) -> None:
+    body = textwrap.indent(f"x = self.pre(x)\n{block}\nx = self.post(x)\nreturn x\n", " " * 8)
+    graph = graph_of(f"class M:\n    def forward(self, x):\n{body}", {"blocks": 2})
+    assert [op.id for op in graph.ops][0] == "pre"
+    assert len(graph.ops) == 3
+    assert graph.ops[1].region is not None and reason in graph.ops[1].region
+    assert [cut.after for cut in graph.cuts] == ["pre", graph.ops[1].id]
+
+
+def test_user_pins_and_forbids_sync_points() -> None:
+    graph = graph_of(
+        """
+        class M:
+            def forward(self, x):
+                x = self.a(x)  # syncpass: sync
+                x = self.b(x)  # syncpass: no-sync
+                for blk in self.blocks:  # syncpass: no-sync
+                    x = blk(x)
+                return self.c(x)
+        """,
+        {"blocks": 3},
+    )
+    cuts = {cut.after: cut.pinned for cut in graph.cuts}
+    assert cuts == {"a": True, "blocks.2": False}  # after the loop is still allowed
+    assert set(graph.forbidden) == {"b", "blocks.0", "blocks.1"}
+
+
+def test_model_class_is_chosen_or_named() -> None:
+    source = """
+        class A:
+            def forward(self, x):
+                return self.f(x)
+
+        class B:
+            def forward(self, x):
+                x = self.g(x)
+                return x
+        """
+    with pytest.raises(
+        SyncpassError, match=r"several model classes \(A, B\); choose one with --model"
+    ):
+        graph_of(source)
+    assert graph_of(source, model="B").model_class == "B"
+    with pytest.raises(
+        SyncpassError, match="no top-level class named 'C'; model classes here: A, B"
+    ):
+        graph_of(source, model="C")
+    with pytest.raises(SyncpassError, match="no model class"):
+        graph_of("def forward(x):\n    return x\n")
+
+
+def test_syntax_errors_name_file_and_line() -> None:
+    with pytest.raises(SyncpassError) as caught:
+        parse_source("x = 1\nclass M(:\n    pass\n", "m.py")
+    assert caught.value.location == "m.py:2"
+    assert "syntax error" in caught.value.message

@@ -1,0 +1,137 @@
+"""`syncpass rewrite` as a user runs it: outputs, --check/--diff, exit codes, safety."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from golden_cases import GOLDEN, read_case
+
+from syncpass.cli import main
+
+CASE = read_case(GOLDEN / "container_loop.py")
+
+
+@pytest.fixture
+def model(tmp_path: Path) -> tuple[Path, Path]:
+    source = tmp_path / "model.py"
+    source.write_text(CASE.source)
+    costs = tmp_path / "model.costs.json"
+    shutil.copy(CASE.costs_path, costs)
+    return source, costs
+
+
+def rewrite(*args: str) -> int:
+    return main(["rewrite", *args])
+
+
+def test_writes_the_output_file_and_leaves_the_input(
+    model: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, costs = model
+    out = tmp_path / "model_sync.py"
+    assert rewrite(str(source), "--costs", str(costs), "--stages", "3", "-o", str(out)) == 0
+    assert out.read_text() == CASE.expected
+    assert source.read_text() == CASE.source
+    assert "wrote" in capsys.readouterr().err
+
+
+def test_code_to_stdout_and_messages_to_stderr(
+    model: tuple[Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source, costs = model
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(CASE.source.encode())))
+    assert rewrite("-", "--costs", str(costs), "--stages", "3") == 0
+    captured = capsys.readouterr()
+    assert captured.out == CASE.expected
+    assert "2 sync point(s)" in captured.err
+
+
+def test_check_and_diff(
+    model: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, costs = model
+    assert rewrite(str(source), "--costs", str(costs), "--stages", "3", "--check") == 1
+    assert "would rewrite" in capsys.readouterr().err
+    assert rewrite(str(source), "--costs", str(costs), "--stages", "3", "--diff") == 0
+    diff = capsys.readouterr().out
+    assert diff.startswith(f"--- {source}\n+++ {source}\n")
+    assert "+        pipe_split()  # syncpass sync 1/2" in diff
+    out = tmp_path / "synced.py"
+    out.write_text(CASE.expected or "")
+    assert rewrite(str(out), "--costs", str(costs), "--stages", "3", "--check") == 0
+    assert "is up to date" in capsys.readouterr().err
+    # A stale generated file: planned for other stage counts.
+    assert rewrite(str(out), "--costs", str(costs), "--stages", "2", "--check") == 1
+
+
+def test_in_place_and_report(model: tuple[Path, Path], tmp_path: Path) -> None:
+    source, costs = model
+    report = tmp_path / "report.json"
+    args = ["--costs", str(costs), "--stages", "3", "--report", str(report)]
+    assert rewrite(str(source), "--in-place", *args) == 0
+    assert source.read_text() == CASE.expected
+    document = json.loads(report.read_text())
+    assert len(document["plan"]["sync_points"]) == 2
+    assert document["analysis"]["model_class"] == "Tower"
+    assert [op["id"] for op in document["analysis"]["ops"]][:3] == ["embed", "blocks.0", "blocks.1"]
+    assert rewrite(str(source), "--in-place", *args) == 0  # running it again changes nothing
+    assert source.read_text() == CASE.expected
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"", "the file is empty"),
+        (b"\x00\x01binary", "binary file"),
+        (b"class Tower(:\n    pass\n", "model.py:1: syntax error"),
+        (b"x = 1\n", "no model class"),
+        (
+            b"class Tower:\n    def forward(self, x):\n        y = self.other(x)\n        return y\n",
+            "the cost file does not match the source",
+        ),
+    ],
+)
+def test_bad_input_exits_2_and_writes_nothing(
+    model: tuple[Path, Path],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    content: bytes,
+    message: str,
+) -> None:
+    source, costs = model
+    source.write_bytes(content)
+    out = tmp_path / "out.py"
+    assert rewrite(str(source), "--costs", str(costs), "--stages", "3", "-o", str(out)) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("syncpass: error: ") and message in err
+    assert not out.exists()
+    assert source.read_bytes() == content
+
+
+def test_impossible_plan_exits_2(
+    model: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, costs = model
+    assert rewrite(str(source), "--costs", str(costs), "--stages", "40") == 2
+    assert "40 stages need at least 40 ops" in capsys.readouterr().err
+
+
+def test_rewrite_with_costs_imports_neither_torch_nor_user_code(model: tuple[Path, Path]) -> None:
+    source, costs = model
+    source.write_text(CASE.source + "\nraise SystemExit('user code ran')\n")
+    probe = (
+        "import sys\n"
+        "from syncpass.cli import main\n"
+        f"status = main(['rewrite', {str(source)!r}, '--costs', {str(costs)!r}, '--stages', '3', '--check'])\n"
+        "sys.exit(10 + status if 'torch' in sys.modules else status)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 1, result.stderr  # 1: would change; not 11 (torch) nor user code
