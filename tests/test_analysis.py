@@ -100,7 +100,7 @@ def test_container_loops_are_planned_per_iteration() -> None:
 def test_regions_take_no_sync_point_inside(block: str, reason: str) -> None:
     body = textwrap.indent(f"x = self.pre(x)\n{block}\nx = self.post(x)\nreturn x\n", " " * 8)
     graph = graph_of(f"class M:\n    def forward(self, x):\n{body}", {"blocks": 2})
-    assert [op.id for op in graph.ops][0] == "pre"
+    assert graph.ops[0].id == "pre"
     assert len(graph.ops) == 3
     assert graph.ops[1].region is not None and reason in graph.ops[1].region
     assert [cut.after for cut in graph.cuts] == ["pre", graph.ops[1].id]

@@ -44,7 +44,7 @@ def test_writes_the_output_file_and_leaves_the_input(
 def test_code_to_stdout_and_messages_to_stderr(
     model: tuple[Path, Path], capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    source, costs = model
+    _, costs = model
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(CASE.source.encode())))
     assert rewrite("-", "--costs", str(costs), "--stages", "3") == 0
     captured = capsys.readouterr()
