@@ -16,6 +16,7 @@ Nothing here imports torch or runs the user's code.
 
 from __future__ import annotations
 
+import ast
 import re
 from dataclasses import dataclass
 
@@ -32,9 +33,11 @@ from syncpass.graph import OpGraph
 from syncpass.plan import Plan, PlanRequest, best_stage_count, make_plan
 from syncpass.transformers.torch_pipeline import (
     SYNC_COMMENT_PREFIX,
+    Module,
     SyncSite,
     insert_pipe_splits,
     remove_pipe_splits,
+    strips_back_to,
 )
 from syncpass.units import num_bytes, seconds
 
@@ -58,7 +61,7 @@ def strip_sync_points(text: str, path: str, class_name: str | None = None) -> st
     """``text`` without the sync points syncpass wrote (unchanged if there are none)."""
     if SYNC_COMMENT_PREFIX not in text:
         return text
-    stripped: str = remove_pipe_splits(parse_source(text, path), class_name, path).code
+    stripped: str = remove_pipe_splits(parse_source(text, path), class_name, path, text).code
     return stripped
 
 
@@ -153,12 +156,13 @@ def rewrite_source(
     input; never writes files.
     """
     module = parse_source(text, path)
-    base = strip_sync_points(text, path)
-    if base != text:
-        module = parse_source(base, path)
+    base = text
+    if SYNC_COMMENT_PREFIX in text:
+        module = remove_pipe_splits(module, None, path, text)
+        base = module.code
     name = model_class(model_class_names(module), costs, class_name)
     sizes = container_sizes(costs, loop_containers(module, name, path))
-    graph = analyse_model(module, path, name, sizes)
+    graph = analyse_model(module, path, name, sizes, base)
     check_costs_match(graph, costs)
     if request.stages is None and max_stages is not None:
         plan = best_stage_count(costs, request, max_stages, path)
@@ -170,16 +174,29 @@ def rewrite_source(
     if warnings and plan.sync_points:
         raise SyncpassError("could not place the planned sync points: " + "; ".join(warnings), path)
     rewritten = rewritten_module.code
-    _verify(rewritten, base, path, graph.model_class)
+    if rewritten != text:  # output equal to the input was verified when the input was read
+        _verify(rewritten_module, rewritten, base, path, graph.model_class)
     return RewriteResult(
         original=text, rewritten=rewritten, plan=plan, graph=graph, warnings=warnings
     )
 
 
-def _verify(rewritten: str, base: str, path: str, class_name: str) -> None:
-    """Refuse output that does not parse or does not strip back to the input."""
-    parse_source(rewritten, f"{path} (rewritten)")
-    if strip_sync_points(rewritten, path, class_name) != base:
+def _verify(
+    rewritten_module: Module, rewritten: str, base: str, path: str, class_name: str
+) -> None:
+    """Refuse output that does not parse, or whose inserted sync calls, removed, do not
+    give back the input."""
+    try:
+        ast.parse(rewritten)
+    except SyntaxError as error:
+        raise SyncpassError(
+            f"internal check failed: the rewritten source does not parse ({error.msg}); "
+            "nothing was written (please report this with the file)",
+            f"{path}:{error.lineno}",
+        ) from None
+    if rewritten != base and not strips_back_to(
+        rewritten_module, rewritten, base, class_name, path
+    ):
         raise SyncpassError(
             "internal check failed: removing the inserted sync points does not give back the "
             "input; nothing was written (please report this with the file)",

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
-from libcst.codemod.visitors import AddImportsVisitor
+from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
 from syncpass.frontend.analysis import ContainerLoop, match_container_loop
 
@@ -224,9 +224,15 @@ class RemovePipeSplitsCommand(VisitorBasedCodemodCommand):
 
     DESCRIPTION = "Remove syncpass's pipe_split() sync points and merge the loops it split."
 
-    def __init__(self, context: CodemodContext, class_name: str | None = None) -> None:
+    def __init__(
+        self,
+        context: CodemodContext,
+        class_name: str | None = None,
+        source_text: str | None = None,
+    ) -> None:
         super().__init__(context)
         self.class_name = class_name
+        self.source_text = source_text  # lets the unused-import check skip a tree walk
         self.removed = 0
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
@@ -244,9 +250,17 @@ class RemovePipeSplitsCommand(VisitorBasedCodemodCommand):
             if not any(_is_sync_line(statement) for statement in statements):
                 continue
             tree = _replace_forward(tree, class_name, self._merge(statements))
-        if self.removed and not _uses_name(tree, PIPE_SPLIT):
+        if self.removed and not self._still_used(tree):
             tree = _drop_import(tree)
         return tree
+
+    def _still_used(self, tree: cst.Module) -> bool:
+        if self.source_text is not None:
+            # Each removed line and the import held one `pipe_split` each: any other
+            # mention (a call, a comment) keeps the import, erring on the safe side.
+            mentions = len(re.findall(rf"\b{PIPE_SPLIT}\b", self.source_text))
+            return mentions > self.removed + 1
+        return _uses_name(tree, PIPE_SPLIT)
 
     def _merge(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         kept: list[cst.BaseStatement] = []
@@ -310,14 +324,27 @@ def _joined_iter(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.B
     return _sliced(first, start, stop)
 
 
+class _FindNameVisitor(cst.CSTVisitor):
+    """Whether a name is used outside imports (stops descending once found)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.name = name
+        self.found = False
+
+    def on_visit(self, node: cst.CSTNode) -> bool:
+        if self.found or isinstance(node, (cst.Import, cst.ImportFrom)):
+            return False
+        if isinstance(node, cst.Name) and node.value == self.name:
+            self.found = True
+        return True
+
+
 def _uses_name(tree: cst.Module, name: str) -> bool:
     """Whether ``name`` is used anywhere outside import statements."""
-    for statement in tree.body:
-        if m.matches(statement, m.SimpleStatementLine(body=[m.ImportFrom() | m.Import()])):
-            continue
-        if m.findall(statement, m.Name(name)):
-            return True
-    return False
+    finder = _FindNameVisitor(name)
+    tree.visit(finder)
+    return finder.found
 
 
 def _drop_import(tree: cst.Module) -> cst.Module:
@@ -358,13 +385,51 @@ def _drop_import(tree: cst.Module) -> cst.Module:
 def insert_pipe_splits(
     module: cst.Module, class_name: str, sites: Sequence[SyncSite], filename: str
 ) -> tuple[cst.Module, tuple[str, ...]]:
-    """Run :class:`InsertPipeSplitsCommand`; the new module and the warnings it gave."""
+    """Carry out :class:`InsertPipeSplitsCommand`; the new module and its warnings.
+
+    The command needs no metadata, so it runs without the codemod framework's
+    metadata wrapper (a deep copy of the whole module), and the import is
+    scheduled with ``AddImportsVisitor`` on the module's leading statements
+    only: a model file of thousands of lines is not walked twice.
+    """
     context = CodemodContext(filename=filename)
-    rewritten = InsertPipeSplitsCommand(context, class_name, sites).transform_module(module)
+    command = InsertPipeSplitsCommand(context, class_name, sites)
+    rewritten = command.transform_module_impl(module)
+    if rewritten is not module:
+        rewritten = _with_import(rewritten, context)
     return rewritten, tuple(context.warnings)
 
 
-def remove_pipe_splits(module: cst.Module, class_name: str | None, filename: str) -> cst.Module:
-    """Run :class:`RemovePipeSplitsCommand` on ``module``."""
+def _with_import(module: cst.Module, context: CodemodContext) -> cst.Module:
+    """Add ``from torch.distributed.pipelining import pipe_split`` where AddImportsVisitor puts it."""
+    cut = 0
+    for index, statement in enumerate(module.body):
+        if isinstance(statement, cst.SimpleStatementLine):
+            if any(isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body):
+                cut = index + 1
+        else:
+            break
+    head = module.with_changes(body=module.body[:cut])
+    visitor = AddImportsVisitor(context, [ImportItem(PIPE_SPLIT_MODULE, PIPE_SPLIT)])
+    new_head = head.visit(visitor)
+    return module.with_changes(header=new_head.header, body=(*new_head.body, *module.body[cut:]))
+
+
+def remove_pipe_splits(
+    module: cst.Module, class_name: str | None, filename: str, source_text: str | None = None
+) -> cst.Module:
+    """Carry out :class:`RemovePipeSplitsCommand` (no metadata needed, so no wrapper)."""
     context = CodemodContext(filename=filename)
-    return RemovePipeSplitsCommand(context, class_name).transform_module(module)
+    return RemovePipeSplitsCommand(context, class_name, source_text).transform_module_impl(module)
+
+
+#: The tree type, for callers that must not import libcst themselves.
+Module = cst.Module
+
+
+def strips_back_to(
+    rewritten: cst.Module, rewritten_text: str, original: str, class_name: str, filename: str
+) -> bool:
+    """Whether removing syncpass's sync points from ``rewritten`` gives ``original`` back."""
+    stripped: str = remove_pipe_splits(rewritten, class_name, filename, rewritten_text).code
+    return stripped == original

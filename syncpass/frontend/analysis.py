@@ -9,6 +9,7 @@ computed for the model class and the file's imports only, not the whole file.
 
 from __future__ import annotations
 
+import builtins
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,7 +21,6 @@ from libcst.metadata import (
     ExpressionContextProvider,
     MetadataWrapper,
     PositionProvider,
-    QualifiedNameProvider,
 )
 
 from syncpass.errors import SyncpassError
@@ -201,6 +201,7 @@ class _CallFact:
     order: int
     submodule: str | None  # "stem", "blocks.3", or the loop item's name as "<item>"
     function: str | None  # "torch.cat", "operator.add", "view"
+    qualify: bool = False  # ``function`` is a dotted name still to resolve
 
 
 @dataclass
@@ -213,7 +214,7 @@ class _StatementFacts:
 class GatherStatementFactsVisitor(cst.CSTVisitor):
     """Reads, writes and calls of each top-level statement of a forward."""
 
-    METADATA_DEPENDENCIES = (QualifiedNameProvider, ExpressionContextProvider)
+    METADATA_DEPENDENCIES = (ExpressionContextProvider,)
 
     def __init__(self, statements: Sequence[cst.BaseStatement]) -> None:
         super().__init__()
@@ -279,26 +280,124 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
         path = _self_path(node.func)
         if path:
             return _CallFact(self.depth, self._next(), path, None)
-        if isinstance(node.func, cst.Name):
-            qualified = self.get_metadata(QualifiedNameProvider, node.func, set())
-            name = min((q.name for q in qualified), default=node.func.value)
-            return _CallFact(self.depth, self._next(), f"<{node.func.value}>", name)
-        qualified = self.get_metadata(QualifiedNameProvider, node.func, set())
-        if qualified:
-            return _CallFact(self.depth, self._next(), None, min(q.name for q in qualified))
+        dotted = _dotted(node.func)
+        if dotted is not None:  # qualified once the forward's own names are known
+            submodule = f"<{dotted}>" if "." not in dotted else None  # maybe a loop item
+            return _CallFact(self.depth, self._next(), submodule, dotted, qualify=True)
         if isinstance(node.func, cst.Attribute):  # a method, e.g. x.view(...)
             return _CallFact(self.depth, self._next(), None, node.func.attr.value)
         return _CallFact(self.depth, self._next(), None, "call")
 
 
-def _reduced_module(module: cst.Module, classdef: cst.ClassDef) -> cst.Module:
-    """The file's imports and the model class: all the metadata needs to see."""
+def _dotted(node: cst.BaseExpression) -> str | None:
+    """``a.b.c`` for a chain of attributes on a name; otherwise ``None``."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        base = _dotted(node.value)
+        return None if base is None else f"{base}.{node.attr.value}"
+    return None
+
+
+@dataclass
+class ImportAliases:
+    """What each top-level imported name of a file stands for (``F`` -> ``torch.nn.functional``).
+
+    Qualified names of calls come from this table rather than libcst's
+    ``QualifiedNameProvider``, whose scope analysis costs more than parsing the
+    forward itself; the table covers what a forward calls: imported modules and
+    functions, names defined in the file, builtins. Names the forward assigns
+    shadow all of them.
+    """
+
+    targets: dict[str, str] = field(default_factory=dict)
+    local_names: set[str] = field(default_factory=set)
+
+    @classmethod
+    def of(cls, module: cst.Module, local_names: set[str]) -> ImportAliases:
+        """The table of ``module``'s top-level imports; ``local_names`` shadow them."""
+        aliases = cls(local_names=set(local_names))
+        for statement in module.body:
+            if not isinstance(statement, cst.SimpleStatementLine):
+                continue
+            for small in statement.body:
+                if isinstance(small, cst.Import):
+                    for alias in small.names:
+                        full = _dotted(alias.name) or ""
+                        if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                            aliases.targets[alias.asname.name.value] = full
+                        else:
+                            root = full.split(".")[0]
+                            aliases.targets[root] = root
+                elif isinstance(small, cst.ImportFrom) and not isinstance(
+                    small.names, cst.ImportStar
+                ):
+                    base = _dotted(small.module) if small.module is not None else None
+                    if base is None or small.relative:
+                        continue
+                    for alias in small.names:
+                        name = _dotted(alias.name) or ""
+                        local = name
+                        if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+                            local = alias.asname.name.value
+                        aliases.targets[local] = f"{base}.{name}"
+        return aliases
+
+    def qualify(self, dotted: str) -> str:
+        root, _, rest = dotted.partition(".")
+        if root in self.local_names:
+            return dotted
+        if root in self.targets:
+            target = self.targets[root]
+            return f"{target}.{rest}" if rest else target
+        if root in _BUILTINS:
+            return f"builtins.{dotted}"
+        return dotted
+
+
+_BUILTINS = frozenset(dir(builtins))
+
+
+def _reduced_module(
+    module: cst.Module, classdef: cst.ClassDef, forward: cst.FunctionDef
+) -> cst.Module:
+    """The file's imports and the model class holding only its forward: all the
+    metadata needs to see (qualified names come from the imports)."""
     imports = [
         statement
         for statement in module.body
         if m.matches(statement, m.SimpleStatementLine(body=[m.Import() | m.ImportFrom()]))
     ]
-    return module.with_changes(body=[*imports, classdef])
+    reduced_class = classdef.with_changes(body=classdef.body.with_changes(body=[forward]))
+    return module.with_changes(body=[*imports, reduced_class])
+
+
+def _lines_above_member(
+    module: cst.Module, classdef: cst.ClassDef, member: cst.CSTNode, text: str | None = None
+) -> int:
+    """Lines of ``module`` above ``member`` of top-level ``classdef``, up to where the
+    member's own code begins.
+
+    With the module's ``text``, the line of the ``class`` keyword is found in it
+    (when exactly one top-level line starts the class), which spares printing
+    everything above the class.
+    """
+    members = list(classdef.body.body)
+    upto = members[: next(i for i, node in enumerate(members) if node is member) + 1]
+    # (An empty body would print as `pass`, so print up to the member and take it off.)
+    bare = classdef.with_changes(
+        leading_lines=(), decorators=(), body=classdef.body.with_changes(body=upto, footer=())
+    )
+    from_keyword = module.code_for_node(bare).count("\n") - module.code_for_node(member).count("\n")
+    if text is not None:
+        pattern = re.compile(rf"^class\s+{re.escape(classdef.name.value)}\b", re.MULTILINE)
+        starts = [found.start() for found in pattern.finditer(text)]
+        if len(starts) == 1:
+            return text.count("\n", 0, starts[0]) + from_keyword
+    above_keyword = module.code_for_node(classdef.with_changes(body=bare.body)).count(
+        "\n"
+    ) - module.code_for_node(bare).count("\n")
+    return _lines_before(module, classdef) + above_keyword + from_keyword
 
 
 # --- the op graph ------------------------------------------------------------------
@@ -390,8 +489,13 @@ def analyse_model(
     path: str,
     class_name: str | None = None,
     sizes: ContainerSizes | None = None,
+    text: str | None = None,
 ) -> OpGraph:
-    """The op graph of ``class_name``'s forward (see :mod:`syncpass.graph`)."""
+    """The op graph of ``class_name``'s forward (see :mod:`syncpass.graph`).
+
+    ``text``, the module's source when at hand, saves printing the module to
+    find the forward's lines.
+    """
     sizes = sizes or {}
     model = find_forward(module, class_name, path)
     forward = model.forward
@@ -401,11 +505,15 @@ def analyse_model(
             f"{path}:{_line(module, forward)}",
         )
     statements = list(forward.body.body)
-    reduced = _reduced_module(module, model.classdef)
+    reduced = _reduced_module(module, model.classdef, forward)
+    reduced_class = reduced.body[-1]
+    assert isinstance(reduced_class, cst.ClassDef)
     wrapper = MetadataWrapper(reduced, unsafe_skip_copy=True)
     positions = wrapper.resolve(PositionProvider)
     # Positions are of the reduced module; shift them back to the file's lines.
-    offset = _lines_before(module, model.classdef) - _lines_before(reduced, model.classdef)
+    offset = _lines_above_member(module, model.classdef, forward, text) - _lines_above_member(
+        reduced, reduced_class, forward
+    )
     visitor = GatherStatementFactsVisitor(statements)
     wrapper.visit(visitor)
 
@@ -418,6 +526,11 @@ def analyse_model(
     local_names = set(inputs)
     for facts in visitor.facts:
         local_names.update(facts.writes)
+    imports = ImportAliases.of(module, local_names)
+    for facts in visitor.facts:
+        for call in facts.calls:
+            if call.qualify and call.function is not None:
+                call.function = imports.qualify(call.function)
 
     ops: list[Op] = []
     regions: list[Region] = []
