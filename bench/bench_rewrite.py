@@ -80,7 +80,7 @@ def generated_model(target_lines: int) -> str:
     header = '"""A generated model file."""\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n'
     statements = 300
     body = model_class(statements)
-    blocks = []
+    blocks: list[str] = []
     index = 0
     while (header + "".join(blocks) + body).count("\n") < target_lines:
         blocks.append(helper_block(index))
