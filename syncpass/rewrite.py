@@ -28,6 +28,7 @@ from syncpass.frontend import (
     loop_containers,
     model_class_names,
     parse_source,
+    sequential_calls,
 )
 from syncpass.graph import OpGraph
 from syncpass.plan import Plan, PlanRequest, best_stage_count, make_plan
@@ -162,7 +163,9 @@ def rewrite_source(
         base = module.code
     name = model_class(model_class_names(module), costs, class_name)
     sizes = container_sizes(costs, loop_containers(module, name, path))
-    graph = analyse_model(module, path, name, sizes, base)
+    # Sequential calls were expanded (--depth 2) when the cost file lists their children.
+    expand = container_sizes(costs, sequential_calls(module, name, path))
+    graph = analyse_model(module, path, name, sizes, base, expand)
     check_costs_match(graph, costs)
     if request.stages is None and max_stages is not None:
         plan = best_stage_count(costs, request, max_stages, path)

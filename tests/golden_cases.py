@@ -16,7 +16,7 @@ from typing import Any
 
 from syncpass.config import SyncConfig
 from syncpass.costs import Costs, costs_to_json, load_costs, parse_costs
-from syncpass.frontend import analyse_model, loop_containers, parse_source
+from syncpass.frontend import analyse_model, loop_containers, parse_source, sequential_calls
 from syncpass.plan import PlanRequest
 from syncpass.planfile import plan_to_json
 from syncpass.rewrite import RewriteResult, rewrite_source
@@ -34,6 +34,7 @@ class Case:
     stages: int
     config: SyncConfig
     model: str | None
+    depth: int
 
     @property
     def costs_path(self) -> Path:
@@ -53,6 +54,7 @@ def read_case(path: Path) -> Case:
     parser.add_argument("--stages", type=int, required=True)
     parser.add_argument("--threshold", type=float)
     parser.add_argument("--model")
+    parser.add_argument("--depth", type=int, default=1)
     flags = parser.parse_args(shlex.split(first.removeprefix("# args:")))
     return Case(
         name=path.stem,
@@ -62,6 +64,7 @@ def read_case(path: Path) -> Case:
         stages=flags.stages,
         config=SyncConfig().replace(communication_cost_threshold=flags.threshold),
         model=flags.model,
+        depth=flags.depth,
     )
 
 
@@ -76,7 +79,14 @@ def estimated_costs(case: Case) -> dict[str, Any]:
     # Container lengths as the models' constructors make them.
     lengths = {"container_loop": 6, "enumerate_loop": 4, "sliced_loop": 8}
     sizes = {name: lengths[case.name] for name in loop_containers(module, case.model, case.name)}
-    graph = analyse_model(module, case.name, case.model, sizes)
+    # With --depth 2, calls of these sequential containers are planned per child.
+    sequentials = {"layer1": 3, "layer2": 3}
+    expand = {
+        name: sequentials[name]
+        for name in sequential_calls(module, case.model, case.name)
+        if case.depth >= 2 and name in sequentials
+    }
+    graph = analyse_model(module, case.name, case.model, sizes, expand=expand)
     ops = [
         {
             "id": op.id,

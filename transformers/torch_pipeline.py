@@ -24,7 +24,12 @@ import libcst.matchers as m
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
-from syncpass.frontend.analysis import ContainerLoop, match_container_loop
+from syncpass.frontend.analysis import (
+    ContainerLoop,
+    SequentialCall,
+    match_container_loop,
+    match_sequential_call,
+)
 
 PIPE_SPLIT_MODULE = "torch.distributed.pipelining"
 PIPE_SPLIT = "pipe_split"
@@ -153,6 +158,9 @@ class InsertPipeSplitsCommand(VisitorBasedCodemodCommand):
     def _split_loop(
         self, statement: cst.BaseStatement, sites: Sequence[SyncSite], tree: cst.Module
     ) -> list[cst.BaseStatement] | None:
+        sequential = match_sequential_call(statement)
+        if sequential is not None:
+            return self._split_call(statement, sequential, sites, tree)
         loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
         if loop is None:
             self.warn("a sync point is planned inside a loop that is not over a layer container")
@@ -168,6 +176,35 @@ class InsertPipeSplitsCommand(VisitorBasedCodemodCommand):
             if position:
                 pieces.append(self._sync_line(sites[position - 1], tree))
             piece = statement.with_changes(iter=_slice_iter(statement.iter, loop, start, stop))
+            if position:
+                piece = piece.with_changes(leading_lines=())
+            pieces.append(piece)
+        return pieces
+
+    def _split_call(
+        self,
+        statement: cst.BaseStatement,
+        call: SequentialCall,
+        sites: Sequence[SyncSite],
+        tree: cst.Module,
+    ) -> list[cst.BaseStatement]:
+        """``h = self.seq(x)`` -> ``h = self.seq[:k](x)``, sync, ``h = self.seq[k:](h)``."""
+        assert isinstance(statement, cst.SimpleStatementLine)
+        assign = statement.body[0]
+        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+        bounds = [
+            call.start,
+            *(site.split_after + 1 for site in sites if site.split_after is not None),
+            call.stop,
+        ]
+        pieces: list[cst.BaseStatement] = []
+        for position, (start, stop) in enumerate(itertools.pairwise(bounds)):
+            value = assign.value.with_changes(func=_sliced(assign.value.func, start, stop))
+            if position:
+                pieces.append(self._sync_line(sites[position - 1], tree))
+                argument = value.args[0].with_changes(value=cst.Name(call.target))
+                value = value.with_changes(args=[argument, *value.args[1:]])
+            piece = statement.with_changes(body=[assign.with_changes(value=value)])
             if position:
                 piece = piece.with_changes(leading_lines=())
             pieces.append(piece)
@@ -274,6 +311,8 @@ class RemovePipeSplitsCommand(VisitorBasedCodemodCommand):
                 previous = kept[-1]
                 assert isinstance(previous, cst.For) and isinstance(statement, cst.For)
                 kept[-1] = previous.with_changes(iter=_joined_iter(previous.iter, statement.iter))
+            elif pending_merge and kept and _calls_mergeable(kept[-1], statement):
+                kept[-1] = _joined_call(kept[-1], statement)
             else:
                 kept.append(statement)
             pending_merge = False
@@ -309,6 +348,46 @@ def _mergeable(first: cst.BaseStatement, second: cst.BaseStatement) -> bool:
         and one[2] is not None
         and one[2] == two[1]
     )
+
+
+def _calls_mergeable(first: cst.BaseStatement, second: cst.BaseStatement) -> bool:
+    """Two pieces of one split sequential call: ``h = s[a:b](x)`` then ``h = s[b:c](h)``."""
+    one, two = match_sequential_call(first), match_sequential_call(second)
+    if one is None or two is None or one.target != two.target or two.argument != one.target:
+        return False
+    assert isinstance(first, cst.SimpleStatementLine) and isinstance(
+        second, cst.SimpleStatementLine
+    )
+    if not first.trailing_whitespace.deep_equals(second.trailing_whitespace):
+        return False
+    first_call, second_call = _call_of(first), _call_of(second)
+    bounds_one, bounds_two = _slice_bounds(first_call.func), _slice_bounds(second_call.func)
+    return (
+        bounds_one is not None
+        and bounds_two is not None
+        and bounds_one[0].deep_equals(bounds_two[0])
+        and bounds_one[2] is not None
+        and bounds_one[2] == bounds_two[1]
+    )
+
+
+def _call_of(statement: cst.SimpleStatementLine) -> cst.Call:
+    assign = statement.body[0]
+    assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+    return assign.value
+
+
+def _joined_call(first: cst.BaseStatement, second: cst.BaseStatement) -> cst.BaseStatement:
+    assert isinstance(first, cst.SimpleStatementLine) and isinstance(
+        second, cst.SimpleStatementLine
+    )
+    first_call, second_call = _call_of(first), _call_of(second)
+    bounds_first, bounds_second = _slice_bounds(first_call.func), _slice_bounds(second_call.func)
+    assert bounds_first is not None and bounds_second is not None
+    func = _sliced(first_call.func, bounds_first[1], bounds_second[2])
+    assign = first.body[0]
+    assert isinstance(assign, cst.Assign)
+    return first.with_changes(body=[assign.with_changes(value=first_call.with_changes(func=func))])
 
 
 def _joined_iter(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.BaseExpression:

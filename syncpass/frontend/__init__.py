@@ -12,6 +12,7 @@ from syncpass.frontend.analysis import (
     find_forward,
     loop_containers,
     model_class_names,
+    sequential_calls,
 )
 from syncpass.frontend.source import parse_source, read_source
 
@@ -24,4 +25,5 @@ __all__ = [
     "model_class_names",
     "parse_source",
     "read_source",
+    "sequential_calls",
 ]

@@ -187,6 +187,52 @@ def match_container_loop(node: cst.For) -> ContainerLoop | None:
     return ContainerLoop(container, start, stop, item, index_name)
 
 
+@dataclass(frozen=True)
+class SequentialCall:
+    """``target = self.<container>[start:stop](argument)``: a call of a sequential container
+    that can be split into calls of slices of it (``--depth 2``)."""
+
+    container: str
+    start: int | None
+    stop: int | None
+    target: str
+    argument: str
+
+    def iterations(self, size: int) -> range:
+        start = 0 if self.start is None else self.start
+        stop = size if self.stop is None else min(self.stop, size)
+        return range(start, stop)
+
+
+def match_sequential_call(statement: cst.BaseStatement) -> SequentialCall | None:
+    """The sequential-container call ``statement`` is, if the rewrite can split it."""
+    if not m.matches(
+        statement,
+        m.SimpleStatementLine(
+            body=[
+                m.Assign(
+                    targets=[m.AssignTarget(target=m.Name())],
+                    value=m.Call(args=[m.Arg(value=m.Name(), keyword=None, star="")]),
+                )
+            ]
+        ),
+    ):
+        return None
+    assert isinstance(statement, cst.SimpleStatementLine)
+    assign = statement.body[0]
+    assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+    found = _container_slice(assign.value.func)
+    if found is None:
+        return None
+    container, start, stop = found
+    if (start is not None and start < 0) or (stop is not None and stop < 0):
+        return None
+    target = assign.targets[0].target
+    argument = assign.value.args[0].value
+    assert isinstance(target, cst.Name) and isinstance(argument, cst.Name)
+    return SequentialCall(container, start, stop, target.value, argument.value)
+
+
 def _has_jump(body: cst.BaseSuite) -> bool:
     jumps = m.Break() | m.Continue() | m.Return() | m.Yield()
     return bool(m.findall(body, jumps))
@@ -490,13 +536,18 @@ def analyse_model(
     class_name: str | None = None,
     sizes: ContainerSizes | None = None,
     text: str | None = None,
+    expand: ContainerSizes | None = None,
 ) -> OpGraph:
     """The op graph of ``class_name``'s forward (see :mod:`syncpass.graph`).
+
+    ``expand`` gives the length of sequential containers whose calls
+    (``h = self.layer1(x)``) are planned per child (``--depth 2``).
 
     ``text``, the module's source when at hand, saves printing the module to
     find the forward's lines.
     """
     sizes = sizes or {}
+    expand = expand or {}
     model = find_forward(module, class_name, path)
     forward = model.forward
     if not isinstance(forward.body, cst.IndentedBlock):
@@ -552,6 +603,28 @@ def analyse_model(
             sink_reads.extend(reads)
             if not facts.calls:  # `return x`: nothing to run
                 continue
+        sequential = match_sequential_call(statement)
+        if sequential is not None and sequential.container in expand:
+            children = sequential.iterations(expand[sequential.container])
+            for position, child in enumerate(children):
+                op_id = _unique(f"{sequential.container}.{child}", line, start.column, taken)
+                ops.append(
+                    Op(
+                        op_id,
+                        (f"self.{sequential.container}.{child}",),
+                        (sequential.argument if position == 0 else sequential.target,),
+                        (sequential.target,),
+                        location,
+                        index,
+                        loop=LoopIteration(sequential.container, child),
+                    )
+                )
+                last = position == len(children) - 1
+                if FORBID_SYNC.search(comment) and not last:
+                    forbidden.add(op_id)
+                if PIN_SYNC.search(comment) and last:
+                    pinned.add(op_id)
+            continue
         if isinstance(statement, cst.SimpleStatementLine):
             op_id = _unique(_statement_id(facts, line, {}), line, start.column, taken)
             ops.append(Op(op_id, _calls(facts, {}), reads, writes, location, index))
@@ -672,6 +745,16 @@ def _dataflow(
         defined.update(dict.fromkeys(op.writes))
         live.append(tuple(name for name in defined if name in used_after[position]))
     return tuple(edges), live
+
+
+def sequential_calls(module: cst.Module, class_name: str | None, path: str) -> tuple[str, ...]:
+    """Containers the forward calls whole (``"layer1"`` for ``h = self.layer1(x)``): the
+    candidates for ``--depth 2``, if they are sequential."""
+    forward = find_forward(module, class_name, path).forward
+    if not isinstance(forward.body, cst.IndentedBlock):
+        return ()
+    calls = (match_sequential_call(statement) for statement in forward.body.body)
+    return tuple(dict.fromkeys(call.container for call in calls if call is not None))
 
 
 def loop_containers(module: cst.Module, class_name: str | None, path: str) -> tuple[str, ...]:
