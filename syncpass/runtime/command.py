@@ -1,0 +1,210 @@
+"""``syncpass run``: the command-line entry of the pipeline runtime.
+
+:func:`register` adds the ``run`` subcommand to an argparse subparsers object;
+its handler returns the exit status: 0 done (and, with ``--verify``, every
+loss and gradient matched), 1 ``--verify`` found a mismatch. Bad input and
+failed stages raise :class:`~syncpass.errors.SyncpassError`, which the caller
+prints and turns into status 2 (as :func:`main` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from syncpass.errors import SyncpassError
+from syncpass.fileio import write_atomically
+from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
+from syncpass.runtime.launch import launch
+from syncpass.runtime.render import dumps_report, render_run
+from syncpass.userexample import is_path, split_spec
+
+EXIT_OK = 0
+EXIT_MISMATCH = 1
+EXIT_ERROR = 2
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if math.isnan(value) or value <= 0 or math.isinf(value):
+        raise argparse.ArgumentTypeError("must be a positive number")
+    return value
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``run`` to ``subparsers`` (from ``ArgumentParser.add_subparsers``) and return its parser.
+
+    The parser's ``handler`` default is :func:`run_command`.
+    """
+    run = subparsers.add_parser(
+        "run",
+        help="run a model with pipe_split() sync points as a real pipeline, and check it",
+        description="Start one local process per pipeline stage, build the stages with "
+        "torch.distributed.pipelining from FILE's pipe_split() calls, run a few training steps "
+        "and report each stage's step time and communication wait. With --verify, compare the "
+        "loss and every gradient with the unsplit model (exit 1 on a mismatch).",
+    )
+    run.add_argument("file", type=Path, metavar="FILE", help="model source with pipe_split() calls")
+    run.add_argument(
+        "--example",
+        metavar="SPEC",
+        default="example",
+        help="the example factory: PATH.py:FUNC, package.module:FUNC, or a FUNC in FILE "
+        "(default: example)",
+    )
+    run.add_argument(
+        "--stages", type=_positive_int, required=True, metavar="N", help="pipeline stages"
+    )
+    run.add_argument(
+        "--microbatches",
+        type=_positive_int,
+        metavar="M",
+        help="micro-batches per step; must divide the batch "
+        "(default: the largest divisor of the batch up to four per stage)",
+    )
+    run.add_argument(
+        "--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default 1f1b)"
+    )
+    run.add_argument(
+        "--steps",
+        type=_positive_int,
+        default=3,
+        metavar="K",
+        help="timed training steps after one warm-up step (default 3)",
+    )
+    run.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare the loss and every gradient with the unsplit model; exit 1 on a mismatch",
+    )
+    run.add_argument("--rtol", type=_tolerance, help="relative tolerance of --verify")
+    run.add_argument("--atol", type=_tolerance, help="absolute tolerance of --verify")
+    run.add_argument(
+        "--json-report", type=Path, metavar="OUT", help="also write the figures as JSON here"
+    )
+    run.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        metavar="T",
+        help="CPU threads per process (default 1)",
+    )
+    run.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="auto",
+        help="auto: one GPU per stage with NCCL when there are enough, else the CPU with gloo",
+    )
+    run.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"stop every process and fail after S seconds (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    run.set_defaults(handler=run_command)
+    return run  # type: ignore[no-any-return]
+
+
+def example_spec(file: Path, example: str) -> str:
+    """``--example``: a bare FUNC names a function in FILE."""
+    if ":" not in example and not is_path(example):
+        return f"{file}:{example}"
+    split_spec(example)  # fails early, with the expected forms, on a malformed spec
+    return example
+
+
+def request_from_args(args: argparse.Namespace) -> RunRequest:
+    """The RunRequest of parsed ``syncpass run`` arguments; checks what needs no process."""
+    file: Path = args.file
+    if not file.is_file():
+        raise SyncpassError(
+            "no such file (FILE is the model source with pipe_split() calls)", str(file)
+        )
+    report: Path | None = args.json_report
+    if report is not None and not report.parent.is_dir():
+        raise SyncpassError("the folder for --json-report does not exist", str(report))
+    if (
+        args.schedule == "1f1b"
+        and args.microbatches is not None
+        and args.microbatches < args.stages
+    ):
+        raise SyncpassError(
+            f"--schedule 1f1b needs --microbatches >= --stages ({args.microbatches} < {args.stages})"
+        )
+    return RunRequest(
+        file=str(file),
+        example=example_spec(file, args.example),
+        stages=args.stages,
+        microbatches=args.microbatches,
+        schedule=args.schedule,
+        steps=args.steps,
+        verify=args.verify,
+        threads=args.threads,
+        device=args.device,
+        rtol=args.rtol,
+        atol=args.atol,
+        timeout_s=args.timeout,
+    )
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Handler of ``syncpass run``: launch, print the report, write the JSON, return the status."""
+    request = request_from_args(args)
+    result = launch(request)
+    if args.json_report is not None:
+        write_atomically(args.json_report, dumps_report(result))
+    sys.stdout.write(render_run(result))
+    if request.verify and not result.verified:
+        return EXIT_MISMATCH
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A parser with only the ``run`` subcommand (for ``python -m syncpass.runtime.command``)."""
+    parser = argparse.ArgumentParser(prog="syncpass")
+    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, run, and turn a SyncpassError into status 2 as ``syncpass`` does."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.handler(args)
+    except SyncpassError as error:
+        print(f"syncpass: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,173 @@
+"""What the parent and the stage processes of ``syncpass run`` exchange.
+
+Everything here is a frozen dataclass of plain values, so it pickles across
+processes and imports no torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SCHEDULES = ("gpipe", "1f1b")
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def default_microbatches(batch: int, stages: int) -> int:
+    """The largest divisor of ``batch`` that is at most four per stage."""
+    return max(d for d in range(1, min(batch, 4 * stages) + 1) if batch % d == 0)
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """One ``syncpass run``: what to run, how, and what to check.
+
+    ``microbatches`` is ``None`` for the default (the largest divisor of the
+    batch that is at most four per stage). ``rtol``/``atol`` are ``None`` for
+    the defaults of the parameter's dtype and device (see
+    :func:`syncpass.runtime.verify.tolerances`).
+    """
+
+    file: str
+    example: str
+    stages: int
+    microbatches: int | None = None
+    schedule: str = "1f1b"
+    steps: int = 3
+    verify: bool = False
+    threads: int = 1
+    device: str = "auto"
+    rtol: float | None = None
+    atol: float | None = None
+    timeout_s: float = 300.0
+    port: int = 0
+
+
+@dataclass(frozen=True)
+class ParamCheck:
+    """One parameter's gradient from the pipeline against the unsplit model's.
+
+    ``name`` is the parameter's name in the original model; ``stage`` is -1
+    for a parameter that no stage holds. ``ok`` follows the rule of
+    ``torch.isclose``: ``|pipeline - reference| <= atol + rtol * |reference|``
+    everywhere.
+    """
+
+    name: str
+    stage: int
+    numel: int
+    max_abs: float
+    max_rel: float
+    ok: bool
+    rtol: float
+    atol: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class LossCheck:
+    """One micro-batch's loss on the last stage against the unsplit model's."""
+
+    microbatch: int
+    pipeline: float
+    reference: float
+    ok: bool
+
+
+@dataclass(frozen=True)
+class StageFigures:
+    """What one stage measured, and (with ``--verify``) what it checked.
+
+    Times are per training step after the warm-up step. ``compute_times_s`` is
+    the time spent in this stage's forward, backward, loss and optimizer
+    update; the rest of a step is waiting for activations or gradients from
+    the neighbouring stages (pipeline bubbles included) and schedule overhead.
+    The summary figures are those of the median step, so that step = compute +
+    comm wait.
+    """
+
+    stage: int
+    rank: int
+    parameters: int
+    parameter_tensors: int
+    step_times_s: tuple[float, ...]
+    compute_times_s: tuple[float, ...]
+    checks: tuple[ParamCheck, ...] = ()
+    loss_checks: tuple[LossCheck, ...] = ()
+
+    @property
+    def median_step(self) -> int:
+        """Index of the median step (the lower one of the two middle steps for an even count)."""
+        order = sorted(range(len(self.step_times_s)), key=self.step_times_s.__getitem__)
+        return order[(len(order) - 1) // 2]
+
+    @property
+    def step_s(self) -> float:
+        """Time of the median step."""
+        return self.step_times_s[self.median_step]
+
+    @property
+    def compute_s(self) -> float:
+        """Time spent computing in the median step."""
+        return self.compute_times_s[self.median_step]
+
+    @property
+    def comm_wait_s(self) -> float:
+        """Time of the median step not spent computing: waiting on the other stages."""
+        return max(0.0, self.step_s - self.compute_s)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The whole run, as rank 0 gathered it from every stage."""
+
+    request: RunRequest
+    batch: int
+    microbatches: int
+    backend: str
+    device: str
+    stages: tuple[StageFigures, ...]
+    model_parameters: int
+    unplaced: tuple[ParamCheck, ...] = ()
+
+    @property
+    def checks(self) -> tuple[ParamCheck, ...]:
+        """Every parameter check, stage by stage, then those of parameters in no stage."""
+        return tuple(check for stage in self.stages for check in stage.checks) + self.unplaced
+
+    @property
+    def loss_checks(self) -> tuple[LossCheck, ...]:
+        """The last stage's loss checks."""
+        return tuple(check for stage in self.stages for check in stage.loss_checks)
+
+    @property
+    def verified(self) -> bool:
+        """Whether ``--verify`` ran and found every loss and gradient equal within tolerance."""
+        return (
+            self.request.verify
+            and all(check.ok for check in self.checks)
+            and all(check.ok for check in self.loss_checks)
+        )
+
+
+@dataclass(frozen=True)
+class WorkerDone:
+    """A stage process finished; rank 0's message carries the gathered result."""
+
+    rank: int
+    result: RunResult | None = None
+
+
+@dataclass(frozen=True)
+class WorkerFailed:
+    """A stage process failed.
+
+    ``user_error``: bad input (a SyncpassError), not a crash. ``peer_lost``: the
+    failure is a lost connection to another rank, most likely the echo of that
+    rank's own failure.
+    """
+
+    rank: int
+    message: str
+    location: str = ""
+    user_error: bool = False
+    peer_lost: bool = False

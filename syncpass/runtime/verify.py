@@ -1,0 +1,252 @@
+"""The unsplit reference for ``syncpass run --verify``, and the comparison with it.
+
+The reference runs the original model on the same micro-batches the schedule
+uses, one forward and one backward per micro-batch, so gradients accumulate in
+``.grad`` in the same order. ``ScheduleGPipe`` and ``Schedule1F1B`` with
+``scale_grads=True`` (torch's default, which this runtime keeps) divide every
+stage gradient by the number of micro-batches once the last backward is done
+(``PipelineStage.scale_grads``); the reference does the same. For a loss that
+averages over its micro-batch, that makes the gradient the one of the whole
+batch's mean loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from syncpass.runtime.contracts import LossCheck, ParamCheck
+
+# (rtol, atol) by dtype. float32 on CPU reproduces the unsplit model bit for bit
+# in practice (same kernels, same accumulation order), so the tight pair leaves
+# room only for a traced graph that reorders a reduction. The half-precision
+# pairs are torch.testing's defaults for those dtypes.
+CPU_TOLERANCES: Mapping[torch.dtype, tuple[float, float]] = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1e-5, 1e-6),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),
+}
+# On CUDA, cuDNN may pick a different (or a nondeterministic, atomics-based)
+# algorithm for the traced stage than for the eager model, and convolutions may
+# use TF32: float32 needs a looser bound there.
+CUDA_FLOAT32 = (1e-4, 1e-5)
+
+
+def tolerances(
+    dtype: torch.dtype, device: torch.device, rtol: float | None, atol: float | None
+) -> tuple[float, float]:
+    """The ``(rtol, atol)`` for gradients of ``dtype`` on ``device``; given values win."""
+    default = CPU_TOLERANCES.get(dtype, CPU_TOLERANCES[torch.float32])
+    if device.type == "cuda" and dtype == torch.float32:
+        default = CUDA_FLOAT32
+    return (default[0] if rtol is None else rtol, default[1] if atol is None else atol)
+
+
+@dataclass(frozen=True)
+class Reference:
+    """The unsplit model's per-micro-batch losses and its (scaled) gradients by name."""
+
+    losses: tuple[float, ...]
+    gradients: Mapping[str, torch.Tensor | None]
+    shapes: Mapping[str, tuple[torch.Size, torch.dtype]]
+
+
+def run_reference(
+    model: nn.Module,
+    arg_chunks: Sequence[tuple[Any, ...]],
+    target_chunks: Sequence[Any],
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    grad_scale: int,
+) -> Reference:
+    """Forward and backward ``model`` on each micro-batch in order, then divide by ``grad_scale``."""
+    model.zero_grad(set_to_none=True)
+    losses = []
+    for args, target in zip(arg_chunks, target_chunks, strict=True):
+        loss = loss_fn(model(*args), target)
+        torch.autograd.backward(loss)
+        losses.append(float(loss.detach()))
+    # Matches PipelineStage.scale_grads, which divides only when the factor is not 1.
+    if grad_scale != 1:
+        for parameter in model.parameters():
+            if parameter.grad is not None:
+                parameter.grad.div_(grad_scale)
+    named = list(model.named_parameters(remove_duplicate=False))
+    return Reference(
+        losses=tuple(losses),
+        gradients={name: parameter.grad for name, parameter in named},
+        shapes={name: (parameter.shape, parameter.dtype) for name, parameter in named},
+    )
+
+
+def canonical_names(model: nn.Module) -> dict[str, str]:
+    """Every name a parameter is reachable by (tied weights have several) -> its first name."""
+    first: dict[int, str] = {}
+    aliases: dict[str, str] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        aliases[name] = first.setdefault(id(parameter), name)
+    return aliases
+
+
+def compare(
+    actual: torch.Tensor | None, expected: torch.Tensor | None, rtol: float, atol: float
+) -> tuple[float, float, bool, str]:
+    """``(max_abs, max_rel, ok, note)`` for one gradient; a missing gradient on one side fails."""
+    if actual is None or expected is None:
+        if actual is None and expected is None:
+            return 0.0, 0.0, True, "no gradient in either"
+        side = "the pipeline" if actual is None else "the unsplit model"
+        return float("inf"), float("inf"), False, f"no gradient in {side}"
+    if actual.shape != expected.shape:
+        return (
+            float("inf"),
+            float("inf"),
+            False,
+            f"shape {tuple(actual.shape)} != {tuple(expected.shape)}",
+        )
+    a = actual.detach().to("cpu", torch.float64)
+    b = expected.detach().to("cpu", torch.float64)
+    ok = bool(torch.isclose(a, b, rtol=rtol, atol=atol, equal_nan=True).all())
+    if a.numel() == 0:
+        return 0.0, 0.0, ok, ""
+    diff = (a - b).abs().nan_to_num(nan=0.0)
+    nonzero = b != 0
+    max_rel = float((diff[nonzero] / b[nonzero].abs()).max()) if bool(nonzero.any()) else 0.0
+    return float(diff.max()), max_rel, ok, ""
+
+
+def check_losses(
+    pipeline_losses: Sequence[torch.Tensor], reference: Reference, rtol: float, atol: float
+) -> tuple[LossCheck, ...]:
+    """The last stage's per-micro-batch losses against the reference's."""
+    checks = []
+    for index, (loss, expected) in enumerate(zip(pipeline_losses, reference.losses, strict=False)):
+        value = float(loss.detach())
+        ok = abs(value - expected) <= atol + rtol * abs(expected)
+        checks.append(LossCheck(index, value, expected, ok))
+    if len(pipeline_losses) != len(reference.losses):
+        checks.append(LossCheck(len(checks), float("nan"), float("nan"), False))
+    return tuple(checks)
+
+
+def stage_parameter_names(
+    stage_module: nn.Module, identity: Mapping[int, str], aliases: Mapping[str, str]
+) -> dict[str, str]:
+    """Stage parameter name -> the original model's (canonical) name, or ``""`` if none.
+
+    The tracer moves the original ``nn.Parameter`` objects into the stage
+    (torch 2.13 also keeps their original dotted names), so identity finds
+    them; a parameter used by several stages is copied per stage and is
+    matched by name instead.
+    """
+    names = {}
+    for name, parameter in stage_module.named_parameters(remove_duplicate=False):
+        names[name] = identity.get(id(parameter)) or aliases.get(name, "")
+    return names
+
+
+def _failed(name: str, stage: int, numel: int, rtol: float, atol: float, note: str) -> ParamCheck:
+    inf = float("inf")
+    return ParamCheck(name, stage, numel, inf, inf, False, rtol, atol, note)
+
+
+def check_stage(
+    stage_index: int,
+    stage_module: nn.Module,
+    names: Mapping[str, str],
+    replicated: Mapping[str, torch.Tensor],
+    reference: Reference,
+    device: torch.device,
+    rtol: float | None,
+    atol: float | None,
+) -> tuple[ParamCheck, ...]:
+    """Compare every parameter gradient of one stage with the reference's.
+
+    ``replicated`` holds, for parameters that several stages hold copies of,
+    the gradient summed over those copies: that sum is what the unsplit model
+    computes.
+    """
+    checks = []
+    seen = set()
+    for local, parameter in stage_module.named_parameters():
+        original = names.get(local, "")
+        if original and original in seen:  # a weight tied within the stage
+            continue
+        seen.add(original)
+        rel, abs_ = tolerances(parameter.dtype, device, rtol, atol)
+        if not original:
+            checks.append(
+                _failed(local, stage_index, parameter.numel(), rel, abs_, "not in the model")
+            )
+            continue
+        gradient = replicated.get(original, parameter.grad)
+        max_abs, max_rel, ok, note = compare(gradient, reference.gradients[original], rel, abs_)
+        if original in replicated:
+            note = "held by several stages; compared as the sum over them"
+        checks.append(
+            ParamCheck(
+                original, stage_index, parameter.numel(), max_abs, max_rel, ok, rel, abs_, note
+            )
+        )
+    return tuple(checks)
+
+
+def sum_replicated(
+    groups: Iterable[Mapping[str, str]],
+    own_submodule: str,
+    stage_module: nn.Module,
+    aliases: Mapping[str, str],
+    reference: Reference,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """All-reduce the gradients of parameters that several stages hold copies of.
+
+    ``groups`` is ``Pipe.replicated_params`` (stage submodule name -> the
+    parameter's name there), the same on every rank, so every rank joins the
+    same collectives in the same order. Returns original name -> summed
+    gradient for the copies this rank holds.
+    """
+    local = dict(stage_module.named_parameters(remove_duplicate=False))
+    ordered = sorted(groups, key=lambda group: sorted(group.values()))
+    summed: dict[str, torch.Tensor] = {}
+    for group in ordered:
+        first = sorted(group.values())[0]
+        original = aliases.get(first, first)
+        if original not in reference.shapes:
+            continue  # not a model parameter: check_stage reports it; every rank skips it alike
+        shape, dtype = reference.shapes[original]
+        held = group.get(own_submodule)
+        gradient = local[held].grad if held is not None and held in local else None
+        buffer = (
+            gradient.detach().clone()
+            if gradient is not None
+            else torch.zeros(shape, dtype=dtype, device=device)
+        )
+        dist.all_reduce(buffer)
+        if held is not None:
+            summed[original] = buffer
+    return summed
+
+
+def check_unplaced(
+    covered: Iterable[str], aliases: Mapping[str, str], reference: Reference
+) -> tuple[ParamCheck, ...]:
+    """Parameters of the model that no stage holds: fine only if the model gives them no gradient."""
+    covered = set(covered)
+    checks = []
+    for name in sorted(set(aliases.values()) - covered):
+        gradient = reference.gradients[name]
+        numel = reference.shapes[name][0].numel()
+        if gradient is None:
+            checks.append(
+                ParamCheck(name, -1, numel, 0.0, 0.0, True, 0.0, 0.0, "in no stage; unused")
+            )
+        else:
+            note = "in no stage, but the unsplit model gives it a gradient"
+            checks.append(_failed(name, -1, numel, 0.0, 0.0, note))
+    return tuple(checks)
