@@ -1,0 +1,231 @@
+"""``syncpass profile``: measure a model's op costs and write its cost file.
+
+:func:`register` adds the ``profile`` subcommand to an argparse subparsers
+object; its handler, :func:`profile_command`, returns the exit status (0).
+Bad input raises :class:`~syncpass.errors.SyncpassError`, which the caller
+prints and turns into status 2.
+
+Importing this module imports neither torch nor libcst (``syncpass plan``
+imports it to build its parser); the handler imports them when it runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from syncpass.errors import SyncpassError
+from syncpass.fileio import write_atomically
+
+if TYPE_CHECKING:
+    import torch
+
+    from syncpass.costs import Costs
+
+EXIT_OK = 0
+#: Progress lines appear only once profiling has taken this long.
+PROGRESS_AFTER_S = 2.0
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be at least 0")
+    return value
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``profile`` to ``subparsers`` (from ``ArgumentParser.add_subparsers``); its parser.
+
+    The parser's ``handler`` default is :func:`profile_command`.
+    """
+    profile = subparsers.add_parser(
+        "profile",
+        help="measure the cost of each op of a model and write its cost file",
+        description="Run the example model's forward and backward with a probe at every op "
+        "boundary of FILE's model class, and write a cost file (version 1) whose op ids are "
+        "the ones `syncpass rewrite FILE --costs OUT` expects. Progress goes to stderr.",
+    )
+    profile.add_argument("file", type=Path, metavar="FILE", help="model source file")
+    profile.add_argument(
+        "--example",
+        metavar="SPEC",
+        default="example",
+        help="the example factory: PATH.py:FUNC, package.module:FUNC, or a FUNC in FILE "
+        "(default: example); it returns (model, args) or (model, args, target, loss_fn)",
+    )
+    profile.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        metavar="OUT",
+        help="the cost file to write (- for stdout)",
+    )
+    profile.add_argument(
+        "--model",
+        metavar="CLASS",
+        help="the model class (default: the class of the example's model)",
+    )
+    profile.add_argument(
+        "--repeats",
+        type=_positive_int,
+        default=5,
+        metavar="N",
+        help="timed steps; each op keeps the median (default 5)",
+    )
+    profile.add_argument(
+        "--warmup",
+        type=_count,
+        default=2,
+        metavar="N",
+        help="untimed steps before the timed ones (default 2)",
+    )
+    profile.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        metavar="N",
+        help="CPU threads torch uses (default 1)",
+    )
+    profile.set_defaults(handler=profile_command)
+    return profile  # type: ignore[no-any-return]
+
+
+class ProgressReporter:
+    """Writes progress lines to ``stream``, but only once ``after_s`` seconds have passed.
+
+    A quick profile stays silent; a slow one says what it is doing.
+    """
+
+    def __init__(self, stream: TextIO, after_s: float = PROGRESS_AFTER_S) -> None:
+        self.stream = stream
+        self.after_s = after_s
+        self.started = time.monotonic()
+
+    def __call__(self, message: str) -> None:
+        elapsed = time.monotonic() - self.started
+        if elapsed >= self.after_s:
+            print(f"syncpass profile: {message} ({elapsed:.1f} s)", file=self.stream, flush=True)
+
+
+def example_spec(file: Path, example: str) -> str:
+    """``--example``: a bare FUNC names a function in FILE."""
+    from syncpass.userexample import is_path, split_spec
+
+    if ":" not in example and not is_path(example):
+        return f"{file}:{example}"
+    split_spec(example)  # fails early, with the expected forms, on a malformed spec
+    return example
+
+
+def read_model_source(file: Path) -> str:
+    """The text of FILE, with the errors ``syncpass rewrite`` gives."""
+    from syncpass.frontend.source import decode_source
+
+    try:
+        data = file.read_bytes()
+    except FileNotFoundError:
+        raise SyncpassError("no such file", str(file)) from None
+    except IsADirectoryError:
+        raise SyncpassError("is a folder, not a model source file", str(file)) from None
+    except OSError as error:
+        raise SyncpassError(f"cannot read the file: {error.strerror}", str(file)) from None
+    return decode_source(data, str(file))
+
+
+def check_model_file(model: torch.nn.Module, file: Path, class_name: str | None) -> None:
+    """The example's model must run the forward written in FILE, not a copy elsewhere."""
+    for cls in type(model).__mro__:
+        if "forward" in vars(cls):
+            break
+    else:  # pragma: no cover - nn.Module defines forward
+        return
+    if class_name is not None and cls.__name__ != class_name:
+        return  # the analysis reports the class mismatch, naming both classes
+    code = getattr(inspect.unwrap(vars(cls)["forward"]), "__code__", None)
+    if code is None:
+        return
+    defined_in = Path(code.co_filename)
+    if defined_in.resolve() != file.resolve():
+        raise SyncpassError(
+            f"the example's model runs {cls.__name__}.forward from {defined_in}, not from this "
+            "file; profile that file, or make the example build its model from this one",
+            str(file),
+        )
+
+
+def _summary(costs: Costs, target: str, repeats: int) -> str:
+    from syncpass.units import seconds
+
+    forward = sum(op.compute_s for op in costs.ops)
+    backward = sum(op.backward_s for op in costs.ops)
+    return (
+        f"syncpass: wrote {target}: {len(costs.ops)} op(s), {len(costs.cuts)} admissible sync "
+        f"point(s); forward {seconds(forward)}, backward {seconds(backward)} per step at batch "
+        f"{costs.batch_size} (median of {repeats})"
+    )
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    """Handler of ``syncpass profile``: load the example, measure, write the cost file."""
+    from syncpass.costs import costs_to_json
+    from syncpass.userexample import load_example
+
+    file: Path = args.file
+    text = read_model_source(file)
+    spec = example_spec(file, args.example)
+    progress = ProgressReporter(sys.stderr)
+    progress("loading the example")
+    example = load_example(spec)
+    check_model_file(example.model, file, args.model)
+
+    from syncpass.profiling.measure import profile_costs
+
+    def loss(output: Any) -> torch.Tensor:
+        return example.loss_fn(output, example.target)
+
+    costs = profile_costs(
+        text,
+        str(file),
+        example.model,
+        example.args,
+        loss,
+        class_name=args.model,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        threads=args.threads,
+        progress=progress,
+    )
+    document = json.dumps(costs_to_json(costs), indent=2) + "\n"
+    if args.output == "-":
+        sys.stdout.write(document)
+        target = "stdout"
+    else:
+        write_atomically(args.output, document)
+        target = args.output
+    if not costs.cuts:
+        print(
+            "syncpass: note: the forward has no admissible sync point; it can only be planned "
+            "as one stage",
+            file=sys.stderr,
+        )
+    print(_summary(costs, target, args.repeats), file=sys.stderr)
+    return EXIT_OK

@@ -1,0 +1,558 @@
+"""`syncpass profile`: measured costs that match the op graph, real torch, no mocks."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import torch
+from conftest import REPO
+
+from syncpass.costs import Costs, OpCost, costs_to_json, load_costs, parse_costs
+from syncpass.errors import SyncpassError
+from syncpass.graph import OpGraph
+from syncpass.plan import PlanRequest
+from syncpass.profiling.command import register
+from syncpass.profiling.measure import (
+    _backward_spans,
+    _forward_spans,
+    build_graph,
+    profile_costs,
+    tensor_bytes,
+)
+from syncpass.rewrite import rewrite_source
+from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
+from syncpass.userexample import load_example
+
+BATCH, IN, WIDTH, OUT = 4, 8, 16, 3
+SEQ, HEADS = 6, 2
+
+MODELS = f"""\
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+BATCH, IN, WIDTH, OUT = {BATCH}, {IN}, {WIDTH}, {OUT}
+SEQ, HEADS = {SEQ}, {HEADS}
+
+
+class Block(nn.Module):
+    def __init__(self, width):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+
+    def forward(self, x):
+        return torch.relu(self.fc(x))
+
+
+class Tiny(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(IN, WIDTH)
+        self.blocks = nn.ModuleList([Block(WIDTH) for _ in range(3)])
+        self.head = nn.Linear(WIDTH, OUT)
+
+    def forward(self, x):
+        h = self.stem(x)
+        for block in self.blocks:
+            h = block(h)
+        return self.head(h)
+
+
+class Attention(nn.Module):
+    def forward(self, x):
+        batch, seq, width = x.shape
+        q = x.view(batch, seq, HEADS, width // HEADS).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, q, q)
+        return y.transpose(1, 2).reshape(batch, seq, width)
+
+
+class Skip(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(WIDTH, WIDTH)
+        self.proj = nn.Linear(WIDTH, WIDTH)
+        self.attn = Attention()
+        self.mid = nn.Linear(WIDTH, WIDTH)
+        self.head = nn.Linear(WIDTH, OUT)
+
+    def forward(self, x):
+        h = self.stem(x)
+        skip = self.proj(h)
+        h = self.attn(h)
+        h = self.mid(h)
+        h += skip
+        h = self.mid(h)
+        return self.head(h)
+
+
+class Sliced(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(WIDTH) for _ in range(4)])
+
+    def forward(self, x):
+        for i, block in enumerate(self.blocks[1:]):
+            x = block(x) * (i + 1)
+        for block in self.blocks[:2]: x = block(x)
+        if x.sum() > 0:
+            x = x * 2
+        return x
+
+
+class Broken(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(IN, WIDTH)
+        self.head = nn.Linear(OUT, OUT)
+
+    def forward(self, x):
+        h = self.stem(x)
+        return self.head(h)
+
+
+class Doubled(Tiny):
+    def forward(self, x):
+        y = super().forward(x)
+        return y * 2
+
+
+def example():
+    return Tiny(), (torch.randn(BATCH, IN),)
+
+
+def doubled_example():
+    return Doubled(), (torch.randn(BATCH, IN),)
+
+
+def skip_example():
+    return Skip(), (torch.randn(BATCH, SEQ, WIDTH),)
+
+
+def sliced_example():
+    return Sliced(), (torch.randn(BATCH, WIDTH),)
+
+
+def broken_example():
+    return Broken(), (torch.randn(BATCH, IN),)
+
+
+def raising_example():
+    raise RuntimeError("no data here")
+"""
+
+FLOAT = 4  # bytes of a float32
+
+
+def loss(output: Any) -> torch.Tensor:
+    result: torch.Tensor = output.float().pow(2).mean()
+    return result
+
+
+@dataclass(frozen=True)
+class Profiled:
+    model: Any  # the example's nn.Module, whose submodules the tests reach by name
+    args: tuple[Any, ...]
+    graph: OpGraph
+    costs: Costs
+
+    def op(self, op_id: str) -> OpCost:
+        return next(op for op in self.costs.ops if op.id == op_id)
+
+
+@pytest.fixture(scope="module")
+def model_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("profile") / "models.py"
+    path.write_text(MODELS)
+    return path
+
+
+@pytest.fixture(scope="module")
+def models(model_file: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("_syncpass_test_profile_models", model_file)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def profiled(models: ModuleType, model_file: Path) -> Callable[[str], Profiled]:
+    """Profiles each example once per module: ``profiled("skip_example")``."""
+    cache: dict[str, Profiled] = {}
+
+    def get(factory: str) -> Profiled:
+        if factory not in cache:
+            torch.manual_seed(0)
+            model, args = getattr(models, factory)()
+            text = model_file.read_text()
+            costs = profile_costs(text, str(model_file), model, args, loss, repeats=2, warmup=1)
+            graph = build_graph(text, str(model_file), model)
+            cache[factory] = Profiled(model, args, graph, costs)
+        return cache[factory]
+
+    return get
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def line_of(path: Path, text: str, after: str = "") -> int:
+    """Line of the first ``text`` at or below the first line holding ``after``."""
+    lines = path.read_text().splitlines()
+    start = next(n for n, line in enumerate(lines) if after in line)
+    return next(n for n, line in enumerate(lines[start:], start + 1) if text in line)
+
+
+# --- the cost file ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory", ["example", "skip_example", "sliced_example"])
+def test_cost_file_parses_and_its_ops_and_cuts_are_the_graphs(
+    profiled: Callable[[str], Profiled], factory: str
+) -> None:
+    result = profiled(factory)
+    parsed = parse_costs(json.loads(json.dumps(costs_to_json(result.costs))), "profiled")
+    assert parsed == result.costs
+    assert [op.id for op in parsed.ops] == [op.id for op in result.graph.ops]
+    assert [cut.after for cut in parsed.cuts] == [cut.after for cut in result.graph.cuts]
+    assert [op.source for op in parsed.ops] == [str(op.location) for op in result.graph.ops]
+    assert parsed.batch_size == BATCH
+    assert parsed.training is True
+    assert parsed.memory_multiplier == 4
+    assert parsed.model == type(result.model).__name__
+    assert parsed.hardware.alpha_s == 5e-05 and parsed.hardware.beta_bytes_per_s == 2e9
+    assert parsed.hardware.name is not None and "not calibrated" in parsed.hardware.name
+    assert all(op.compute_s > 0 for op in parsed.ops)
+
+
+def test_ops_with_parameters_have_backward_time(profiled: Callable[[str], Profiled]) -> None:
+    tiny = profiled("example")
+    for op_id in ("stem", "blocks.0", "blocks.1", "blocks.2", "head"):
+        assert tiny.op(op_id).backward_s > 0, op_id
+
+
+def test_linear_flops_are_two_batch_in_out(profiled: Callable[[str], Profiled]) -> None:
+    tiny = profiled("example")
+    assert tiny.op("stem").flops == 2 * BATCH * IN * WIDTH
+    for index in range(3):
+        assert tiny.op(f"blocks.{index}").flops == 2 * BATCH * WIDTH * WIDTH
+    assert tiny.op("head").flops == 2 * BATCH * WIDTH * OUT
+
+
+def test_attention_flops_are_counted_on_cpu(profiled: Callable[[str], Profiled]) -> None:
+    skip = profiled("skip_example")
+    head_dim = WIDTH // HEADS
+    # Two batched matmuls: scores = q @ k^T and scores @ v.
+    assert skip.op("attn").flops == 4 * BATCH * HEADS * SEQ * SEQ * head_dim
+    assert skip.op("stem").flops == 2 * BATCH * SEQ * WIDTH * WIDTH
+
+
+def test_live_bytes_are_the_bytes_of_the_live_tensors(
+    profiled: Callable[[str], Profiled],
+) -> None:
+    tiny = profiled("example")
+    for cut, graph_cut in zip(tiny.costs.cuts, tiny.graph.cuts, strict=True):
+        assert graph_cut.live == ("h",)
+        assert cut.live_bytes == BATCH * WIDTH * FLOAT
+    skip = profiled("skip_example")
+    activation = BATCH * SEQ * WIDTH * FLOAT  # h and skip are (batch, seq, width) float32
+    live = {cut.after: set(cut.live) for cut in skip.graph.cuts}
+    assert live["stem"] == {"h"}
+    assert live["proj"] == live["attn"] == live["mid"] == {"h", "skip"}
+    for cut in skip.costs.cuts:
+        assert cut.live_bytes == len(live[cut.after]) * activation, cut.after
+
+
+def test_parameter_bytes_count_each_parameter_once(profiled: Callable[[str], Profiled]) -> None:
+    tiny = profiled("example")
+    model = tiny.model
+    assert tiny.op("stem").param_bytes == module_bytes(model.stem) == (IN * WIDTH + WIDTH) * FLOAT
+    for index in range(3):
+        assert tiny.op(f"blocks.{index}").param_bytes == module_bytes(model.blocks[index])
+    assert tiny.op("head").param_bytes == module_bytes(model.head)
+    skip = profiled("skip_example")
+    second_mid = next(op for op in skip.costs.ops if op.id.startswith("mid@"))
+    assert skip.op("mid").param_bytes == module_bytes(skip.model.mid)
+    assert second_mid.param_bytes == 0
+    assert skip.op("attn").param_bytes == 0
+
+
+def test_out_bytes_are_the_bytes_each_op_writes(profiled: Callable[[str], Profiled]) -> None:
+    tiny = profiled("example")
+    assert tiny.op("stem").out_bytes == BATCH * WIDTH * FLOAT
+    assert tiny.op("blocks.1").out_bytes == BATCH * WIDTH * FLOAT
+
+
+def test_container_loops_over_slices_attribute_each_iteration(
+    profiled: Callable[[str], Profiled], model_file: Path
+) -> None:
+    sliced = profiled("sliced_example")
+    one_line = line_of(model_file, "for block in self.blocks[:2]: x = block(x)")
+    ids = [op.id for op in sliced.costs.ops]
+    assert ids[:5] == [
+        "blocks.1",
+        "blocks.2",
+        "blocks.3",
+        "blocks.0",
+        f"blocks.1@L{one_line}",
+    ]
+    for op in sliced.costs.ops[:5]:
+        assert op.flops == 2 * BATCH * WIDTH * WIDTH, op.id
+    # blocks.1 runs in both loops: its parameters count at its first use only.
+    assert sliced.costs.ops[4].param_bytes == 0
+    assert sliced.costs.ops[3].param_bytes == module_bytes(sliced.model.blocks[0])
+
+
+def test_rewrite_accepts_the_profiled_costs(
+    profiled: Callable[[str], Profiled], model_file: Path
+) -> None:
+    text = model_file.read_text()
+    for factory in ("example", "skip_example", "sliced_example"):
+        costs = profiled(factory).costs
+        result = rewrite_source(
+            text, str(model_file), costs, PlanRequest(stages=2, config=costs.config)
+        )
+        assert len(result.plan.sync_points) == 1
+        assert "pipe_split()" in result.rewritten
+
+
+def test_profiling_leaves_the_model_and_the_file_as_they_were(
+    models: ModuleType, model_file: Path
+) -> None:
+    text = model_file.read_text()
+    torch.manual_seed(0)
+    model, args = models.example()
+    before = model(*args).detach()
+    threads = torch.get_num_threads()
+    profile_costs(text, str(model_file), model, args, loss, repeats=1, warmup=0, threads=2)
+    assert model_file.read_text() == text
+    assert "forward" not in vars(model)
+    assert all(parameter.grad is None for parameter in model.parameters())
+    assert torch.get_num_threads() == threads
+    assert torch.equal(model(*args), before)
+
+
+def test_zero_argument_super_in_forward_finds_the_users_class(
+    profiled: Callable[[str], Profiled],
+) -> None:
+    doubled = profiled("doubled_example")
+    assert doubled.costs.ops[0].flops == 2 * BATCH * WIDTH * (IN + 3 * WIDTH + OUT)
+
+
+# --- errors -------------------------------------------------------------------------------
+
+
+def test_a_class_that_is_not_in_the_file_is_an_error(models: ModuleType, model_file: Path) -> None:
+    model, args = models.example()
+    with pytest.raises(SyncpassError, match="no top-level class named 'Nope'"):
+        profile_costs(model_file.read_text(), str(model_file), model, args, loss, "Nope")
+
+
+def test_a_model_of_another_class_is_an_error(models: ModuleType, model_file: Path) -> None:
+    model, args = models.example()
+    with pytest.raises(SyncpassError, match="model is a Tiny, not a Skip"):
+        profile_costs(model_file.read_text(), str(model_file), model, args, loss, "Skip")
+
+
+def test_a_failing_forward_names_the_op_and_its_line(models: ModuleType, model_file: Path) -> None:
+    model, args = models.broken_example()
+    with pytest.raises(SyncpassError) as caught:
+        profile_costs(model_file.read_text(), str(model_file), model, args, loss)
+    assert "Broken.forward failed in op head" in caught.value.message
+    assert (
+        caught.value.location
+        == f"{model_file}:{line_of(model_file, 'return self.head(h)', 'class Broken')}"
+    )
+
+
+def test_a_failing_loss_is_an_error(models: ModuleType, model_file: Path) -> None:
+    model, args = models.example()
+
+    def bad_loss(output: Any) -> torch.Tensor:
+        raise ValueError("no target")
+
+    with pytest.raises(SyncpassError, match="the loss function failed: ValueError: no target"):
+        profile_costs(model_file.read_text(), str(model_file), model, args, bad_loss)
+
+
+# --- sizes and attribution rules ----------------------------------------------------------
+
+
+def test_tensor_bytes_count_each_storage_once() -> None:
+    a = torch.zeros(8, 33)
+    b = torch.zeros(4, dtype=torch.float64)
+    assert tensor_bytes([a, a]) == a.nbytes
+    assert tensor_bytes([a, a.t(), a.view(-1)]) == a.nbytes
+    assert tensor_bytes([a[:, :-1]]) == 8 * 32 * FLOAT  # a slice: its own elements only
+    assert tensor_bytes([a[:, ::2]]) == 8 * 17 * FLOAT
+    assert tensor_bytes([(a, [b, {"k": b}]), 3, "text"]) == a.nbytes + b.nbytes
+    q, k, v = torch.zeros(2, 15).chunk(3, dim=1)
+    assert tensor_bytes([q, k, v]) == 2 * 15 * FLOAT
+    assert tensor_bytes([]) == 0
+
+
+def test_forward_spans_give_the_rest_to_the_op_that_did_not_finish() -> None:
+    marks = [(1.0, 1.5), (3.0, 3.5), None, None]
+    assert _forward_spans(marks, 0.0, 10.0) == [1.0, 1.5, 6.5, 0.0]
+    assert _forward_spans([(1.0, 1.0), (3.0, 3.0)], 0.0, 4.0) == [1.0, 3.0]
+
+
+def test_backward_spans_follow_the_boundaries_in_reverse() -> None:
+    forward = [1.0, 1.0, 1.0]
+    # Backward runs from 10 (start) to 20 (end); op 2 first, op 0 last.
+    assert _backward_spans([16.0, 12.0, None], 10.0, 20.0, forward) == [4.0, 4.0, 2.0]
+    # No gradient passed the boundary after op 0: op 0 has no backward.
+    assert _backward_spans([None, 12.0, None], 10.0, 20.0, forward) == [0.0, 8.0, 2.0]
+    # A boundary between two passed ones was missed: its ops share by forward time.
+    spans = _backward_spans([16.0, None, 12.0, None], 10.0, 20.0, [1.0, 3.0, 1.0, 1.0])
+    assert spans == [4.0, 3.0, 1.0, 2.0]
+
+
+# --- the probe transformer ----------------------------------------------------------------
+
+
+def test_probes_go_after_statements_and_inside_loops(model_file: Path) -> None:
+    from syncpass.frontend import parse_source
+
+    module = parse_source(model_file.read_text(), str(model_file))
+    sites = [ProbeSite(0, loop=True, rebind=("x",)), ProbeSite(1, loop=True), ProbeSite(2)]
+    source, warnings = probed_forward_source(module, "Sliced", sites, str(model_file))
+    assert warnings == ()
+    code = textwrap.dedent(source)
+    assert code.startswith("class Sliced:\n    def forward(self, x):\n")
+    assert f"{PROBE}.begin()" in code
+    assert "in enumerate(enumerate(self.blocks[1:])):" in code
+    assert f"{PROBE}.boundary(0, __syncpass_iteration__ + 1, locals())" in code
+    assert f"{PROBE}.boundary(1, __syncpass_iteration__, locals())" in code
+    assert f"{PROBE}.boundary(2, None, locals())" in code
+    assert "if 'x' in __syncpass_live__: x = __syncpass_live__['x']" in code
+    compile(code, "probed", "exec")
+
+
+def test_a_probe_site_that_does_not_fit_is_a_warning(model_file: Path) -> None:
+    from syncpass.frontend import parse_source
+
+    module = parse_source(model_file.read_text(), str(model_file))
+    source, warnings = probed_forward_source(
+        module, "Sliced", [ProbeSite(2, loop=True)], str(model_file)
+    )
+    assert source == ""
+    assert warnings and "not a loop over a layer container" in warnings[0]
+
+
+# --- the command ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def _restore_imports(monkeypatch: pytest.MonkeyPatch, model_file: Path) -> Iterator[None]:
+    # Loading an example puts its folder on sys.path and the file in sys.modules.
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    yield
+    for name, module in list(sys.modules.items()):
+        if str(getattr(module, "__file__", None) or "").startswith(str(model_file.parent)):
+            del sys.modules[name]
+
+
+def run_command(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="syncpass")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    try:
+        status: int = args.handler(args)
+    except SyncpassError as error:
+        print(f"syncpass: error: {error}", file=sys.stderr)
+        return 2
+    return status
+
+
+@pytest.mark.usefixtures("_restore_imports")
+def test_command_writes_a_cost_file_that_rewrite_accepts(
+    model_file: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    output = tmp_path / "skip.costs.json"
+    argv = ["profile", str(model_file), "--example", "skip_example", "-o", str(output)]
+    assert run_command([*argv, "--repeats", "1", "--warmup", "0"]) == 0
+    assert f"wrote {output}" in capsys.readouterr().err
+    costs = load_costs(output)
+    assert costs.model == "Skip"
+    rewrite = subprocess.run(
+        [
+            *(sys.executable, "-m", "syncpass", "rewrite", str(model_file)),
+            *("--model", "Skip", "--costs", str(output), "--stages", "2"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=False,
+    )
+    assert rewrite.returncode == 0, rewrite.stderr
+    assert "pipe_split()" in rewrite.stdout
+
+
+@pytest.mark.usefixtures("_restore_imports")
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--example", "nothing_here"], "no function 'nothing_here'"),
+        (["--example", "raising_example"], "raising_example() raised: RuntimeError: no data here"),
+        (["--model", "Skip"], "model is a Tiny, not a Skip"),
+    ],
+)
+def test_command_errors_exit_2_and_write_nothing(
+    model_file: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    extra: list[str],
+    message: str,
+) -> None:
+    output = tmp_path / "out.costs.json"
+    assert run_command(["profile", str(model_file), "-o", str(output), *extra]) == 2
+    assert message in capsys.readouterr().err
+    assert not output.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["transformer_lm", "resnet", "unet"])
+def test_bundled_examples_profile_and_rewrite(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    source = REPO / "examples" / f"{name}.py"
+    if not source.exists():
+        pytest.skip(f"{source} is not there")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    output = tmp_path / f"{name}.costs.json"
+    argv = ["profile", str(source), "-o", str(output), "--repeats", "1", "--warmup", "0"]
+    try:
+        assert run_command(argv) == 0
+        model = load_example(f"{source}:example").model
+    finally:
+        for module_name, module in list(sys.modules.items()):
+            if getattr(module, "__file__", None) == str(source.resolve()):
+                del sys.modules[module_name]
+    costs = load_costs(output)
+    assert all(op.compute_s > 0 for op in costs.ops)
+    assert sum(op.flops or 0 for op in costs.ops) > 0
+    # Every parameter of these models belongs to a submodule the forward calls.
+    assert sum(op.param_bytes for op in costs.ops) == module_bytes(model)
+    result = rewrite_source(
+        source.read_text(), str(source), costs, PlanRequest(stages=2, config=costs.config)
+    )
+    assert "pipe_split()" in result.rewritten
+
+
+def test_command_rejects_counts_out_of_range(model_file: Path) -> None:
+    with pytest.raises(SystemExit) as caught:
+        run_command(["profile", str(model_file), "-o", "x.json", "--repeats", "0"])
+    assert caught.value.code == 2
