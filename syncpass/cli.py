@@ -169,6 +169,14 @@ def build_parser() -> argparse.ArgumentParser:
         "--report", type=Path, metavar="FILE", help="write the plan and the analysis (JSON) here"
     )
     rewrite.set_defaults(handler=_run_rewrite)
+
+    # Imported here, not at the top: `plan` must start without them (they add
+    # subcommands only; torch is imported when a command runs).
+    from syncpass.profiling.command import register as register_profile
+    from syncpass.runtime.command import register as register_run
+
+    register_profile(commands)
+    register_run(commands)
     return parser
 
 

@@ -153,3 +153,23 @@ def test_syntax_errors_name_file_and_line() -> None:
         parse_source("x = 1\nclass M(:\n    pass\n", "m.py")
     assert caught.value.location == "m.py:2"
     assert "syntax error" in caught.value.message
+
+
+def test_a_name_overwritten_before_its_next_read_is_not_live() -> None:
+    graph = graph_of(
+        """
+        class UNet:
+            def forward(self, x, mask):
+                skip = self.enc(x)
+                x = self.pool(skip)
+                if mask is not None:
+                    x = x * mask
+                x = self.dec(x, skip)
+                return x
+        """
+    )
+    live = {cut.after: cut.live for cut in graph.cuts}
+    assert live["enc"] == ("mask", "skip")  # x is overwritten by pool before any read
+    assert live["pool"] == ("x", "mask", "skip")
+    # A region only may assign: what it writes stays live across it if read later.
+    assert live["if@L6"] == ("x", "skip")

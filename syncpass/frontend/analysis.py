@@ -733,18 +733,23 @@ def _dataflow(
                 edges[(source, op.id)] = None
         for name in op.writes:
             producer[name] = op.id
-    # Live after op j: defined at or before j (or an input), used after j.
-    live: list[tuple[str, ...]] = []
-    defined: dict[str, None] = dict.fromkeys(inputs)
-    used_after: list[set[str]] = [set() for _ in ops]
-    later: set[str] = set(sink_reads)
+    # Live after op j: defined at or before j (or an input) and read after j before
+    # being overwritten. A region may or may not run its assignments, so only
+    # plain statements and loop iterations kill the names they write.
+    live_after: list[set[str]] = [set() for _ in ops]
+    live: set[str] = set(sink_reads)
     for position in range(len(ops) - 1, -1, -1):
-        used_after[position] = set(later)
-        later.update(ops[position].reads)
+        op = ops[position]
+        live_after[position] = set(live)
+        if op.region is None:
+            live -= set(op.writes)
+        live |= set(op.reads)
+    live_lists: list[tuple[str, ...]] = []
+    defined: dict[str, None] = dict.fromkeys(inputs)
     for position, op in enumerate(ops):
         defined.update(dict.fromkeys(op.writes))
-        live.append(tuple(name for name in defined if name in used_after[position]))
-    return tuple(edges), live
+        live_lists.append(tuple(name for name in defined if name in live_after[position]))
+    return tuple(edges), live_lists
 
 
 def sequential_calls(module: cst.Module, class_name: str | None, path: str) -> tuple[str, ...]:
