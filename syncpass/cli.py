@@ -148,6 +148,12 @@ def build_parser() -> argparse.ArgumentParser:
     rewrite.add_argument("file", metavar="FILE", help="model source file, or - for stdin")
     source = rewrite.add_mutually_exclusive_group(required=True)
     source.add_argument("--costs", type=Path, metavar="FILE", help="cost file of this model")
+    source.add_argument(
+        "--example",
+        metavar="SPEC",
+        help="profile on the fly with this example factory (PATH.py:FUNC, module:FUNC, or a "
+        "FUNC in FILE); runs the user's code",
+    )
     rewrite.add_argument(
         "--model", metavar="CLASS", help="the model class, when the file has several"
     )
@@ -268,7 +274,14 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     if args.in_place and args.file == "-":
         raise SyncpassError("--in-place needs a file, not stdin")
     text = _read_input(args.file)
-    costs = load_costs(args.costs)
+    if args.example is not None:
+        if args.file == "-":
+            raise SyncpassError("--example needs the model file itself, not stdin")
+        from syncpass.profiling.command import measure_file
+
+        costs = measure_file(Path(args.file), text, args.example, args.model)
+    else:
+        costs = load_costs(args.costs)
     request, auto = _settings(args, costs)
     result = rewrite_source(
         text,

@@ -184,35 +184,54 @@ def _summary(costs: Costs, target: str, repeats: int) -> str:
     )
 
 
-def profile_command(args: argparse.Namespace) -> int:
-    """Handler of ``syncpass profile``: load the example, measure, write the cost file."""
-    from syncpass.costs import costs_to_json
+def measure_file(
+    file: Path,
+    text: str,
+    example: str,
+    class_name: str | None,
+    repeats: int = 5,
+    warmup: int = 2,
+    threads: int = 1,
+) -> Costs:
+    """Load the example named by ``example`` and profile the model of ``file`` with it.
+
+    The one place where user code runs, for ``profile`` and ``rewrite --example``.
+    """
     from syncpass.userexample import load_example
 
-    file: Path = args.file
-    text = read_model_source(file)
-    spec = example_spec(file, args.example)
+    spec = example_spec(file, example)
     progress = ProgressReporter(sys.stderr)
     progress("loading the example")
-    example = load_example(spec)
-    check_model_file(example.model, file, args.model)
+    loaded = load_example(spec)
+    check_model_file(loaded.model, file, class_name)
 
     from syncpass.profiling.measure import profile_costs
 
     def loss(output: Any) -> torch.Tensor:
-        return example.loss_fn(output, example.target)
+        return loaded.loss_fn(output, loaded.target)
 
-    costs = profile_costs(
+    return profile_costs(
         text,
         str(file),
-        example.model,
-        example.args,
+        loaded.model,
+        loaded.args,
         loss,
-        class_name=args.model,
-        repeats=args.repeats,
-        warmup=args.warmup,
-        threads=args.threads,
+        class_name=class_name,
+        repeats=repeats,
+        warmup=warmup,
+        threads=threads,
         progress=progress,
+    )
+
+
+def profile_command(args: argparse.Namespace) -> int:
+    """Handler of ``syncpass profile``: load the example, measure, write the cost file."""
+    from syncpass.costs import costs_to_json
+
+    file: Path = args.file
+    text = read_model_source(file)
+    costs = measure_file(
+        file, text, args.example, args.model, args.repeats, args.warmup, args.threads
     )
     document = json.dumps(costs_to_json(costs), indent=2) + "\n"
     if args.output == "-":

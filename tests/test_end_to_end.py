@@ -1,0 +1,59 @@
+"""The whole pass on the bundled examples, as the README runs it: profile the model,
+rewrite it for 2 and 4 stages, run the rewritten file split over gloo processes and
+check that the loss and every gradient equal the unsplit model's."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from syncpass.cli import main
+from syncpass.costs import load_costs
+from syncpass.planfile import parse_plan
+
+EXAMPLES = ("transformer_lm", "resnet", "unet")
+
+
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path]]:
+    """Each example copied and profiled once: (source, cost file)."""
+    folder = tmp_path_factory.mktemp("examples")
+    result = {}
+    for name in EXAMPLES:
+        source = folder / f"{name}.py"
+        shutil.copy(REPO / "examples" / f"{name}.py", source)
+        costs = folder / f"{name}.costs.json"
+        status = main(
+            ["profile", str(source), "--example", "example", "-o", str(costs),
+             "--repeats", "2", "--warmup", "1"]
+        )
+        assert status == 0
+        result[name] = (source, costs)
+    return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_profile_rewrite_run_verify(
+    profiled: dict[str, tuple[Path, Path]], tmp_path: Path, name: str, stages: int
+) -> None:
+    source, costs = profiled[name]
+    assert [op.id for op in load_costs(costs).ops]  # the graph's ids, measured
+    rewritten = tmp_path / f"{name}_sync.py"
+    report = tmp_path / "report.json"
+    assert main(["rewrite", str(source), "--costs", str(costs), "--stages", str(stages),
+                 "-o", str(rewritten), "--report", str(report)]) == 0
+    plan = parse_plan(json.loads(report.read_text())["plan"])
+    assert len(plan.stages) == stages
+    assert rewritten.read_text().count("pipe_split()  # syncpass sync") == stages - 1
+    run_report = tmp_path / "run.json"
+    status = main(["run", str(rewritten), "--stages", str(stages), "--verify",
+                   "--steps", "1", "--json-report", str(run_report)])
+    assert status == 0
+    figures = json.loads(run_report.read_text())
+    assert figures["verify"]["ok"] is True
