@@ -296,6 +296,8 @@ def _run_rewrite(args: argparse.Namespace) -> int:
         f"{points} sync point(s), {len(result.plan.stages)} stage(s): bottleneck "
         f"{seconds(result.plan.bottleneck_s)}, predicted step {seconds(result.plan.predicted_step_s)}"
     )
+    for region in result.graph.regions:
+        print(f"syncpass: note: no sync point inside {region}", file=sys.stderr)
     if args.report is not None:
         document = {
             "plan": plan_to_json(result.plan),

@@ -21,6 +21,7 @@ from typing import Any
 
 from syncpass.config import CONFIG_KEYS, SyncConfig, default_sync_config, sync_config_from_mapping
 from syncpass.errors import SyncpassError
+from syncpass.graph import INPUT, OUTPUT
 
 COST_FILE_VERSION = 1
 
@@ -116,6 +117,7 @@ class Costs:
     config: SyncConfig = field(default_factory=SyncConfig)
     model: str | None = None
     version: int = COST_FILE_VERSION
+    edges: tuple[tuple[str, str], ...] = ()  # def-use: (producer, consumer), INPUT/OUTPUT too
 
     def __post_init__(self) -> None:
         if self.version != COST_FILE_VERSION:
@@ -147,6 +149,12 @@ class Costs:
                     f"cut after {cut.after!r} is out of order or repeated; list cuts in op order"
                 )
             last = index
+
+        for producer, consumer in self.edges:
+            if producer != INPUT and producer not in position:
+                raise ValueError(f"edge from unknown op {producer!r}")
+            if consumer != OUTPUT and consumer not in position:
+                raise ValueError(f"edge to unknown op {consumer!r}")
 
     @property
     def op_index(self) -> dict[str, int]:
@@ -207,6 +215,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             "ops",
             "cuts",
             "model",
+            "edges",
         ),
     )
     version = reader.required(top, "$", "version")
@@ -298,6 +307,20 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             )
         )
 
+    edges = []
+    for index, item in enumerate(reader.sequence(top.get("edges", []), "$.edges")):
+        where = f"$.edges[{index}]"
+        if not (
+            isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)
+        ):
+            raise reader.error(where, "must be a pair [producer, consumer] of op ids")
+        producer, consumer = item
+        if producer != INPUT and producer not in seen:
+            raise reader.error(f"{where}[0]", f"unknown op id {producer!r}")
+        if consumer != OUTPUT and consumer not in seen:
+            raise reader.error(f"{where}[1]", f"unknown op id {consumer!r}")
+        edges.append((producer, consumer))
+
     training = top.get("training", True)
     if not isinstance(training, bool):
         raise reader.error("$.training", "must be true or false")
@@ -313,6 +336,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         cuts=tuple(cuts),
         config=config,
         model=reader.optional_string(top, "$", "model"),
+        edges=tuple(edges),
     )
 
 
@@ -338,6 +362,8 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
         ops=[_op_to_json(op) for op in costs.ops],
         cuts=[_cut_to_json(cut) for cut in costs.cuts],
     )
+    if costs.edges:
+        data["edges"] = [list(edge) for edge in costs.edges]
     return data
 
 

@@ -38,6 +38,13 @@ def broken_constraints(
                 f"stage {index} holds {end - start} op(s), fewer than min_sync_interval "
                 f"{problem.min_ops}"
             )
+        if problem.last_use is not None and start > 0 and end < problem.num_ops:
+            furthest = int(problem.last_use[start])
+            if furthest > end:
+                broken.append(
+                    f"a value made before stage {index} is still used after it (by "
+                    f"{op_ids[furthest - 1]}): it would have to skip a stage"
+                )
         memory = problem.stage_memory(start, end)
         if memory > problem.memory_limit:
             broken.append(

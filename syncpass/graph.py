@@ -23,6 +23,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+#: Pseudo op ids in def-use edges: the forward's arguments, and what it returns.
+INPUT = "<input>"
+OUTPUT = "<output>"
+
 
 @dataclass(frozen=True)
 class SourceLocation:
@@ -92,7 +96,7 @@ class OpGraph:
     forward: SourceLocation
     inputs: tuple[str, ...]  # forward's parameters, without self
     ops: tuple[Op, ...]
-    edges: tuple[tuple[str, str], ...]  # (producer op id, consumer op id)
+    edges: tuple[tuple[str, str], ...]  # (producer, consumer): op ids, INPUT or OUTPUT
     cuts: tuple[Cut, ...]
     regions: tuple[Region, ...] = ()
     forbidden: tuple[str, ...] = ()  # op ids the user marked "# syncpass: no-sync"

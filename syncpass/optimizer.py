@@ -42,6 +42,7 @@ This module knows nothing of libcst, torch or the cost file's format.
 from __future__ import annotations
 
 import itertools
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,7 +67,12 @@ class Problem:
     ``op_compute[t]`` and ``op_memory[t]`` belong to op ``t + 1``.
     ``cut_comm[j]`` is the communication of the cut at position ``j``
     (``0`` at ``0`` and ``n``). ``admissible[j]`` says a cut may sit at ``j``;
-    ``pinned[j]`` that it must.
+    ``pinned[j]`` that it must. ``last_use[i]``, when given, is the last position
+    whose op uses a value produced at or before position ``i`` (for ``i >= 1``
+    the forward's inputs count too, since the first stage hands them on;
+    ``last_use[0]`` is ``0``): a stage ``(i, j]`` with ``j < n`` is then only legal
+    when ``last_use[i] <= j``, so every value reaches at most the next stage. torch.distributed.pipelining needs this: it cannot send one stage
+    output to two later stages, nor reliably past a stage in between.
     """
 
     op_compute: FloatArray
@@ -76,6 +82,7 @@ class Problem:
     pinned: BoolArray
     min_ops: int = 1
     memory_limit: float = _INF
+    last_use: IntArray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.op_compute)
@@ -96,6 +103,11 @@ class Problem:
             raise ValueError("cut_comm must be 0 at positions 0 and n")
         if self.min_ops < 1:
             raise ValueError("min_ops must be at least 1")
+        if self.last_use is not None:
+            if len(self.last_use) != n + 1 or np.any(np.diff(self.last_use) < 0):
+                raise ValueError("last_use must be a nondecreasing entry per position 0..n")
+            if np.any(self.last_use < self.positions):
+                raise ValueError("last_use[i] must be at least i")
 
     @property
     def num_ops(self) -> int:
@@ -204,6 +216,11 @@ def stage_windows(problem: Problem, threshold: float) -> tuple[IntArray, IntArra
         ratio_hi = low
         ratio_hi[n] = n - 1
         hi = np.minimum(hi, ratio_hi)
+    if problem.last_use is not None:
+        # last_use is sorted: the starts whose values are all used by j are a prefix.
+        reach_hi = np.searchsorted(problem.last_use, ends, side="right") - 1
+        reach_hi[n] = n - 1
+        hi = np.minimum(hi, reach_hi)
     return lo, hi
 
 
@@ -557,7 +574,10 @@ class _StageTable:
         compute = compute_p[None, :] - compute_p[:, None]
         pinned_at = np.where(problem.pinned, positions, 0)
         previous_pin = np.concatenate(([0], np.maximum.accumulate(pinned_at)[:-1]))
-        self.shape_ok = (ends - starts >= problem.min_ops) & (starts >= previous_pin[None, :])
+        self.shape_free = (ends - starts >= problem.min_ops) & (starts >= previous_pin[None, :])
+        self.shape_ok = self.shape_free
+        if problem.last_use is not None:
+            self.shape_ok = self.shape_free & ((problem.last_use[:, None] <= ends) | (ends == n))
         self.memory = memory_q[None, :] - memory_q[:, None]
         # Same arithmetic as Problem.stage_time and the threshold windows.
         self.time = compute + (comm[:, None] + comm[None, :])
@@ -588,7 +608,8 @@ class _StageTable:
     ) -> Solution | Infeasible:
         problem = self.problem
         if self._min_max(self.time, self.shape_ok) is None:
-            return Infeasible("stages")
+            dataflow = self._min_max(self.time, self.shape_free) is not None
+            return Infeasible("dataflow" if dataflow else "stages")
         fits = self.shape_ok & (self.memory <= problem.memory_limit)
         least_ratio = self._min_max(self.ratio, fits)
         if least_ratio is None:
@@ -635,9 +656,11 @@ def diagnose(problem: Problem, stages: int, threshold: float) -> Infeasible:
         admissible=problem.admissible,
         pinned=problem.pinned,
         min_ops=problem.min_ops,
+        last_use=problem.last_use,
     )
     if not _feasible(relaxed, stages, _INF):
-        return Infeasible("stages")
+        free = dataclasses.replace(relaxed, last_use=None)
+        return Infeasible("dataflow" if _feasible(free, stages, _INF) else "stages")
     if not _feasible(problem, stages, _INF):
         largest = float(problem.prefix_memory[-1])
         needed = _smallest_accepted(
@@ -656,6 +679,7 @@ def _with_memory(problem: Problem, limit: float) -> Problem:
         pinned=problem.pinned,
         min_ops=problem.min_ops,
         memory_limit=limit,
+        last_use=problem.last_use,
     )
 
 

@@ -15,11 +15,13 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from syncpass.config import BASELINE_STRATEGIES, OPTIMISING_STRATEGIES, SCHEDULES, SyncConfig
 from syncpass.costs import Costs
 from syncpass.errors import InfeasibleError, SyncpassError
 from syncpass.explain import broken_constraints, explain_sync_points
+from syncpass.graph import INPUT, OUTPUT
 from syncpass.optimizer import Infeasible, PlanScore, Problem, score_cuts, solve
 from syncpass.schedule import Link, Prediction, StageLoad, simulate
 from syncpass.units import num_bytes, percent
@@ -151,6 +153,7 @@ def problem_from_costs(costs: Costs, config: SyncConfig, pinned: tuple[str, ...]
         pins[position] = True
     memory = costs.hardware.device_memory_bytes
     return Problem(
+        last_use=last_use_positions(costs),
         op_compute=np.array([costs.op_compute_s(op) for op in costs.ops], dtype=np.float64),
         op_memory=np.array([costs.op_memory_bytes(op) for op in costs.ops], dtype=np.float64),
         cut_comm=cut_comm,
@@ -159,6 +162,22 @@ def problem_from_costs(costs: Costs, config: SyncConfig, pinned: tuple[str, ...]
         min_ops=config.min_sync_interval,
         memory_limit=math.inf if memory is None else float(memory),
     )
+
+
+def last_use_positions(costs: Costs) -> npt.NDArray[np.int64] | None:
+    """``Problem.last_use`` from the cost file's def-use edges (``None`` without edges)."""
+    if not costs.edges:
+        return None
+    n = len(costs.ops)
+    index = costs.op_index
+    furthest = np.arange(n + 1, dtype=np.int64)  # by producer position; inputs at 0
+    for producer, consumer in costs.edges:
+        source = 0 if producer == INPUT else index[producer] + 1
+        target = n if consumer == OUTPUT else index[consumer] + 1
+        furthest[source] = max(furthest[source], target)
+    last_use = np.maximum.accumulate(furthest)
+    last_use[0] = 0  # the first stage receives the inputs itself
+    return last_use
 
 
 # --- strategies ---------------------------------------------------------------
@@ -212,7 +231,8 @@ _BASELINE_RULES = {
 def _baseline_cuts(
     problem: Problem, stages: int, strategy: str, costs: Costs
 ) -> tuple[int, ...] | Infeasible:
-    """Balanced partition of one weight per op, honouring legal cuts, pins and min interval.
+    """Balanced partition of one weight per op, honouring what makes a plan legal: admissible
+    and pinned cuts, min interval, values reaching only the next stage.
 
     Ties between equally balanced partitions go to the cuts closest to the
     ideal boundaries (multiples of total weight / stages).
@@ -233,6 +253,7 @@ def _baseline_cuts(
         admissible=problem.admissible,
         pinned=problem.pinned,
         min_ops=problem.min_ops,
+        last_use=problem.last_use,
     )
     result = solve(balanced, stages, math.inf, adaptive=False, tie_cost=np.abs(prefix - nearest))
     return result if isinstance(result, Infeasible) else result.cuts
@@ -341,6 +362,13 @@ def _infeasible_error(
             f"stage (min_sync_interval) using only the {int(problem.admissible.sum())} admissible "
             f"cut(s) and keeping the {int(problem.pinned.sum())} pinned one(s); use fewer stages, "
             "a smaller min_sync_interval, or allow more cuts"
+        )
+    elif result.constraint == "dataflow":
+        message = (
+            f"no {stages}-stage plan keeps every value within the next stage of where it is "
+            "made: torch.distributed.pipelining cannot send one stage's output to two later "
+            "stages, nor past a stage in between, and values used far from where they are made "
+            "(skip connections) leave too few such cuts; use fewer stages"
         )
     elif result.constraint == "memory":
         limit = costs.hardware.device_memory_bytes

@@ -17,6 +17,7 @@ Nothing here imports torch or runs the user's code.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -167,6 +168,8 @@ def rewrite_source(
     expand = container_sizes(costs, sequential_calls(module, name, path))
     graph = analyse_model(module, path, name, sizes, base, expand)
     check_costs_match(graph, costs)
+    if not costs.edges:  # an older or hand-written cost file: the source knows the data flow
+        costs = dataclasses.replace(costs, edges=graph.edges)
     if request.stages is None and max_stages is not None:
         plan = best_stage_count(costs, request, max_stages, path)
     else:

@@ -58,6 +58,7 @@ def test_submodule_calls_name_their_ops_and_edges_follow_def_use() -> None:
         ("body.conv", "blocks.2"),
         ("stmt@L5", "blocks.2"),
         ("blocks.2", "head"),
+        ("<input>", "stem"),
     }
     live = {cut.after: cut.live for cut in graph.cuts}
     assert live == {

@@ -28,8 +28,18 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
         shutil.copy(REPO / "examples" / f"{name}.py", source)
         costs = folder / f"{name}.costs.json"
         status = main(
-            ["profile", str(source), "--example", "example", "-o", str(costs),
-             "--repeats", "2", "--warmup", "1"]
+            [
+                "profile",
+                str(source),
+                "--example",
+                "example",
+                "-o",
+                str(costs),
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+            ]
         )
         assert status == 0
         result[name] = (source, costs)
@@ -46,14 +56,40 @@ def test_profile_rewrite_run_verify(
     assert [op.id for op in load_costs(costs).ops]  # the graph's ids, measured
     rewritten = tmp_path / f"{name}_sync.py"
     report = tmp_path / "report.json"
-    assert main(["rewrite", str(source), "--costs", str(costs), "--stages", str(stages),
-                 "-o", str(rewritten), "--report", str(report)]) == 0
+    assert (
+        main(
+            [
+                "rewrite",
+                str(source),
+                "--costs",
+                str(costs),
+                "--stages",
+                str(stages),
+                "-o",
+                str(rewritten),
+                "--report",
+                str(report),
+            ]
+        )
+        == 0
+    )
     plan = parse_plan(json.loads(report.read_text())["plan"])
     assert len(plan.stages) == stages
     assert rewritten.read_text().count("pipe_split()  # syncpass sync") == stages - 1
     run_report = tmp_path / "run.json"
-    status = main(["run", str(rewritten), "--stages", str(stages), "--verify",
-                   "--steps", "1", "--json-report", str(run_report)])
+    status = main(
+        [
+            "run",
+            str(rewritten),
+            "--stages",
+            str(stages),
+            "--verify",
+            "--steps",
+            "1",
+            "--json-report",
+            str(run_report),
+        ]
+    )
     assert status == 0
     figures = json.loads(run_report.read_text())
     assert figures["verify"]["ok"] is True

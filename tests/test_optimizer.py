@@ -7,6 +7,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -57,6 +58,11 @@ def legal_plans(problem: Problem, stages: int) -> list[tuple[tuple[int, ...], fl
             sum(problem.op_memory[start:end]) > problem.memory_limit for start, end in stage_pairs
         ):
             continue
+        # A value may only reach the next stage (torch pipelines).
+        if problem.last_use is not None and any(
+            start > 0 and end < n and problem.last_use[start] > end for start, end in stage_pairs
+        ):
+            continue
         computes = [float(sum(problem.op_compute[start:end])) for start, end in stage_pairs]
         ratios = [
             _ratio(float(problem.cut_comm[end]), c)
@@ -95,6 +101,17 @@ eighth = st.integers(0, 8).map(lambda k: k / 8)
 
 
 @st.composite
+def last_uses(draw: st.DrawFn, n: int) -> npt.NDArray[np.int64] | None:
+    """None, or how far the values made up to each position are used (skip connections)."""
+    if draw(st.booleans()):
+        return None
+    furthest = [draw(st.integers(p, n)) for p in range(n + 1)]
+    last_use = np.maximum.accumulate(np.array(furthest, dtype=np.int64))
+    last_use[0] = 0
+    return last_use
+
+
+@st.composite
 def instances(draw: st.DrawFn) -> Instance:
     n = draw(st.integers(1, 8))
     compute = np.array(draw(st.lists(quarter, min_size=n, max_size=n)))
@@ -117,6 +134,7 @@ def instances(draw: st.DrawFn) -> Instance:
         pinned=pinned,
         min_ops=draw(st.integers(1, 3)),
         memory_limit=draw(st.sampled_from([INF, 4.0, 6.0, 9.0, 14.0])),
+        last_use=draw(last_uses(n)),
     )
     return Instance(
         problem=problem,

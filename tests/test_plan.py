@@ -174,3 +174,32 @@ def test_plan_file_round_trips(example_costs_path) -> None:  # type: ignore[no-u
         "predicted_step_s",
         "strategy",
     }
+
+
+def test_values_reach_only_the_next_stage() -> None:
+    # A chain of six ops, with op1's value also used by op4 (a skip connection).
+    data = cost_dict([1] * 6, [0] * 5)
+    chain = [[f"op{t}", f"op{t + 1}"] for t in range(5)]
+    data["edges"] = [["<input>", "op0"], *chain, ["op1", "op4"], ["op5", "<output>"]]
+    costs = parse_costs(data)
+    for stages in (2, 3, 4):
+        plan = make_plan(costs, request(stages, communication_cost_threshold=math.inf))
+        stage_of = {op: s.index for s in plan.stages for op in s.ops}
+        assert stage_of["op4"] - stage_of["op1"] <= 1, stages
+    # Without the dataflow the even split would put op1 and op4 two stages apart.
+    del data["edges"]
+    free = make_plan(parse_costs(data), request(3, communication_cost_threshold=math.inf))
+    stage_of = {op: s.index for s in free.stages for op in s.ops}
+    assert stage_of["op4"] - stage_of["op1"] == 2
+    # A skip from the first op to the last leaves no room for a middle stage.
+    data["edges"] = [*chain, ["op0", "op5"]]
+    with pytest.raises(InfeasibleError, match="keeps every value within the next stage") as caught:
+        make_plan(parse_costs(data), request(3, communication_cost_threshold=math.inf))
+    assert caught.value.constraint == "dataflow"
+
+
+def test_manual_plans_that_skip_a_stage_are_flagged() -> None:
+    data = cost_dict([1, 1, 1, 1], [0, 0, 0], pinned=[0, 1])
+    data["edges"] = [["op0", "op1"], ["op1", "op2"], ["op2", "op3"], ["op0", "op3"]]
+    plan = make_plan(parse_costs(data), request(None, strategy="manual"))
+    assert any("skip a stage" in violation for violation in plan.violations)

@@ -24,7 +24,7 @@ from libcst.metadata import (
 )
 
 from syncpass.errors import SyncpassError
-from syncpass.graph import Cut, LoopIteration, Op, OpGraph, Region, SourceLocation
+from syncpass.graph import INPUT, OUTPUT, Cut, LoopIteration, Op, OpGraph, Region, SourceLocation
 
 #: Length of each layer container of the model, by attribute path ("blocks").
 ContainerSizes = Mapping[str, int]
@@ -599,10 +599,9 @@ def analyse_model(
         comment = _comment_of(statement)
         if _is_trivial(statement):
             continue
-        if _is_return(statement):
+        if _is_return(statement) and not facts.calls:  # `return x`: nothing to run
             sink_reads.extend(reads)
-            if not facts.calls:  # `return x`: nothing to run
-                continue
+            continue
         sequential = match_sequential_call(statement)
         if sequential is not None and sequential.container in expand:
             children = sequential.iterations(expand[sequential.container])
@@ -724,7 +723,7 @@ def _dataflow(
     ops: Sequence[Op], inputs: Sequence[str], sink_reads: Sequence[str]
 ) -> tuple[tuple[tuple[str, str], ...], list[tuple[str, ...]]]:
     """Def-use edges between ops, and the live names after each op."""
-    producer: dict[str, str | None] = {name: None for name in inputs}
+    producer: dict[str, str] = {name: INPUT for name in inputs}
     edges: dict[tuple[str, str], None] = {}
     for op in ops:
         for name in op.reads:
@@ -733,6 +732,9 @@ def _dataflow(
                 edges[(source, op.id)] = None
         for name in op.writes:
             producer[name] = op.id
+    for name in sink_reads:
+        if name in producer:
+            edges[(producer[name], OUTPUT)] = None
     # Live after op j: defined at or before j (or an input) and read after j before
     # being overwritten. A region may or may not run its assignments, so only
     # plain statements and loop iterations kill the names they write.

@@ -811,4 +811,5 @@ def profile_costs(
         ops=ops,
         cuts=cuts,
         model=graph.model_class,
+        edges=graph.edges,
     )
