@@ -41,8 +41,8 @@ This module knows nothing of libcst, torch or the cost file's format.
 
 from __future__ import annotations
 
-import itertools
 import dataclasses
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
