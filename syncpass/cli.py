@@ -157,6 +157,14 @@ def build_parser() -> argparse.ArgumentParser:
     rewrite.add_argument(
         "--model", metavar="CLASS", help="the model class, when the file has several"
     )
+    rewrite.add_argument(
+        "--depth",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="with --example: 2 plans calls of nn.Sequential submodules per child (with "
+        "--costs, the cost file decides)",
+    )
     _add_plan_options(rewrite)
     where = rewrite.add_mutually_exclusive_group()
     where.add_argument(
@@ -279,7 +287,7 @@ def _run_rewrite(args: argparse.Namespace) -> int:
             raise SyncpassError("--example needs the model file itself, not stdin")
         from syncpass.profiling.command import measure_file
 
-        costs = measure_file(Path(args.file), text, args.example, args.model)
+        costs = measure_file(Path(args.file), text, args.example, args.model, depth=args.depth)
     else:
         costs = load_costs(args.costs)
     request, auto = _settings(args, costs)

@@ -93,3 +93,37 @@ def test_profile_rewrite_run_verify(
     assert status == 0
     figures = json.loads(run_report.read_text())
     assert figures["verify"]["ok"] is True
+
+
+@pytest.mark.slow
+def test_depth_2_places_sync_points_inside_sequential_stages(tmp_path: Path) -> None:
+    source = tmp_path / "resnet.py"
+    shutil.copy(REPO / "examples" / "resnet.py", source)
+    costs = tmp_path / "resnet.costs.json"
+    assert (
+        main(
+            [
+                "profile",
+                str(source),
+                "-o",
+                str(costs),
+                "--depth",
+                "2",
+                "--repeats",
+                "2",
+                "--warmup",
+                "1",
+            ]
+        )
+        == 0
+    )
+    ids = [op.id for op in load_costs(costs).ops]
+    assert "layer1.0" in ids and "layer1" not in ids  # planned per child
+    rewritten = tmp_path / "resnet_sync.py"
+    assert (
+        main(["rewrite", str(source), "--costs", str(costs), "--stages", "4", "-o", str(rewritten)])
+        == 0
+    )
+    text = rewritten.read_text()
+    assert "x = self.layer1[" in text or "x = self.layer2[" in text  # split inside a stage
+    assert main(["run", str(rewritten), "--stages", "4", "--verify", "--steps", "1"]) == 0

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import libcst as cst
 from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 
-from syncpass.frontend.analysis import find_forward, match_container_loop
+from syncpass.frontend.analysis import find_forward, match_container_loop, match_sequential_call
 
 #: The global name the instrumented forward calls; the profiler binds it to its probe.
 PROBE = "__syncpass_probe__"
@@ -41,6 +41,7 @@ PROBE = "__syncpass_probe__"
 LIVE = "__syncpass_live__"
 #: The enumeration counter added to instrumented container loops.
 ITERATION = "__syncpass_iteration__"
+CHILD = "__syncpass_child__"
 
 
 @dataclass(frozen=True)
@@ -133,6 +134,8 @@ class InsertProbesCommand(VisitorBasedCodemodCommand):
             site = self.sites.get(index)
             if site is None:
                 new_body.append(statement)
+            elif site.loop and match_sequential_call(statement) is not None:
+                new_body.extend(self._probe_sequential(statement, site, tree))
             elif site.loop:
                 probed_loop = self._probe_loop(statement, site, tree)
                 if probed_loop is None:
@@ -170,6 +173,27 @@ class InsertProbesCommand(VisitorBasedCodemodCommand):
             assert isinstance(body, cst.IndentedBlock)
             new_suite = body.with_changes(body=[*body.body, *probe])
         return statement.with_changes(target=new_target, iter=new_iter, body=new_suite)
+
+    def _probe_sequential(
+        self, statement: cst.BaseStatement, site: ProbeSite, tree: cst.Module
+    ) -> list[cst.BaseStatement]:
+        """``h = self.seq(x)`` runs child by child, with a probe after each (``--depth 2``)."""
+        call = match_sequential_call(statement)
+        assert call is not None and isinstance(statement, cst.SimpleStatementLine)
+        assign = statement.body[0]
+        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+        container = tree.code_for_node(assign.value.func)
+        index = f"{ITERATION} + {call.start}" if call.start else ITERATION
+        loop = _statement(
+            f"for {ITERATION}, {CHILD} in enumerate({container}):\n"
+            f"    {call.target} = {CHILD}({call.target})\n",
+            tree,
+        )
+        assert isinstance(loop, cst.For) and isinstance(loop.body, cst.IndentedBlock)
+        probed = loop.with_changes(
+            body=loop.body.with_changes(body=[*loop.body.body, *_probe_lines(site, index, tree)])
+        )
+        return [_statement(f"{call.target} = {call.argument}\n", tree), probed]
 
 
 def insert_probes(

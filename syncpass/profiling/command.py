@@ -105,6 +105,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="N",
         help="CPU threads torch uses (default 1)",
     )
+    profile.add_argument(
+        "--depth",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="2: plan calls of nn.Sequential submodules per child, so a sync point can fall "
+        "inside one (default 1)",
+    )
     profile.set_defaults(handler=profile_command)
     return profile  # type: ignore[no-any-return]
 
@@ -192,6 +200,7 @@ def measure_file(
     repeats: int = 5,
     warmup: int = 2,
     threads: int = 1,
+    depth: int = 1,
 ) -> Costs:
     """Load the example named by ``example`` and profile the model of ``file`` with it.
 
@@ -221,6 +230,7 @@ def measure_file(
         warmup=warmup,
         threads=threads,
         progress=progress,
+        depth=depth,
     )
 
 
@@ -231,7 +241,7 @@ def profile_command(args: argparse.Namespace) -> int:
     file: Path = args.file
     text = read_model_source(file)
     costs = measure_file(
-        file, text, args.example, args.model, args.repeats, args.warmup, args.threads
+        file, text, args.example, args.model, args.repeats, args.warmup, args.threads, args.depth
     )
     document = json.dumps(costs_to_json(costs), indent=2) + "\n"
     if args.output == "-":

@@ -47,7 +47,13 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 import syncpass
 from syncpass.costs import Costs, CutCost, Hardware, OpCost
 from syncpass.errors import SyncpassError
-from syncpass.frontend import analyse_model, find_forward, loop_containers, parse_source
+from syncpass.frontend import (
+    analyse_model,
+    find_forward,
+    loop_containers,
+    parse_source,
+    sequential_calls,
+)
 from syncpass.graph import OpGraph
 from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
 
@@ -112,15 +118,17 @@ def _forward_class(model: torch.nn.Module) -> type:
 
 
 def build_graph(
-    text: str, path: str, model: torch.nn.Module, class_name: str | None = None
+    text: str, path: str, model: torch.nn.Module, class_name: str | None = None, depth: int = 1
 ) -> OpGraph:
     """The op graph of ``model``'s forward, as written in ``text``.
 
     ``class_name`` defaults to the model's class name. The length of each
     layer container the forward loops over is read off the live model, so
     each iteration becomes an op; a container that has no length stays a
-    region. Raises :class:`SyncpassError` when the class is not in ``text``
-    or is not the class whose forward the model runs.
+    region. With ``depth`` 2, a statement calling an ``nn.Sequential``
+    submodule (``h = self.layer1(x)``) is planned per child. Raises
+    :class:`SyncpassError` when the class is not in ``text`` or is not the
+    class whose forward the model runs.
     """
     module = parse_source(text, path)
     name = class_name or type(model).__name__
@@ -144,7 +152,13 @@ def build_graph(
             sizes[container] = len(value)  # type: ignore[arg-type]
         except TypeError:
             continue  # no length: the analysis keeps the loop as a region
-    return analyse_model(module, path, name, sizes)
+    expand: dict[str, int] = {}
+    if depth >= 2:
+        for container in sequential_calls(module, name, path):
+            value = _resolve(model, container)
+            if isinstance(value, torch.nn.Sequential):
+                expand[container] = len(value)
+    return analyse_model(module, path, name, sizes, text, expand)
 
 
 def boundary_names(graph: OpGraph) -> list[tuple[str, ...]]:
@@ -728,8 +742,11 @@ def profile_costs(
     warmup: int = 2,
     threads: int = 1,
     progress: Progress | None = None,
+    depth: int = 1,
 ) -> Costs:
     """Measure the cost of every op of ``model``'s forward, as written in ``text``.
+
+    ``depth`` 2 plans calls of ``nn.Sequential`` submodules per child.
 
     ``args`` are the forward's positional inputs for one batch; ``loss_fn``
     maps the forward's output to the scalar loss whose backward is timed.
@@ -746,7 +763,7 @@ def profile_costs(
         raise ValueError("need repeats >= 1, warmup >= 0 and threads >= 1")
     report = progress or (lambda message: None)
     report("analysing the forward")
-    graph = build_graph(text, path, model, class_name)
+    graph = build_graph(text, path, model, class_name, depth)
     batch_size = batch_size_of(args, path)
     sync: Callable[[], None] = torch.cuda.synchronize if _on_gpu(model, args) else _no_sync
     probe = _Probe(graph, boundary_names(graph), sync)
