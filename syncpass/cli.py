@@ -11,12 +11,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
-import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from syncpass import __version__
+from syncpass.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
 from syncpass.config import SCHEDULES, STRATEGIES, SyncConfig, load_config_file
 from syncpass.costs import Costs, load_costs
 from syncpass.errors import SyncpassError
@@ -26,33 +26,9 @@ from syncpass.planfile import dumps_plan, plan_to_json
 from syncpass.report import render_plan
 from syncpass.units import seconds
 
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_ERROR = 2
-
-
-def _threshold(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if math.isnan(value) or value < 0:
-        raise argparse.ArgumentTypeError("must be >= 0 (inf for no limit)")
-    return value
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
 
 def _stages(text: str) -> int | str:
-    return "auto" if text == "auto" else _positive_int(text)
+    return "auto" if text == "auto" else positive_int(text)
 
 
 def _add_plan_options(parser: argparse.ArgumentParser) -> None:
@@ -66,7 +42,7 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-stages",
-        type=_positive_int,
+        type=positive_int,
         default=8,
         metavar="N",
         help="upper bound for --stages auto (default 8)",
@@ -78,18 +54,18 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
         "--strategy", choices=STRATEGIES, help="default: the cost file's, else adaptive"
     )
     parser.add_argument(
-        "--min-sync-interval", type=_positive_int, metavar="K", help="fewest ops per stage"
+        "--min-sync-interval", type=positive_int, metavar="K", help="fewest ops per stage"
     )
     parser.add_argument(
         "--threshold",
-        type=_threshold,
+        type=threshold,
         metavar="TAU",
         help="communication_cost_threshold: largest comm/compute ratio at a sync point "
         "(inf: no limit)",
     )
     parser.add_argument(
         "--microbatches",
-        type=_positive_int,
+        type=positive_int,
         metavar="M",
         help="micro-batches per step (default 4 per stage)",
     )
@@ -324,7 +300,7 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     if args.check:
         if result.changed:
             print(f"would rewrite {path}: {summary}", file=sys.stderr)
-            return EXIT_CHECK_FAILED
+            return EXIT_FOUND
         print(f"{path} is up to date: {summary}", file=sys.stderr)
         return EXIT_OK
     if args.diff:

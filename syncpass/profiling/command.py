@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from syncpass.cliargs import EXIT_OK, count, positive_int
 from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
 
@@ -27,29 +28,8 @@ if TYPE_CHECKING:
 
     from syncpass.costs import Costs
 
-EXIT_OK = 0
 #: Progress lines appear only once profiling has taken this long.
 PROGRESS_AFTER_S = 2.0
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError("must be at least 0")
-    return value
 
 
 def register(subparsers: Any) -> argparse.ArgumentParser:
@@ -86,21 +66,21 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     profile.add_argument(
         "--repeats",
-        type=_positive_int,
+        type=positive_int,
         default=5,
         metavar="N",
         help="timed steps; each op keeps the median (default 5)",
     )
     profile.add_argument(
         "--warmup",
-        type=_count,
+        type=count,
         default=2,
         metavar="N",
         help="untimed steps before the timed ones (default 2)",
     )
     profile.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="N",
         help="CPU threads torch uses (default 1)",

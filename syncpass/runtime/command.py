@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from syncpass.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_float, positive_int
 from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
 from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
@@ -23,30 +24,7 @@ from syncpass.runtime.launch import launch
 from syncpass.runtime.render import dumps_report, render_run
 from syncpass.userexample import is_path, split_spec
 
-EXIT_OK = 0
-EXIT_MISMATCH = 1
-EXIT_ERROR = 2
 DEFAULT_TIMEOUT_S = 300.0
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if math.isnan(value) or value <= 0 or math.isinf(value):
-        raise argparse.ArgumentTypeError("must be a positive number")
-    return value
 
 
 def _tolerance(text: str) -> float:
@@ -81,11 +59,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "(default: example)",
     )
     run.add_argument(
-        "--stages", type=_positive_int, required=True, metavar="N", help="pipeline stages"
+        "--stages", type=positive_int, required=True, metavar="N", help="pipeline stages"
     )
     run.add_argument(
         "--microbatches",
-        type=_positive_int,
+        type=positive_int,
         metavar="M",
         help="micro-batches per step; must divide the batch "
         "(default: the largest divisor of the batch up to four per stage)",
@@ -95,7 +73,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--steps",
-        type=_positive_int,
+        type=positive_int,
         default=3,
         metavar="K",
         help="timed training steps after one warm-up step (default 3)",
@@ -112,7 +90,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--threads",
-        type=_positive_int,
+        type=positive_int,
         default=1,
         metavar="T",
         help="CPU threads per process (default 1)",
@@ -125,7 +103,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--timeout",
-        type=_positive_float,
+        type=positive_float,
         default=DEFAULT_TIMEOUT_S,
         metavar="S",
         help=f"stop every process and fail after S seconds (default {DEFAULT_TIMEOUT_S:g})",
@@ -184,7 +162,7 @@ def run_command(args: argparse.Namespace) -> int:
         write_atomically(args.json_report, dumps_report(result))
     sys.stdout.write(render_run(result))
     if request.verify and not result.verified:
-        return EXIT_MISMATCH
+        return EXIT_FOUND
     return EXIT_OK
 
 
