@@ -100,6 +100,7 @@ class OpGraph:
     cuts: tuple[Cut, ...]
     regions: tuple[Region, ...] = ()
     forbidden: tuple[str, ...] = ()  # op ids the user marked "# syncpass: no-sync"
+    written: tuple[str, ...] = ()  # op ids a hand-written pipe_split() already follows
 
     def __post_init__(self) -> None:
         ids = [op.id for op in self.ops]

@@ -127,6 +127,8 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
     sites = []
     count = len(plan.sync_points)
     for number, point in enumerate(plan.sync_points, start=1):
+        if point.after in graph.written:
+            continue  # the user's own pipe_split() is already there
         op = graph.op(point.after)
         comment = (
             f"{number}/{count}: {num_bytes(point.live_bytes)}, "

@@ -475,6 +475,15 @@ def _is_trivial(statement: cst.BaseStatement) -> bool:
     )
 
 
+def _is_pipe_split(statement: cst.BaseStatement, facts: _StatementFacts) -> bool:
+    """A bare ``pipe_split()`` statement."""
+    return (
+        m.matches(statement, m.SimpleStatementLine(body=[m.Expr(m.Call(args=[]))]))
+        and len(facts.calls) == 1
+        and (facts.calls[0].function or "").rsplit(".", 1)[-1] == "pipe_split"
+    )
+
+
 def _is_return(statement: cst.BaseStatement) -> bool:
     return isinstance(statement, cst.SimpleStatementLine) and any(
         isinstance(small, cst.Return) for small in statement.body
@@ -587,6 +596,7 @@ def analyse_model(
     regions: list[Region] = []
     pinned: set[str] = set()
     forbidden: set[str] = set()
+    written: set[str] = set()
     sink_reads: list[str] = []
     taken: set[str] = set()
     for index, statement in enumerate(statements):
@@ -623,6 +633,12 @@ def analyse_model(
                     forbidden.add(op_id)
                 if PIN_SYNC.search(comment) and last:
                     pinned.add(op_id)
+            continue
+        if _is_pipe_split(statement, facts):
+            # A sync point the user wrote by hand: a pinned cut after the op before it.
+            if ops:
+                pinned.add(ops[-1].id)
+                written.add(ops[-1].id)
             continue
         if isinstance(statement, cst.SimpleStatementLine):
             op_id = _unique(_statement_id(facts, line, {}), line, start.column, taken)
@@ -701,6 +717,7 @@ def analyse_model(
         cuts=cuts,
         regions=tuple(regions),
         forbidden=tuple(sorted(forbidden)),
+        written=tuple(op.id for op in ops if op.id in written),
     )
 
 
