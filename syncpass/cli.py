@@ -107,7 +107,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="print the plan file (JSON) on stdout instead of the report",
     )
     plan.add_argument(
-        "-o", "--output", type=Path, metavar="FILE", help="also write the plan file here"
+        "-o",
+        "--output",
+        type=Path,
+        metavar="FILE",
+        help="also write the plan file here (- for stdout, as --json)",
     )
     plan.add_argument(
         "--no-baselines", action="store_true", help="skip the uniform/parameters/time comparison"
@@ -219,7 +223,9 @@ def _run_plan(args: argparse.Namespace) -> int:
             ),
         )
     document = dumps_plan(plan, baselines)
-    if args.output is not None:
+    if args.output is not None and str(args.output) == "-":
+        args.json = True
+    elif args.output is not None:
         write_atomically(args.output, document)
     if args.json:
         sys.stdout.write(document)
@@ -254,6 +260,8 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     from syncpass.rewrite import rewrite_source
     from syncpass.rewrite_report import analysis_to_json
 
+    if args.diff and (args.in_place or args.output not in (None, "-")):
+        raise SyncpassError("--diff prints the change instead of writing it; drop -o/--in-place")
     path = "<stdin>" if args.file == "-" else args.file
     if args.in_place and args.file == "-":
         raise SyncpassError("--in-place needs a file, not stdin")
@@ -309,9 +317,10 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     if target is None or target == "-":
         sys.stdout.write(result.rewritten)
         print(f"syncpass: {summary}", file=sys.stderr)
+    elif args.in_place and not result.changed:
+        print(f"syncpass: {target} is up to date: {summary}", file=sys.stderr)
     else:
-        if not (args.in_place and not result.changed):
-            write_atomically(target, result.rewritten)
+        write_atomically(target, result.rewritten)
         print(f"syncpass: wrote {target}: {summary}", file=sys.stderr)
     return EXIT_OK
 

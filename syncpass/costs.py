@@ -319,6 +319,11 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             raise reader.error(f"{where}[0]", f"unknown op id {producer!r}")
         if consumer != OUTPUT and consumer not in seen:
             raise reader.error(f"{where}[1]", f"unknown op id {consumer!r}")
+        if producer != INPUT and consumer != OUTPUT and seen[producer] >= seen[consumer]:
+            raise reader.error(
+                where,
+                f"{producer!r} runs after {consumer!r}: an edge goes from an op to a later one",
+            )
         edges.append((producer, consumer))
 
     training = top.get("training", True)

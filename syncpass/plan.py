@@ -144,7 +144,12 @@ def problem_from_costs(costs: Costs, config: SyncConfig, pinned: tuple[str, ...]
         pins[position] = cut.pinned
     for op_id in pinned:
         if op_id not in index:
-            raise SyncpassError(f"cannot pin a sync point after {op_id!r}: no op has that id")
+            known = ", ".join(cut.after for cut in costs.cuts[:12])
+            more = ", ..." if len(costs.cuts) > 12 else ""
+            raise SyncpassError(
+                f"cannot pin a sync point after {op_id!r}: no op has that id; "
+                f"admissible cuts follow {known}{more}"
+            )
         position = index[op_id] + 1
         if not admissible[position]:
             raise SyncpassError(
@@ -397,6 +402,11 @@ def _infeasible_error(
 # --- assembling ------------------------------------------------------------------
 
 
+def training_needs_fill(costs: Costs) -> bool:
+    """1F1B fills the pipe before its first backward: only a training step has one."""
+    return costs.training
+
+
 def default_microbatches(stages: int, batch_size: int) -> int:
     """Four micro-batches per stage (a bubble under 20% for 1F1B), at most one sample each."""
     return max(1, min(4 * stages, batch_size))
@@ -438,6 +448,17 @@ def _assemble(
 ) -> Plan:
     stages = len(cuts) + 1
     microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
+    if microbatches > costs.batch_size:
+        raise SyncpassError(
+            f"{microbatches} micro-batches do not fit a batch of {costs.batch_size}; "
+            f"use at most {costs.batch_size}"
+        )
+    if request.schedule == "1f1b" and training_needs_fill(costs) and microbatches < stages:
+        raise InfeasibleError(
+            f"1F1B needs at least as many micro-batches as stages ({stages}), got "
+            f"{microbatches}; use --microbatches {stages} or more, or --schedule gpipe",
+            "microbatches",
+        )
     prediction = predict(costs, problem, cuts, microbatches, request.schedule)
     live = {costs.op_index[cut.after] + 1: cut.live_bytes for cut in costs.cuts}
     reasons = explain_sync_points(costs, problem, cuts, score, threshold.used)

@@ -92,15 +92,6 @@ def check_costs_match(graph: OpGraph, costs: Costs) -> None:
     source_ids = [op.id for op in graph.ops]
     cost_ids = [op.id for op in costs.ops]
     if source_ids == cost_ids:
-        admissible = {cut.after for cut in graph.cuts}
-        for cut in costs.cuts:
-            if cut.after not in admissible:
-                op = graph.op(cut.after)
-                raise SyncpassError(
-                    f"the cost file allows a sync point after {cut.after}, but the source cannot "
-                    "take one there (it is marked no-sync or is inside a region)",
-                    str(op.location),
-                )
         return
     for position, (source_id, cost_id) in enumerate(zip(source_ids, cost_ids, strict=False)):
         if source_id != cost_id:
@@ -108,7 +99,7 @@ def check_costs_match(graph: OpGraph, costs: Costs) -> None:
             raise SyncpassError(
                 f"the cost file does not match the source: op {position} is {source_id!r} here "
                 f"but {cost_id!r} in the cost file; profile the model again "
-                "(syncpass profile) after changing its forward",
+                "(syncpass profile) after changing it",
                 where,
             )
     raise SyncpassError(
@@ -116,6 +107,27 @@ def check_costs_match(graph: OpGraph, costs: Costs) -> None:
         f"{len(cost_ids)} in the cost file; profile the model again (syncpass profile)",
         str(graph.forward),
     )
+
+
+def steer_by_source(graph: OpGraph, costs: Costs) -> Costs:
+    """The source's own steering wins over the cost file's: ``# syncpass: no-sync`` drops a
+    cut, ``# syncpass: sync`` and hand-written ``pipe_split()`` calls pin one, and the
+    data flow comes from the source."""
+    in_source = {cut.after: cut for cut in graph.cuts}
+    cuts = tuple(
+        dataclasses.replace(cut, pinned=in_source[cut.after].pinned)
+        for cut in costs.cuts
+        if cut.after in in_source
+    )
+    measured = {cut.after for cut in cuts}
+    for cut in graph.cuts:
+        if cut.pinned and cut.after not in measured:
+            raise SyncpassError(
+                f"a sync point is pinned after {cut.after}, but the cost file has no cut there "
+                "to measure it by; profile the model again (syncpass profile)",
+                str(graph.op(cut.after).location),
+            )
+    return dataclasses.replace(costs, cuts=cuts, edges=graph.edges)
 
 
 def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
@@ -170,8 +182,7 @@ def rewrite_source(
     expand = container_sizes(costs, sequential_calls(module, name, path))
     graph = analyse_model(module, path, name, sizes, base, expand)
     check_costs_match(graph, costs)
-    if not costs.edges:  # an older or hand-written cost file: the source knows the data flow
-        costs = dataclasses.replace(costs, edges=graph.edges)
+    costs = steer_by_source(graph, costs)
     if request.stages is None and max_stages is not None:
         plan = best_stage_count(costs, request, max_stages, path)
     else:

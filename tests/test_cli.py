@@ -209,3 +209,15 @@ def test_console_script_runs(example_costs_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "sync points:" in result.stdout
+
+
+def test_plan_output_dash_is_stdout(
+    example_costs_path: Path,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(["plan", "--costs", str(example_costs_path), "--stages", "2", "-o", "-"]) == 0
+    assert json.loads(capsys.readouterr().out)["num_stages"] == 2
+    assert list(tmp_path.iterdir()) == []

@@ -135,3 +135,36 @@ def test_rewrite_with_costs_imports_neither_torch_nor_user_code(model: tuple[Pat
         [sys.executable, "-c", probe], capture_output=True, text=True, check=False
     )
     assert result.returncode == 1, result.stderr  # 1: would change; not 11 (torch) nor user code
+
+
+def test_the_source_steers_over_an_older_cost_file(
+    model: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, costs = model
+    pinned = CASE.source.replace("h = self.embed(x)", "h = self.embed(x)  # syncpass: sync")
+    source.write_text(pinned)
+    assert rewrite(str(source), "--costs", str(costs), "--stages", "3") == 0
+    out = capsys.readouterr().out
+    assert "h = self.embed(x)  # syncpass: sync\n        pipe_split()  # syncpass sync 1/2" in out
+    forbidden = CASE.source.replace(
+        "for block in self.blocks:", "for block in self.blocks:  # syncpass: no-sync"
+    )
+    source.write_text(forbidden)
+    assert rewrite(str(source), "--costs", str(costs), "--stages", "3") == 0
+    out = capsys.readouterr().out
+    assert "self.blocks[" not in out  # no sync point between two iterations
+
+
+def test_unwritable_targets_exit_2(
+    model: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, costs = model
+    assert (
+        rewrite(
+            str(source), "--costs", str(costs), "--stages", "3", "-o", str(tmp_path / "no" / "x.py")
+        )
+        == 2
+    )
+    assert "no such folder" in capsys.readouterr().err
+    assert rewrite(str(source), "--costs", str(costs), "--stages", "3", "--diff", "-o", "x.py") == 2
+    assert "--diff prints the change instead of writing it" in capsys.readouterr().err

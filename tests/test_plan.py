@@ -156,7 +156,12 @@ def test_the_optimum_is_never_worse_than_a_legal_baseline(
 def test_best_stage_count_minimises_predicted_step(example_costs_path) -> None:  # type: ignore[no-untyped-def]
     costs = load_costs(example_costs_path)
     chosen = best_stage_count(costs, request(None), 6)
-    others = [make_plan(costs, request(s)).predicted_step_s for s in range(1, 7)]
+    others = []
+    for stages in range(1, 7):
+        try:
+            others.append(make_plan(costs, request(stages)).predicted_step_s)
+        except InfeasibleError:  # 1F1B with 4 micro-batches fills at most 4 stages
+            assert stages > 4
     assert chosen.predicted_step_s == min(others)
 
 

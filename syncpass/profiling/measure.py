@@ -55,6 +55,7 @@ from syncpass.frontend import (
     sequential_calls,
 )
 from syncpass.graph import OpGraph
+from syncpass.rewrite import strip_sync_points
 from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
 
 #: Until link calibration exists: a gloo link between local processes, roughly.
@@ -763,6 +764,9 @@ def profile_costs(
         raise ValueError("need repeats >= 1, warmup >= 0 and threads >= 1")
     report = progress or (lambda message: None)
     report("analysing the forward")
+    # A file syncpass rewrote before is measured as the source it came from: its sync
+    # lines do nothing outside a pipeline, and the op ids must be the original's.
+    text = strip_sync_points(text, path)
     graph = build_graph(text, path, model, class_name, depth)
     batch_size = batch_size_of(args, path)
     sync: Callable[[], None] = torch.cuda.synchronize if _on_gpu(model, args) else _no_sync
