@@ -53,7 +53,12 @@ def broken_constraints(
             )
         if end < problem.num_ops:
             ratio = problem.cut_ratio(start, end)
-            if ratio > threshold:
+            if ratio > threshold and math.isinf(ratio):
+                broken.append(
+                    f"the sync point after {op_ids[end - 1]} closes a stage with no compute, "
+                    f"so its communication exceeds any threshold"
+                )
+            elif ratio > threshold:
                 broken.append(
                     f"the sync point after {op_ids[end - 1]} costs {percent(ratio)} of the "
                     f"compute of the stage it closes, over the threshold {percent(threshold)}"

@@ -10,6 +10,7 @@ This module imports neither torch nor libcst.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass
@@ -353,6 +354,15 @@ def _stage_count(problem: Problem, request: PlanRequest, origin: str) -> int:
     return stages
 
 
+def _fewer(problem: Problem, stages: int) -> str:
+    """ "use at most K stages", K the most that the op structure allows (or just "fewer")."""
+    for fewer in range(stages - 1, 0, -1):
+        relaxed = dataclasses.replace(problem, memory_limit=math.inf)
+        if not isinstance(solve(relaxed, fewer, math.inf, adaptive=False), Infeasible):
+            return f"use at most {fewer} stage(s)"
+    return "use fewer stages"
+
+
 def _infeasible_error(
     result: Infeasible,
     problem: Problem,
@@ -365,15 +375,15 @@ def _infeasible_error(
         message = (
             f"no {stages}-stage plan exists with at least {config.min_sync_interval} op(s) per "
             f"stage (min_sync_interval) using only the {int(problem.admissible.sum())} admissible "
-            f"cut(s) and keeping the {int(problem.pinned.sum())} pinned one(s); use fewer stages, "
-            "a smaller min_sync_interval, or allow more cuts"
+            f"cut(s) and keeping the {int(problem.pinned.sum())} pinned one(s); "
+            f"{_fewer(problem, stages)}, a smaller min_sync_interval, or allow more cuts"
         )
     elif result.constraint == "dataflow":
         message = (
             f"no {stages}-stage plan keeps every value within the next stage of where it is "
             "made: torch.distributed.pipelining cannot send one stage's output to two later "
             "stages, nor past a stage in between, and values used far from where they are made "
-            "(skip connections) leave too few such cuts; use fewer stages"
+            f"(skip connections) leave too few such cuts; {_fewer(problem, stages)}"
         )
     elif result.constraint == "memory":
         limit = costs.hardware.device_memory_bytes
