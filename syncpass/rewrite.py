@@ -31,7 +31,7 @@ from syncpass.frontend import (
     parse_source,
     sequential_calls,
 )
-from syncpass.graph import OpGraph
+from syncpass.graph import INPUT, OUTPUT, OpGraph
 from syncpass.plan import Plan, PlanRequest, best_stage_count, make_plan
 from syncpass.transformers.torch_pipeline import (
     SYNC_COMMENT_PREFIX,
@@ -87,12 +87,33 @@ def model_class(text_module_classes: list[str], costs: Costs, requested: str | N
     return None
 
 
-def check_costs_match(graph: OpGraph, costs: Costs) -> None:
-    """The cost file must describe this source: same op ids in the same order."""
+_POSITION = re.compile(r"@L\d+(:\d+)?$")
+
+
+def match_costs(graph: OpGraph, costs: Costs) -> Costs:
+    """The cost file with its op ids as this source names them.
+
+    The cost file must describe this source: the same ops in the same order.
+    Ids that carry a line (``torch.cat@L58``) may have moved with edits
+    elsewhere in the file; when the ops agree but for those lines, the cost
+    file is matched by order and its ids are renamed.
+    """
     source_ids = [op.id for op in graph.ops]
     cost_ids = [op.id for op in costs.ops]
     if source_ids == cost_ids:
-        return
+        return costs
+    if len(source_ids) == len(cost_ids) and all(
+        _POSITION.sub("", here) == _POSITION.sub("", there)
+        for here, there in zip(source_ids, cost_ids, strict=True)
+    ):
+        rename = dict(zip(cost_ids, source_ids, strict=True))
+        rename.update({INPUT: INPUT, OUTPUT: OUTPUT})
+        return dataclasses.replace(
+            costs,
+            ops=tuple(dataclasses.replace(op, id=rename[op.id]) for op in costs.ops),
+            cuts=tuple(dataclasses.replace(cut, after=rename[cut.after]) for cut in costs.cuts),
+            edges=tuple((rename[a], rename[b]) for a, b in costs.edges),
+        )
     for position, (source_id, cost_id) in enumerate(zip(source_ids, cost_ids, strict=False)):
         if source_id != cost_id:
             where = str(graph.ops[position].location)
@@ -181,8 +202,7 @@ def rewrite_source(
     # Sequential calls were expanded (--depth 2) when the cost file lists their children.
     expand = container_sizes(costs, sequential_calls(module, name, path))
     graph = analyse_model(module, path, name, sizes, base, expand)
-    check_costs_match(graph, costs)
-    costs = steer_by_source(graph, costs)
+    costs = steer_by_source(graph, match_costs(graph, costs))
     if request.stages is None and max_stages is not None:
         plan = best_stage_count(costs, request, max_stages, path)
     else:

@@ -168,3 +168,22 @@ def test_unwritable_targets_exit_2(
     assert "no such folder" in capsys.readouterr().err
     assert rewrite(str(source), "--costs", str(costs), "--stages", "3", "--diff", "-o", "x.py") == 2
     assert "--diff prints the change instead of writing it" in capsys.readouterr().err
+
+
+def test_a_cost_file_survives_edits_above_the_forward(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    case = read_case(GOLDEN / "regions_and_pins.py")
+    assert "@L" in case.costs_path.read_text()  # ids that carry source lines
+    edited = case.source.replace("import torch as t\n", "import torch as t\n\n# a new comment\n")
+    source = tmp_path / "model.py"
+    source.write_text(edited)
+    assert rewrite(str(source), "--costs", str(case.costs_path), "--stages", "3") == 0
+    out = capsys.readouterr().out
+    assert out == (case.expected or "").replace(
+        "import torch as t\n", "import torch as t\n\n# a new comment\n"
+    )
+    # An edit of the forward itself still asks for a new profile.
+    source.write_text(edited.replace("z = F.gelu(self.b(y))", "z = F.gelu(self.q(y))"))
+    assert rewrite(str(source), "--costs", str(case.costs_path), "--stages", "3") == 2
+    assert "profile the model again" in capsys.readouterr().err
