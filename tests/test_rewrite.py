@@ -93,6 +93,31 @@ class TestInsertPipeSplits(CodemodTest):
         """
         self.assertCodemod(before, after, "M", [SyncSite(0, 2, "a")])
 
+    def test_enumerate_keeps_counting_across_pieces(self) -> None:
+        before = """
+            import torch
+
+            class M:
+                def forward(self, x):
+                    for i, b in enumerate(self.blocks[1:], 1):
+                        x = b(x) * i
+                    return x
+        """
+        after = """
+            import torch
+            from torch.distributed.pipelining import pipe_split
+
+            class M:
+                def forward(self, x):
+                    for i, b in enumerate(self.blocks[1:3], 1):
+                        x = b(x) * i
+                    pipe_split()  # syncpass sync a
+                    for i, b in enumerate(self.blocks[3:], 3):
+                        x = b(x) * i
+                    return x
+        """
+        self.assertCodemod(before, after, "M", [SyncSite(0, 2, "a")])
+
     def test_missing_site_warns_and_changes_nothing(self) -> None:
         before = """
             class M:

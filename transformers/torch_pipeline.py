@@ -240,7 +240,15 @@ def _slice_iter(
         return _sliced(iterable, start, stop)
     assert isinstance(iterable, cst.Call)
     inner = _sliced(iterable.args[0].value, start, stop)
+    # The index must go on counting where the previous piece stopped.
     offset = (start or 0) - (loop.start or 0)
+    if len(iterable.args) == 2:  # enumerate(..., 1) or enumerate(..., start=1): keep its form
+        counted = iterable.args[1]
+        assert isinstance(counted.value, cst.Integer)
+        if offset:
+            first = int(counted.value.evaluated_value)
+            counted = counted.with_changes(value=cst.Integer(str(first + offset)))
+        return iterable.with_changes(args=[iterable.args[0].with_changes(value=inner), counted])
     args = [iterable.args[0].with_changes(value=inner, comma=cst.MaybeSentinel.DEFAULT)]
     if offset:
         args.append(

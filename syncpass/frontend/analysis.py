@@ -163,7 +163,14 @@ def match_container_loop(node: cst.For) -> ContainerLoop | None:
         return None
     iterable = node.iter
     index_name = None
-    if m.matches(iterable, m.Call(func=m.Name("enumerate"), args=[m.Arg(keyword=None)])):
+    counted_from = m.Arg(value=m.Integer(), keyword=None) | m.Arg(
+        value=m.Integer(), keyword=m.Name("start")
+    )
+    if m.matches(
+        iterable,
+        m.Call(func=m.Name("enumerate"), args=[m.Arg(keyword=None)])
+        | m.Call(func=m.Name("enumerate"), args=[m.Arg(keyword=None), counted_from]),
+    ):
         assert isinstance(iterable, cst.Call)
         if not m.matches(node.target, m.Tuple(elements=[m.Element(m.Name()), m.Element(m.Name())])):
             return None
