@@ -186,8 +186,10 @@ def measure_file(
 
     The one place where user code runs, for ``profile`` and ``rewrite --example``.
     """
+    from syncpass.frontend.source import parse_source
     from syncpass.userexample import load_example
 
+    parse_source(text, str(file))  # a syntax error is reported before any user code runs
     spec = example_spec(file, example)
     progress = ProgressReporter(sys.stderr)
     progress("loading the example")
