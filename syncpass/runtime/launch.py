@@ -167,6 +167,7 @@ def _failure(failures: dict[int, WorkerFailed], world: int) -> SyncpassError:
     if not others:
         suffix = ""
     elif len(failures) == world and all(f.message == first.message for f in others):
+        first = min(ordered, key=lambda f: f.rank)  # whichever arrived first: name rank 0
         suffix = f" (the same on all {world} ranks)"
     else:
         suffix = f" ({len(others)} other rank(s) of {world} failed too)"
