@@ -23,7 +23,8 @@ from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
 from syncpass.plan import Plan, PlanRequest, best_stage_count, compare_baselines, make_plan
 from syncpass.planfile import dumps_plan, plan_to_json
-from syncpass.report import render_plan
+from syncpass.report import render_plan, render_sweep
+from syncpass.retarget import retarget_batch, sweep_batch
 from syncpass.units import seconds
 
 
@@ -80,6 +81,13 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
         metavar="OP[,OP...]",
         help="pin sync points after these op ids (the cuts of --strategy manual)",
     )
+    parser.add_argument(
+        "--batch-size",
+        type=positive_int,
+        metavar="B",
+        help="plan for this batch size: compute and activation bytes scale from the cost "
+        "file's batch, latency does not",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,6 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--no-baselines", action="store_true", help="skip the uniform/parameters/time comparison"
+    )
+    plan.add_argument(
+        "--sweep-batch",
+        metavar="B[,B...]",
+        help="plan at each of these batch sizes and show the batch range where each plan is "
+        "optimal",
     )
     plan.set_defaults(handler=_run_plan)
 
@@ -201,9 +215,17 @@ def _settings(args: argparse.Namespace, costs: Costs) -> tuple[PlanRequest, bool
     return request, auto
 
 
-def _run_plan(args: argparse.Namespace) -> int:
+def _load_costs(args: argparse.Namespace) -> Costs:
+    """The cost file, re-targeted to ``--batch-size`` when given."""
     costs = load_costs(args.costs)
+    return costs if args.batch_size is None else retarget_batch(costs, args.batch_size)
+
+
+def _run_plan(args: argparse.Namespace) -> int:
+    costs = _load_costs(args)
     request, auto = _settings(args, costs)
+    if args.sweep_batch is not None:
+        return _run_sweep(args, costs, request)
     origin = str(args.costs)
     plan: Plan
     if auto:
@@ -236,6 +258,43 @@ def _run_plan(args: argparse.Namespace) -> int:
                 f"(tried 1..{args.max_stages})\n"
             )
         sys.stdout.write(render_plan(plan, baselines))
+    return EXIT_OK
+
+
+def _run_sweep(args: argparse.Namespace, costs: Costs, request: PlanRequest) -> int:
+    try:
+        sizes = [int(part) for part in args.sweep_batch.split(",") if part.strip()]
+    except ValueError:
+        raise SyncpassError(
+            f"--sweep-batch takes whole numbers, got {args.sweep_batch!r}"
+        ) from None
+    if request.stages is None and request.config.strategy != "manual":
+        raise SyncpassError("--sweep-batch needs a fixed --stages S")
+    points, ranges = sweep_batch(costs, request, sizes, str(args.costs))
+    if args.json:
+        document = {
+            "sweep": [
+                {
+                    "batch_size": point.batch_size,
+                    "sync_points": None if point.cuts is None else list(point.cuts),
+                    "bottleneck_s": None if point.plan is None else point.plan.bottleneck_s,
+                    "predicted_step_s": None if point.plan is None else point.plan.predicted_step_s,
+                    **({"error": point.error} if point.error else {}),
+                }
+                for point in points
+            ],
+            "ranges": [
+                {
+                    "low": plan_range.low,
+                    "high": plan_range.high,
+                    "sync_points": None if plan_range.cuts is None else list(plan_range.cuts),
+                }
+                for plan_range in ranges
+            ],
+        }
+        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+    else:
+        sys.stdout.write(render_sweep(points, ranges))
     return EXIT_OK
 
 
@@ -272,8 +331,10 @@ def _run_rewrite(args: argparse.Namespace) -> int:
         from syncpass.profiling.command import measure_file
 
         costs = measure_file(Path(args.file), text, args.example, args.model, depth=args.depth)
+        if args.batch_size is not None:
+            costs = retarget_batch(costs, args.batch_size)
     else:
-        costs = load_costs(args.costs)
+        costs = _load_costs(args)
     request, auto = _settings(args, costs)
     result = rewrite_source(
         text,

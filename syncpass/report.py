@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 
 from syncpass.plan import Plan
+from syncpass.retarget import PlanRange, SweepPoint
 from syncpass.units import num_bytes, percent, seconds
 
 
@@ -120,4 +121,29 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
         for other in baselines:
             for violation in other.violations:
                 lines.append(f"  {other.strategy} breaks: {violation}")
+    return "\n".join(lines) + "\n"
+
+
+def render_sweep(points: Sequence[SweepPoint], ranges: Sequence[PlanRange]) -> str:
+    """How the plan moves with the batch size."""
+    rows = [["batch", "bottleneck", "predicted step", "comm wait", "sync points"]]
+    for point in points:
+        if point.plan is None:
+            rows.append([str(point.batch_size), "-", "-", "-", f"no plan: {point.error}"])
+            continue
+        rows.append(
+            [
+                str(point.batch_size),
+                seconds(point.plan.bottleneck_s),
+                seconds(point.plan.predicted_step_s),
+                percent(point.plan.comm_wait_ratio),
+                ", ".join(point.cuts or ()) or "-",
+            ]
+        )
+    lines = ["how the plan moves with the batch size:", ""]
+    lines += _table(rows, right=frozenset({1, 2, 3}))
+    lines += ["", "each plan is optimal over:"]
+    for plan_range in ranges:
+        what = "no plan" if plan_range.cuts is None else ", ".join(plan_range.cuts) or "one stage"
+        lines.append(f"  batch {plan_range.low}..{plan_range.high}: {what}")
     return "\n".join(lines) + "\n"

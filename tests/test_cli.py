@@ -221,3 +221,29 @@ def test_plan_output_dash_is_stdout(
     assert main(["plan", "--costs", str(example_costs_path), "--stages", "2", "-o", "-"]) == 0
     assert json.loads(capsys.readouterr().out)["num_stages"] == 2
     assert list(tmp_path.iterdir()) == []
+
+
+def test_batch_size_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    data = cost_dict([1.0] * 9, [1.0] * 8, alpha=0.2, beta=64.0)
+    costs = write_costs(tmp_path, data)
+    args = [
+        "plan",
+        "--costs",
+        str(costs),
+        "--stages",
+        "3",
+        "--threshold",
+        "inf",
+        "--microbatches",
+        "1",
+    ]
+    assert main([*args, "--batch-size", "64", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["batch_size"] == 64
+    assert main([*args, "--sweep-batch", "1,4,16,64"]) == 0
+    out = capsys.readouterr().out
+    assert "how the plan moves with the batch size" in out and "each plan is optimal over:" in out
+    assert main([*args, "--sweep-batch", "1,64", "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [point["batch_size"] for point in document["sweep"]] == [1, 64]
+    assert document["ranges"][0]["low"] == 1 and document["ranges"][-1]["high"] == 64
+    assert main([*args, "--sweep-batch", "1,x"]) == 2

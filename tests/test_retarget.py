@@ -1,0 +1,55 @@
+"""Re-targeting costs to another batch size, and the batch ranges of each plan."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from costbuilder import cost_dict
+
+from syncpass.config import SyncConfig
+from syncpass.costs import parse_costs
+from syncpass.errors import SyncpassError
+from syncpass.plan import PlanRequest, make_plan
+from syncpass.retarget import retarget_batch, sweep_batch
+
+
+def test_compute_and_bytes_scale_parameters_and_latency_do_not() -> None:
+    costs = parse_costs(
+        cost_dict([1.0, 2.0], [64], backward=[2.0, 4.0], params=[8, 8], out=[16, 32], alpha=0.5)
+    )
+    bigger = retarget_batch(costs, 32)  # the cost file is at batch 8
+    assert bigger.batch_size == 32
+    assert [op.compute_s for op in bigger.ops] == [4.0, 8.0]
+    assert [op.backward_s for op in bigger.ops] == [8.0, 16.0]
+    assert [op.out_bytes for op in bigger.ops] == [64, 128]
+    assert [op.param_bytes for op in bigger.ops] == [8, 8]
+    assert bigger.cuts[0].live_bytes == 256
+    assert bigger.hardware == costs.hardware
+    assert retarget_batch(costs, 8) is costs
+    with pytest.raises(SyncpassError):
+        retarget_batch(costs, 0)
+
+
+def sweep_costs() -> dict[str, object]:
+    # Latency is paid twice by a middle stage: at small batches it must hold less compute.
+    return cost_dict([1.0] * 9, [1.0] * 8, alpha=0.2, beta=64.0)
+
+
+def request() -> PlanRequest:
+    config = SyncConfig().replace(communication_cost_threshold=math.inf)
+    return PlanRequest(stages=3, config=config, microbatches=1)
+
+
+def test_sweep_ranges_are_exact() -> None:
+    costs = parse_costs(sweep_costs())
+    points, ranges = sweep_batch(costs, request(), [1, 4, 16, 64])
+    assert [point.batch_size for point in points] == [1, 4, 16, 64]
+    assert len({point.cuts for point in points}) > 1  # the plan does move with the batch
+    assert ranges[0].low == 1 and ranges[-1].high == 64
+    for plan_range in ranges:
+        for batch in range(plan_range.low, plan_range.high + 1):
+            plan = make_plan(retarget_batch(costs, batch), request())
+            assert tuple(p.after for p in plan.sync_points) == plan_range.cuts, batch
+    assert all(a.high + 1 == b.low for a, b in itertools.pairwise(ranges))
