@@ -67,6 +67,7 @@ def gpt_costs(
             "alpha_s": 1e-05,
             "beta_bytes_per_s": 16e9,
             "device_memory_bytes": 24 * 2**30,
+            "flops_per_s": flops_per_s,
         },
         "config": {
             "strategy": "adaptive",

@@ -21,6 +21,7 @@ from syncpass.config import SCHEDULES, STRATEGIES, SyncConfig, load_config_file
 from syncpass.costs import Costs, load_costs
 from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
+from syncpass.hardware import load_profile, profile_names, retarget_hardware
 from syncpass.plan import Plan, PlanRequest, best_stage_count, compare_baselines, make_plan
 from syncpass.planfile import dumps_plan, plan_to_json
 from syncpass.report import render_plan, render_sweep
@@ -80,6 +81,13 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
         "--cuts",
         metavar="OP[,OP...]",
         help="pin sync points after these op ids (the cuts of --strategy manual)",
+    )
+    parser.add_argument(
+        "--hardware",
+        metavar="NAME|FILE",
+        help="plan for this hardware profile (configs/hardware: "
+        + ", ".join(profile_names())
+        + ", or a .toml file): its link and memory, compute scaled by FLOP/s when known",
     )
     parser.add_argument(
         "--batch-size",
@@ -216,9 +224,16 @@ def _settings(args: argparse.Namespace, costs: Costs) -> tuple[PlanRequest, bool
 
 
 def _load_costs(args: argparse.Namespace) -> Costs:
-    """The cost file, re-targeted to ``--batch-size`` when given."""
-    costs = load_costs(args.costs)
-    return costs if args.batch_size is None else retarget_batch(costs, args.batch_size)
+    return _retargeted(args, load_costs(args.costs))
+
+
+def _retargeted(args: argparse.Namespace, costs: Costs) -> Costs:
+    """``costs`` for ``--hardware`` and ``--batch-size`` when given (the report says so)."""
+    if args.hardware is not None:
+        costs = retarget_hardware(costs, load_profile(args.hardware))
+    if args.batch_size is not None:
+        costs = retarget_batch(costs, args.batch_size)
+    return costs
 
 
 def _run_plan(args: argparse.Namespace) -> int:
@@ -330,9 +345,9 @@ def _run_rewrite(args: argparse.Namespace) -> int:
             raise SyncpassError("--example needs the model file itself, not stdin")
         from syncpass.profiling.command import measure_file
 
-        costs = measure_file(Path(args.file), text, args.example, args.model, depth=args.depth)
-        if args.batch_size is not None:
-            costs = retarget_batch(costs, args.batch_size)
+        costs = _retargeted(
+            args, measure_file(Path(args.file), text, args.example, args.model, depth=args.depth)
+        )
     else:
         costs = _load_costs(args)
     request, auto = _settings(args, costs)

@@ -38,6 +38,7 @@ class Hardware:
     beta_bytes_per_s: float
     device_memory_bytes: float | None = None
     name: str | None = None
+    flops_per_s: float | None = None  # the compute rate the op times reflect, when known
 
     def __post_init__(self) -> None:
         if not (_is_number(self.alpha_s) and self.alpha_s >= 0):
@@ -53,6 +54,11 @@ class Hardware:
                 "device_memory_bytes must be > 0 bytes, or absent for no limit, "
                 f"got {self.device_memory_bytes!r}"
             )
+
+        if self.flops_per_s is not None and not (
+            _is_number(self.flops_per_s) and self.flops_per_s > 0
+        ):
+            raise ValueError(f"flops_per_s must be > 0, got {self.flops_per_s!r}")
 
     def transfer_s(self, num_bytes: float) -> float:
         """Time to move ``num_bytes`` once, one way."""
@@ -118,6 +124,7 @@ class Costs:
     model: str | None = None
     version: int = COST_FILE_VERSION
     edges: tuple[tuple[str, str], ...] = ()  # def-use: (producer, consumer), INPUT/OUTPUT too
+    notes: tuple[str, ...] = ()  # what was done to the figures since they were measured
 
     def __post_init__(self) -> None:
         if self.version != COST_FILE_VERSION:
@@ -216,6 +223,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             "cuts",
             "model",
             "edges",
+            "notes",
         ),
     )
     version = reader.required(top, "$", "version")
@@ -225,7 +233,9 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         )
     hardware_data = reader.mapping(reader.required(top, "$", "hardware"), "$.hardware")
     reader.no_unknown(
-        hardware_data, "$.hardware", ("alpha_s", "beta_bytes_per_s", "device_memory_bytes", "name")
+        hardware_data,
+        "$.hardware",
+        ("alpha_s", "beta_bytes_per_s", "device_memory_bytes", "name", "flops_per_s"),
     )
     memory = hardware_data.get("device_memory_bytes")
     hardware = Hardware(
@@ -237,6 +247,9 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         if memory is None
         else reader.number(hardware_data, "$.hardware", "device_memory_bytes", 0, strict=True),
         name=reader.optional_string(hardware_data, "$.hardware", "name"),
+        flops_per_s=None
+        if hardware_data.get("flops_per_s") is None
+        else reader.number(hardware_data, "$.hardware", "flops_per_s", 0, strict=True),
     )
     config = default_sync_config()
     if "config" in top:
@@ -342,6 +355,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         config=config,
         model=reader.optional_string(top, "$", "model"),
         edges=tuple(edges),
+        notes=tuple(str(note) for note in reader.sequence(top.get("notes", []), "$.notes")),
     )
 
 
@@ -355,6 +369,8 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
         hardware["device_memory_bytes"] = costs.hardware.device_memory_bytes
     if costs.hardware.name is not None:
         hardware["name"] = costs.hardware.name
+    if costs.hardware.flops_per_s is not None:
+        hardware["flops_per_s"] = costs.hardware.flops_per_s
     data: dict[str, Any] = {"version": costs.version}
     if costs.model is not None:
         data["model"] = costs.model
@@ -369,6 +385,8 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
     )
     if costs.edges:
         data["edges"] = [list(edge) for edge in costs.edges]
+    if costs.notes:
+        data["notes"] = list(costs.notes)
     return data
 
 

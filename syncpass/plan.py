@@ -199,7 +199,7 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
     strategy = request.config.strategy
     requested_tau = request.config.communication_cost_threshold
     stages = _stage_count(problem, request, origin)
-    notes: list[str] = []
+    notes: list[str] = list(costs.notes)
     if strategy in OPTIMISING_STRATEGIES:
         result = solve(problem, stages, requested_tau, adaptive=strategy == "adaptive")
         if isinstance(result, Infeasible):

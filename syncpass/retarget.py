@@ -41,7 +41,13 @@ def retarget_batch(costs: Costs, batch_size: int) -> Costs:
         for op in costs.ops
     )
     cuts = tuple(dataclasses.replace(cut, live_bytes=cut.live_bytes * scale) for cut in costs.cuts)
-    return dataclasses.replace(costs, batch_size=batch_size, ops=ops, cuts=cuts)
+    note = (
+        f"re-targeted from batch {costs.batch_size} to {batch_size}: compute and activation "
+        f"bytes x{scale:.3g}, parameters and link latency unchanged"
+    )
+    return dataclasses.replace(
+        costs, batch_size=batch_size, ops=ops, cuts=cuts, notes=(*costs.notes, note)
+    )
 
 
 @dataclass(frozen=True)

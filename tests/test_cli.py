@@ -247,3 +247,25 @@ def test_batch_size_and_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     assert [point["batch_size"] for point in document["sweep"]] == [1, 64]
     assert document["ranges"][0]["low"] == 1 and document["ranges"][-1]["high"] == 64
     assert main([*args, "--sweep-batch", "1,x"]) == 2
+
+
+def test_hardware_flag_is_reported(
+    example_costs_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert (
+        main(
+            [
+                "plan",
+                "--costs",
+                str(example_costs_path),
+                "--stages",
+                "2",
+                "--hardware",
+                "pcie4-gpus",
+            ]
+        )
+        == 0
+    )
+    out = capsys.readouterr().out
+    assert "hardware GPUs over PCIe 4.0 x16, 24 GB" in out
+    assert "note: re-targeted from" in out and "compute x" in out

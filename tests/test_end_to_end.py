@@ -53,7 +53,9 @@ def test_profile_rewrite_run_verify(
     profiled: dict[str, tuple[Path, Path]], tmp_path: Path, name: str, stages: int
 ) -> None:
     source, costs = profiled[name]
-    assert [op.id for op in load_costs(costs).ops]  # the graph's ids, measured
+    measured = load_costs(costs)
+    assert [op.id for op in measured.ops]  # the graph's ids, measured
+    assert measured.hardware.flops_per_s and measured.hardware.flops_per_s > 0  # for --hardware
     rewritten = tmp_path / f"{name}_sync.py"
     report = tmp_path / "report.json"
     assert (

@@ -29,6 +29,7 @@ across it (:func:`tensor_bytes`). The hardware is a placeholder
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import itertools
 import statistics
@@ -45,7 +46,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import syncpass
-from syncpass.costs import Costs, CutCost, Hardware, OpCost
+from syncpass.costs import Costs, CutCost, OpCost
 from syncpass.errors import SyncpassError
 from syncpass.frontend import (
     analyse_model,
@@ -55,15 +56,12 @@ from syncpass.frontend import (
     sequential_calls,
 )
 from syncpass.graph import OpGraph
+from syncpass.hardware import load_profile
 from syncpass.rewrite import strip_sync_points
 from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
 
 #: Until link calibration exists: a gloo link between local processes, roughly.
-PLACEHOLDER_HARDWARE = Hardware(
-    alpha_s=5e-05,
-    beta_bytes_per_s=2e9,
-    name="local CPU over gloo (rough default, not calibrated)",
-)
+PLACEHOLDER_HARDWARE = load_profile("cpu-gloo-loopback").hardware
 #: Weights, gradients and two Adam moments per parameter byte.
 TRAINING_MEMORY_MULTIPLIER = 4
 
@@ -824,11 +822,15 @@ def profile_costs(
         )
         for cut in graph.cuts
     )
+    # The compute rate the op times reflect, so that --hardware can scale them.
+    forward_flops = sum(op.flops or 0 for op in ops)
+    forward_s = sum(op.compute_s for op in ops)
+    achieved = forward_flops / forward_s if forward_flops > 0 and forward_s > 0 else None
     return Costs(
         batch_size=batch_size,
         training=True,
         memory_multiplier=TRAINING_MEMORY_MULTIPLIER,
-        hardware=PLACEHOLDER_HARDWARE,
+        hardware=dataclasses.replace(PLACEHOLDER_HARDWARE, flops_per_s=achieved),
         ops=ops,
         cuts=cuts,
         model=graph.model_class,

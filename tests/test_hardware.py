@@ -1,0 +1,50 @@
+"""Hardware profiles and planning for hardware other than the one measured on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from costbuilder import cost_dict
+
+from syncpass.costs import parse_costs
+from syncpass.errors import SyncpassError
+from syncpass.hardware import load_profile, profile_names, retarget_hardware
+
+
+def test_every_shipped_profile_loads_and_says_where_its_figures_come_from() -> None:
+    names = profile_names()
+    assert {"cpu-gloo-loopback", "nvlink-8xh100", "pcie4-gpus", "ib-200g-h100"} <= set(names)
+    for name in names:
+        profile = load_profile(name)
+        assert profile.source and profile.hardware.name
+        assert profile.hardware.beta_bytes_per_s > 0
+
+
+def test_retargeting_swaps_the_link_and_scales_compute_by_flops() -> None:
+    data = cost_dict([1.0, 2.0], [1000], backward=[2.0, 4.0], alpha=1.0, beta=1.0)
+    data["hardware"]["flops_per_s"] = 1e12
+    data["hardware"]["name"] = "laptop"
+    costs = parse_costs(data)
+    profile = load_profile("nvlink-8xh100")
+    target = retarget_hardware(costs, profile)
+    assert target.hardware == profile.hardware
+    assert [op.compute_s for op in target.ops] == pytest.approx([1.0 / 400, 2.0 / 400])
+    assert target.notes[-1].startswith("re-targeted from laptop to 8x H100 SXM")
+    # Without a measured FLOP/s, compute stays as measured, and the note says so.
+    del data["hardware"]["flops_per_s"]
+    kept = retarget_hardware(parse_costs(data), profile)
+    assert [op.compute_s for op in kept.ops] == [1.0, 2.0]
+    assert "compute kept as measured" in kept.notes[-1]
+
+
+def test_profiles_from_files_and_their_errors(tmp_path: Path) -> None:
+    good = tmp_path / "mine.toml"
+    good.write_text('name = "mine"\nalpha_s = 1e-6\nbeta_bytes_per_s = 1e10\n')
+    assert load_profile(str(good)).hardware.alpha_s == 1e-6
+    bad = tmp_path / "bad.toml"
+    bad.write_text("alpha_s = 1e-6\nbandwidth = 3\n")
+    with pytest.raises(SyncpassError, match="unknown field 'bandwidth'"):
+        load_profile(str(bad))
+    with pytest.raises(SyncpassError, match="shipped profiles: cpu-gloo-loopback"):
+        load_profile("warp-drive")
