@@ -174,3 +174,24 @@ def test_a_name_overwritten_before_its_next_read_is_not_live() -> None:
     assert live["pool"] == ("x", "mask", "skip")
     # A region only may assign: what it writes stays live across it if read later.
     assert live["if@L6"] == ("x", "skip")
+
+
+def test_loop_iterations_are_named_by_their_container_whatever_they_call() -> None:
+    graph = graph_of(
+        """
+        class M:
+            def forward(self, x):
+                for block in self.blocks:
+                    x = self.drop(block(x))
+                for b in self.more:  # syncpass: sync
+                    h = b.norm(x)
+                    x = x + h
+                return x
+        """,
+        {"blocks": 3, "more": 2},
+    )
+    assert [op.id for op in graph.ops] == ["blocks.0", "blocks.1", "blocks.2", "more.0", "more.1"]
+    # h is written before it is read in each iteration: only x crosses a cut inside the loop.
+    live = {cut.after: cut.live for cut in graph.cuts}
+    assert live["more.0"] == ("x",)
+    assert [cut.after for cut in graph.cuts if cut.pinned] == []  # the loop is the last op

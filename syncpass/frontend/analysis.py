@@ -371,6 +371,9 @@ class ImportAliases:
         """The table of ``module``'s top-level imports; ``local_names`` shadow them."""
         aliases = cls(local_names=set(local_names))
         for statement in module.body:
+            if isinstance(statement, (cst.FunctionDef, cst.ClassDef)):
+                aliases.targets[statement.name.value] = statement.name.value  # not a builtin
+                continue
             if not isinstance(statement, cst.SimpleStatementLine):
                 continue
             for small in statement.body:
@@ -456,6 +459,56 @@ def _lines_above_member(
 # --- the op graph ------------------------------------------------------------------
 
 
+class _GatherNamesVisitor(cst.CSTVisitor):
+    """Names a statement reads and binds, told apart by syntax (no metadata needed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bound: set[int] = set()
+        self.reads: list[str] = []
+        self.writes: list[str] = []
+
+    def _bind(self, target: cst.CSTNode) -> None:
+        for name in m.findall(target, m.Name()):
+            assert isinstance(name, cst.Name)
+            self.bound.add(id(name))
+            self.writes.append(name.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._bind(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        if isinstance(node.target, cst.Name):
+            self.reads.append(node.target.value)
+        self._bind(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target)
+
+    def visit_Attribute(self, node: cst.Attribute) -> None:
+        self.bound.add(id(node.attr))  # `x.attr`: attr is no variable
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if id(node) not in self.bound:
+            self.reads.append(node.value)
+
+
+def _exposed_reads(body: cst.BaseSuite) -> list[str]:
+    """Names a block reads before it binds them itself, in order."""
+    statements: Sequence[cst.CSTNode] = body.body if isinstance(body, cst.IndentedBlock) else [body]
+    exposed: list[str] = []
+    written: set[str] = set()
+    for statement in statements:
+        names = _GatherNamesVisitor()
+        statement.visit(names)
+        exposed.extend(name for name in names.reads if name not in written)
+        written.update(names.writes)
+    return exposed
+
+
 def _comment_of(statement: cst.BaseStatement) -> str:
     if isinstance(statement, cst.SimpleStatementLine):
         comment = statement.trailing_whitespace.comment
@@ -509,11 +562,14 @@ _REGION_REASONS = {
 
 
 def _unique(base: str, line: int, column: int, taken: set[str]) -> str:
-    for candidate in (base, f"{base}@L{line}", f"{base}@L{line}:{column}"):
-        if candidate not in taken:
-            taken.add(candidate)
-            return candidate
-    raise AssertionError("two statements cannot share a line and a column")
+    candidates = [base, f"{base}@L{line}", f"{base}@L{line}:{column}"]
+    count = 2
+    while candidates[-1] in taken:  # several ops from one statement
+        candidates.append(f"{base}@L{line}:{column}#{count}")
+        count += 1
+    candidate = next(c for c in candidates if c not in taken)
+    taken.add(candidate)
+    return candidate
 
 
 def _statement_id(facts: _StatementFacts, line: int, loop_item: dict[str, str]) -> str:
@@ -659,12 +715,18 @@ def analyse_model(
         if loop is not None and loop.container in sizes:
             iterations = loop.iterations(sizes[loop.container])
             internal = {loop.item, loop.index_name}
-            body_reads = tuple(name for name in reads if name not in internal)
+            # What one iteration needs from before it: names read before the body writes them.
+            assert isinstance(statement, cst.For)
+            exposed = _exposed_reads(statement.body)
+            body_reads = tuple(
+                dict.fromkeys(
+                    name for name in exposed if name in local_names and name not in internal
+                )
+            )
             body_writes = tuple(name for name in writes if name not in internal)
             for position, iteration in enumerate(iterations):
                 item_path = f"{loop.container}.{iteration}"
-                base = _statement_id(facts, line, {f"<{loop.item}>": item_path})
-                op_id = _unique(base, line, start.column, taken)
+                op_id = _unique(item_path, line, start.column, taken)
                 ops.append(
                     Op(
                         op_id,
@@ -679,6 +741,8 @@ def analyse_model(
                 last_iteration = position == len(iterations) - 1
                 if FORBID_SYNC.search(comment) and not last_iteration:
                     forbidden.add(op_id)
+                if PIN_SYNC.search(comment) and last_iteration:
+                    pinned.add(op_id)  # on a loop header: a sync point after the loop
             continue
         reason = _REGION_REASONS.get(type(statement), "a statement the analysis cannot see into")
         if loop is not None:
