@@ -243,7 +243,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         return _run_sweep(args, costs, request)
     origin = str(args.costs)
     plan: Plan
-    if auto:
+    if auto and request.config.strategy != "manual":  # manual: the pins decide the count
         plan = best_stage_count(costs, request, args.max_stages, origin)
     else:
         plan = make_plan(costs, request, origin)
@@ -277,11 +277,13 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 
 def _run_sweep(args: argparse.Namespace, costs: Costs, request: PlanRequest) -> int:
+    if args.output is not None:
+        raise SyncpassError("--sweep-batch prints its table; drop -o (use --json for JSON)")
     try:
-        sizes = [int(part) for part in args.sweep_batch.split(",") if part.strip()]
-    except ValueError:
+        sizes = [positive_int(part) for part in args.sweep_batch.split(",") if part.strip()]
+    except argparse.ArgumentTypeError:
         raise SyncpassError(
-            f"--sweep-batch takes whole numbers, got {args.sweep_batch!r}"
+            f"--sweep-batch takes batch sizes >= 1, got {args.sweep_batch!r}"
         ) from None
     if request.stages is None and request.config.strategy != "manual":
         raise SyncpassError("--sweep-batch needs a fixed --stages S")

@@ -16,6 +16,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -163,10 +164,15 @@ class Costs:
             if consumer != OUTPUT and consumer not in position:
                 raise ValueError(f"edge to unknown op {consumer!r}")
 
-    @property
+    @cached_property
     def op_index(self) -> dict[str, int]:
         """Position of each op id in execution order."""
         return {op.id: index for index, op in enumerate(self.ops)}
+
+    @cached_property
+    def live_bytes_at(self) -> dict[int, float]:
+        """Bytes crossing each admissible cut, by position (the cut after op ``t`` is ``t + 1``)."""
+        return {self.op_index[cut.after] + 1: cut.live_bytes for cut in self.cuts}
 
     def op_compute_s(self, op: OpCost) -> float:
         """Compute one op costs per step: forward, plus backward when training."""
@@ -253,7 +259,10 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
     )
     config = default_sync_config()
     if "config" in top:
-        config_data = reader.mapping(top["config"], "$.config")
+        config_data = dict(reader.mapping(top["config"], "$.config"))
+        if config_data.get("communication_cost_threshold", 0) is None:
+            # JSON has no infinity: null is "no limit", as in plan files.
+            config_data["communication_cost_threshold"] = math.inf
         config = sync_config_from_mapping(config_data, f"{origin}:$.config", config)
 
     ops_data = reader.sequence(reader.required(top, "$", "ops"), "$.ops")
@@ -379,7 +388,10 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
         training=costs.training,
         memory_multiplier=costs.memory_multiplier,
         hardware=hardware,
-        config={key: getattr(costs.config, key) for key in CONFIG_KEYS},
+        config={
+            key: None if getattr(costs.config, key) == math.inf else getattr(costs.config, key)
+            for key in CONFIG_KEYS
+        },
         ops=[_op_to_json(op) for op in costs.ops],
         cuts=[_cut_to_json(cut) for cut in costs.cuts],
     )

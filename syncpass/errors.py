@@ -2,8 +2,7 @@
 
 Every message names *where* (a file, and a JSON path or a line inside it),
 *what* is wrong and, where it helps, how to fix it. The command line prints
-``str(error)`` and exits with status 2; the library API turns it into a
-failure result instead of raising (see :mod:`syncpass.api`).
+``str(error)`` and exits with status 2.
 """
 
 from __future__ import annotations

@@ -79,7 +79,7 @@ def explain_sync_points(
         first = costs.ops[stage.start].id
         last = costs.ops[stage.end - 1].id
         span = first if first == last else f"{first} .. {last}"
-        live = next(c.live_bytes for c in costs.cuts if costs.op_index[c.after] + 1 == cut)
+        live = costs.live_bytes_at[cut]
         parts = [
             f"closes stage {index} ({span}: {seconds(stage.compute)} compute); "
             f"{num_bytes(live)} cross it in {seconds(float(problem.cut_comm[cut]))} per step, "
@@ -127,4 +127,6 @@ def _compare(
     extra = other.total_comm - score.total_comm
     if extra > 0:
         return f"keeps the bottleneck but adds {seconds(extra)} of communication"
-    return "is as good (a tie, broken towards earlier cuts)"
+    if extra < 0:
+        return f"keeps the bottleneck and saves {seconds(-extra)} of communication"
+    return "is as good (a tie)"

@@ -11,6 +11,14 @@ from syncpass.errors import SyncpassError
 
 
 def write_atomically(path: str | Path, text: str) -> None:
+    """See :func:`_write`; any failure of the file system is a :class:`SyncpassError`."""
+    try:
+        _write(Path(path), text)
+    except OSError as error:
+        raise SyncpassError(f"cannot write: {error.strerror or error}", str(path)) from None
+
+
+def _write(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` as a shell redirect would, but never half-written.
 
     A regular file (new or existing) is written through a temporary file in
@@ -20,7 +28,6 @@ def write_atomically(path: str | Path, text: str) -> None:
     written to directly. A missing folder or a folder as target is a
     :class:`SyncpassError`, and nothing is written.
     """
-    path = Path(path)
     try:
         mode: int | None = path.stat().st_mode  # of what a symlink points to
     except FileNotFoundError:

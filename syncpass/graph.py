@@ -30,7 +30,7 @@ OUTPUT = "<output>"
 
 @dataclass(frozen=True)
 class SourceLocation:
-    """A place in the user's source (1-based line and column)."""
+    """A place in the user's source (1-based line, 0-based column, as libcst counts)."""
 
     path: str
     line: int

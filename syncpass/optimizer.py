@@ -154,7 +154,8 @@ class Infeasible:
     """No plan exists; ``constraint`` is the first one that rules them all out.
 
     One of ``"stages"`` (too many stages for the ops, cuts, pins and
-    ``min_ops``), ``"memory"`` or ``"threshold"``. ``needed`` is the smallest
+    ``min_ops``), ``"dataflow"`` (every plan would have a value skip a stage),
+    ``"memory"`` or ``"threshold"``. ``needed`` is the smallest
     value of that constraint that would admit a plan, when one exists.
     """
 
@@ -592,8 +593,7 @@ class _StageTable:
     def _min_max(self, values: FloatArray, legal: BoolArray) -> float | None:
         """Least over plans of the largest ``values[i, j]`` of their stages (None: no plan)."""
         best = np.full(self.problem.num_ops + 1, _INF)
-        reach = self.is_last.copy()
-        reach[:] = False
+        reach = np.zeros_like(self.is_last)
         reach[0] = True
         best[0] = -_INF
         for stage in range(1, self.stages + 1):
@@ -649,38 +649,19 @@ class _StageTable:
 
 def diagnose(problem: Problem, stages: int, threshold: float) -> Infeasible:
     """Which constraint rules out every plan, and the least value that would not."""
-    relaxed = Problem(
-        op_compute=problem.op_compute,
-        op_memory=problem.op_memory,
-        cut_comm=problem.cut_comm,
-        admissible=problem.admissible,
-        pinned=problem.pinned,
-        min_ops=problem.min_ops,
-        last_use=problem.last_use,
-    )
+    relaxed = dataclasses.replace(problem, memory_limit=_INF)
     if not _feasible(relaxed, stages, _INF):
         free = dataclasses.replace(relaxed, last_use=None)
         return Infeasible("dataflow" if _feasible(free, stages, _INF) else "stages")
     if not _feasible(problem, stages, _INF):
         largest = float(problem.prefix_memory[-1])
         needed = _smallest_accepted(
-            lambda limit: _feasible(_with_memory(problem, limit), stages, _INF), 0.0, largest
+            lambda limit: _feasible(dataclasses.replace(problem, memory_limit=limit), stages, _INF),
+            0.0,
+            largest,
         )
         return Infeasible("memory", needed)
     return Infeasible("threshold", min_threshold(problem, stages, threshold))
-
-
-def _with_memory(problem: Problem, limit: float) -> Problem:
-    return Problem(
-        op_compute=problem.op_compute,
-        op_memory=problem.op_memory,
-        cut_comm=problem.cut_comm,
-        admissible=problem.admissible,
-        pinned=problem.pinned,
-        min_ops=problem.min_ops,
-        memory_limit=limit,
-        last_use=problem.last_use,
-    )
 
 
 # --- scoring ---------------------------------------------------------------

@@ -266,10 +266,23 @@ def _baseline_cuts(
 
 
 def compare_baselines(costs: Costs, request: PlanRequest) -> tuple[Plan, ...]:
-    """The ``uniform``, ``parameters`` and ``time`` plans for the same request."""
-    return tuple(
-        make_plan(costs, _with_strategy(request, strategy)) for strategy in BASELINE_STRATEGIES
-    )
+    """The ``uniform``, ``parameters`` and ``time`` plans for the same request.
+
+    A rule that cannot make a legal plan here (the pins break its balance, say)
+    is left out rather than failing the comparison.
+    """
+    plans = []
+    for strategy in BASELINE_STRATEGIES:
+        try:
+            plans.append(
+                make_plan(
+                    costs,
+                    dataclasses.replace(request, config=request.config.replace(strategy=strategy)),
+                )
+            )
+        except SyncpassError:
+            continue
+    return tuple(plans)
 
 
 def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin: str = "") -> Plan:
@@ -278,7 +291,7 @@ def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin
     last_error: SyncpassError | None = None
     for stages in range(1, max_stages + 1):
         try:
-            plan = make_plan(costs, _with_stages(request, stages), origin)
+            plan = make_plan(costs, dataclasses.replace(request, stages=stages), origin)
         except InfeasibleError as error:
             last_error = error
             continue
@@ -288,26 +301,6 @@ def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin
         assert last_error is not None
         raise last_error
     return best
-
-
-def _with_strategy(request: PlanRequest, strategy: str) -> PlanRequest:
-    return PlanRequest(
-        stages=request.stages,
-        config=request.config.replace(strategy=strategy),
-        microbatches=request.microbatches,
-        schedule=request.schedule,
-        pinned=request.pinned,
-    )
-
-
-def _with_stages(request: PlanRequest, stages: int) -> PlanRequest:
-    return PlanRequest(
-        stages=stages,
-        config=request.config,
-        microbatches=request.microbatches,
-        schedule=request.schedule,
-        pinned=request.pinned,
-    )
 
 
 def _stage_count(problem: Problem, request: PlanRequest, origin: str) -> int:
@@ -332,9 +325,10 @@ def _stage_count(problem: Problem, request: PlanRequest, origin: str) -> int:
     n, k = problem.num_ops, problem.min_ops
     cuts = int(problem.admissible.sum())
     if stages * k > n:
+        advice = f"use at most {n // k} stages" if n // k else f"lower min_sync_interval to {n}"
         raise InfeasibleError(
             f"{stages} stages need at least {stages * k} ops (min_sync_interval {k}), "
-            f"but the model has {n}; use at most {n // k} stages",
+            f"but the model has {n}; {advice}",
             "stages",
             origin,
         )
@@ -356,8 +350,8 @@ def _stage_count(problem: Problem, request: PlanRequest, origin: str) -> int:
 
 def _fewer(problem: Problem, stages: int) -> str:
     """ "use at most K stages", K the most that the op structure allows (or just "fewer")."""
+    relaxed = dataclasses.replace(problem, memory_limit=math.inf)
     for fewer in range(stages - 1, 0, -1):
-        relaxed = dataclasses.replace(problem, memory_limit=math.inf)
         if not isinstance(solve(relaxed, fewer, math.inf, adaptive=False), Infeasible):
             return f"use at most {fewer} stage(s)"
     return "use fewer stages"
@@ -412,11 +406,6 @@ def _infeasible_error(
 # --- assembling ------------------------------------------------------------------
 
 
-def training_needs_fill(costs: Costs) -> bool:
-    """1F1B fills the pipe before its first backward: only a training step has one."""
-    return costs.training
-
-
 def default_microbatches(stages: int, batch_size: int) -> int:
     """Four micro-batches per stage (a bubble under 20% for 1F1B), at most one sample each."""
     return max(1, min(4 * stages, batch_size))
@@ -434,7 +423,7 @@ def predict(
         )
         for start, end in itertools.pairwise(bounds)
     )
-    live = {costs.op_index[cut.after] + 1: cut.live_bytes for cut in costs.cuts}
+    live = costs.live_bytes_at
     links = tuple(
         Link(
             alpha_s=costs.hardware.alpha_s,
@@ -463,14 +452,14 @@ def _assemble(
             f"{microbatches} micro-batches do not fit a batch of {costs.batch_size}; "
             f"use at most {costs.batch_size}"
         )
-    if request.schedule == "1f1b" and training_needs_fill(costs) and microbatches < stages:
+    if request.schedule == "1f1b" and costs.training and microbatches < stages:
         raise InfeasibleError(
             f"1F1B needs at least as many micro-batches as stages ({stages}), got "
             f"{microbatches}; use --microbatches {stages} or more, or --schedule gpipe",
             "microbatches",
         )
     prediction = predict(costs, problem, cuts, microbatches, request.schedule)
-    live = {costs.op_index[cut.after] + 1: cut.live_bytes for cut in costs.cuts}
+    live = costs.live_bytes_at
     reasons = explain_sync_points(costs, problem, cuts, score, threshold.used)
     sync_points = tuple(
         SyncPoint(

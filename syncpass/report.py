@@ -45,7 +45,9 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
             f"(the least that admits a plan; forced by the sync point after {tau.forced_by})"
         )
     else:
-        lines.append(f"threshold: {percent(tau.requested)} (met)")
+        over = sum(point.ratio > tau.requested for point in plan.sync_points)
+        verdict = f"not met by {over} sync point(s): {plan.strategy} ignores it" if over else "met"
+        lines.append(f"threshold: {percent(tau.requested)} ({verdict})")
     lines.append("")
     rows = [
         ["stage", "ops", "#ops", "compute", "comm in", "comm out", "time", "memory", "comm/compute"]

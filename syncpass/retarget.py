@@ -25,8 +25,8 @@ from syncpass.plan import Plan, PlanRequest, make_plan
 
 def retarget_batch(costs: Costs, batch_size: int) -> Costs:
     """``costs`` as they would be measured at ``batch_size`` (linear in the batch)."""
-    if batch_size < 1:
-        raise SyncpassError(f"the batch size must be at least 1, got {batch_size}")
+    if not 1 <= batch_size <= 2**40:
+        raise SyncpassError(f"the batch size must be between 1 and 2**40, got {batch_size}")
     if batch_size == costs.batch_size:
         return costs
     scale = batch_size / costs.batch_size

@@ -269,3 +269,24 @@ def test_hardware_flag_is_reported(
     out = capsys.readouterr().out
     assert "hardware GPUs over PCIe 4.0 x16, 24 GB" in out
     assert "note: re-targeted from" in out and "compute x" in out
+
+
+def test_manual_with_stages_auto_and_baselines_that_cannot_follow_the_pins(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    data = cost_dict([1] * 4, [0] * 3, pinned=[0], config={"min_sync_interval": 2})
+    costs = write_costs(tmp_path, data)
+    # The pin breaks min_sync_interval: the manual plan says so, the baselines drop out.
+    assert main(["plan", "--costs", str(costs), "--strategy", "manual", "--stages", "auto"]) == 0
+    out = capsys.readouterr().out
+    assert "violates: stage 0 holds 1 op(s), fewer than min_sync_interval 2" in out
+
+
+def test_unlimited_threshold_round_trips_through_json(tmp_path: Path) -> None:
+    from syncpass.costs import costs_to_json, parse_costs
+
+    data = cost_dict([1, 1], [0], config={"communication_cost_threshold": None})
+    costs = parse_costs(data)
+    assert costs.config.communication_cost_threshold == float("inf")
+    text = json.dumps(costs_to_json(costs), allow_nan=False)  # valid JSON, no Infinity
+    assert parse_costs(json.loads(text)) == costs

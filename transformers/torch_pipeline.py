@@ -54,6 +54,10 @@ class SyncSite:
     comment: str
 
 
+def _site_order(site: SyncSite) -> tuple[int, int]:
+    return site.statement, -1 if site.split_after is None else site.split_after
+
+
 def _is_sync_line(statement: cst.CSTNode) -> bool:
     """A line syncpass wrote: ``pipe_split()  # syncpass sync ...``."""
     if not m.matches(
@@ -108,7 +112,7 @@ class InsertPipeSplitsCommand(VisitorBasedCodemodCommand):
     def __init__(self, context: CodemodContext, class_name: str, sites: Sequence[SyncSite]) -> None:
         super().__init__(context)
         self.class_name = class_name
-        self.sites = tuple(sorted(sites, key=lambda site: (site.statement, site.split_after or -1)))
+        self.sites = tuple(sorted(sites, key=_site_order))
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         if not self.sites:
@@ -146,6 +150,7 @@ class InsertPipeSplitsCommand(VisitorBasedCodemodCommand):
                 self.warn(f"two sync points planned after statement {index}; nothing changed")
                 return tree
             new_body.extend(self._sync_line(site, tree) for site in after)
+        # Run as a codemod (libcst.tool, a pipeline), the framework adds the import.
         AddImportsVisitor.add_needed_import(self.context, PIPE_SPLIT_MODULE, PIPE_SPLIT)
         return _replace_forward(tree, self.class_name, new_body)
 
@@ -334,8 +339,8 @@ def _slice_bounds(
         iterable = iterable.args[0].value
     if isinstance(iterable, cst.Subscript) and isinstance(iterable.slice[0].slice, cst.Slice):
         part = iterable.slice[0].slice
-        lower = int(part.lower.value) if isinstance(part.lower, cst.Integer) else None
-        upper = int(part.upper.value) if isinstance(part.upper, cst.Integer) else None
+        lower = int(part.lower.evaluated_value) if isinstance(part.lower, cst.Integer) else None
+        upper = int(part.upper.evaluated_value) if isinstance(part.upper, cst.Integer) else None
         return iterable.value, lower, upper
     return None
 
