@@ -55,5 +55,5 @@ def test_bad_targets_are_errors_and_write_nothing(tmp_path: Path, name: str, mes
 
 def test_a_file_where_a_folder_should_be_is_an_error(tmp_path: Path) -> None:
     (tmp_path / "afile").write_text("x")
-    with pytest.raises(SyncpassError, match="no such folder|cannot write"):
+    with pytest.raises(SyncpassError, match=r"no such folder|cannot write"):
         write_atomically(tmp_path / "afile" / "out.json", "text")
