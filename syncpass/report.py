@@ -114,7 +114,7 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
                     other.strategy,
                     seconds(other.bottleneck_s),
                     seconds(other.predicted_step_s),
-                    "-" if other is plan else f"{speedup:.3g}x",
+                    "-" if other is plan else f"{speedup:.3f}x",
                     ", ".join(point.after for point in other.sync_points) or "-",
                     f"{len(other.violations)} constraint(s)" if other.violations else "-",
                 ]
