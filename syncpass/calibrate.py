@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from syncpass.cliargs import EXIT_OK, count, positive_float, positive_int
+from syncpass.cliargs import EXIT_ERROR, EXIT_OK, count, positive_float, positive_int
 from syncpass.costs import Hardware
 from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
@@ -72,7 +72,7 @@ if TYPE_CHECKING:
 BACKENDS = ("gloo", "nccl")
 #: Message sizes by default: 4 B to 64 MiB in powers of 4.
 DEFAULT_SIZES = tuple(4**k for k in range(1, 14))
-DEFAULT_REPEATS = 10
+DEFAULT_REPEATS = 20
 DEFAULT_WARMUP = 2
 DEFAULT_TIMEOUT_S = 120.0
 #: Every message is a float32 tensor (all-reduce sums numbers), so sizes are whole float32s.
@@ -194,9 +194,11 @@ def fit_link(sizes: Sequence[float], times_s: Sequence[float]) -> LinkFit:
     norms = np.linalg.norm(rows, axis=0)
     scaled, *_ = np.linalg.lstsq(rows / norms, np.ones_like(time_array), rcond=None)
     alpha, inverse_beta = (float(value) for value in scaled / norms)
-    clamped = alpha < 0
-    if clamped:
+    clamped = False
+    if alpha < 0:
         # With alpha = 0 the one remaining column has a closed-form least-squares slope.
+        # An intercept of rounding size (exact data with no latency) is no clamp worth a word.
+        clamped = alpha < -1e-9 * float(time_array.min())
         column = rows[:, 1]
         alpha, inverse_beta = 0.0, float(column.sum() / (column @ column))
     if not inverse_beta > 0:
@@ -304,6 +306,24 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.set_defaults(handler=calibrate_command)
     return parser  # type: ignore[no-any-return]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """A ``syncpass`` parser with only the ``calibrate`` subcommand."""
+    parser = argparse.ArgumentParser(prog="syncpass")
+    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv``, run, and turn a SyncpassError into status 2 as ``syncpass`` does."""
+    args = build_parser().parse_args(argv)
+    try:
+        status: int = args.handler(args)
+    except SyncpassError as error:
+        print(f"syncpass: error: {error}", file=sys.stderr)
+        return EXIT_ERROR
+    return status
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
@@ -526,7 +546,9 @@ def _measure(request: CalibrateRequest, rank: int) -> Measurements | None:
     all_reduce = _all_reduce(request, device, sync)
     dist.barrier()
     matmul = _matmul_rate(rank, device, sync)
-    memory = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    memory = (
+        torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    )
     gathered: list[Any] | None = [None] * request.procs if rank == 0 else None
     dist.gather_object((all_reduce, matmul, memory), gathered, dst=0)
     if gathered is None:
@@ -554,51 +576,57 @@ def _measure(request: CalibrateRequest, rank: int) -> Measurements | None:
 def _ping_pong(
     request: CalibrateRequest, rank: int, device: torch.device, sync: Callable[[], None]
 ) -> list[float]:
-    """Median one-way send/recv time per size on rank 0 (round trip / 2); empty elsewhere."""
+    """Median one-way send/recv time per size on rank 0 (round trip / 2); empty elsewhere.
+
+    The sizes take turns, one round trip each per pass, rather than all repetitions of
+    one size in a row: a burst of other load on the machine then spoils one sample of
+    many sizes, which the medians absorb, not every sample of one size.
+    """
     import torch
     import torch.distributed as dist
 
-    medians: list[float] = []
-    for size in request.sizes:
-        message = torch.ones(size // ELEMENT_BYTES, dtype=torch.float32, device=device)
-        dist.barrier()
-        samples: list[float] = []
-        for index in range(request.warmup + request.repeats):
+    messages = [
+        torch.ones(size // ELEMENT_BYTES, dtype=torch.float32, device=device)
+        for size in request.sizes
+    ]
+    samples: list[list[float]] = [[] for _ in request.sizes]
+    dist.barrier()
+    for index in range(request.warmup + request.repeats):
+        for message, size_samples in zip(messages, samples, strict=True):
             if rank == 0:
                 start = time.perf_counter()
                 dist.send(message, dst=1)
                 dist.recv(message, src=1)
                 sync()
                 if index >= request.warmup:
-                    samples.append((time.perf_counter() - start) / 2)
+                    size_samples.append((time.perf_counter() - start) / 2)
             elif rank == 1:
                 dist.recv(message, src=0)
                 dist.send(message, dst=0)
-        if rank == 0:
-            medians.append(statistics.median(samples))
-    return medians
+    return [statistics.median(size_samples) for size_samples in samples] if rank == 0 else []
 
 
 def _all_reduce(
     request: CalibrateRequest, device: torch.device, sync: Callable[[], None]
 ) -> list[list[float]]:
-    """This rank's all-reduce times per size (timed repetitions only)."""
+    """This rank's all-reduce times per size (timed repetitions only), sizes taking turns."""
     import torch
     import torch.distributed as dist
 
-    times: list[list[float]] = []
-    for size in request.sizes:
-        tensor = torch.ones(size // ELEMENT_BYTES, dtype=torch.float32, device=device)
-        samples: list[float] = []
-        for index in range(request.warmup + request.repeats):
+    tensors = [
+        torch.ones(size // ELEMENT_BYTES, dtype=torch.float32, device=device)
+        for size in request.sizes
+    ]
+    samples: list[list[float]] = [[] for _ in request.sizes]
+    for index in range(request.warmup + request.repeats):
+        for tensor, size_samples in zip(tensors, samples, strict=True):
             dist.barrier()
             start = time.perf_counter()
             dist.all_reduce(tensor)
             sync()
             if index >= request.warmup:
-                samples.append(time.perf_counter() - start)
-        times.append(samples)
-    return times
+                size_samples.append(time.perf_counter() - start)
+    return samples
 
 
 def _matmul_rate(rank: int, device: torch.device, sync: Callable[[], None]) -> MatmulRate:
@@ -766,3 +794,11 @@ def _toml_string(text: str) -> str:
         else:
             escaped.append(char)
     return '"' + "".join(escaped) + '"'
+
+
+if __name__ == "__main__":
+    # Through the imported module, not this ``__main__`` copy: the processes unpickle
+    # their entry point and the measurements by the module's own name.
+    from syncpass.calibrate import main as _main
+
+    sys.exit(_main())

@@ -188,11 +188,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Imported here, not at the top: `plan` must start without them (they add
     # subcommands only; torch is imported when a command runs).
+    from syncpass.calibrate import register as register_calibrate
     from syncpass.profiling.command import register as register_profile
     from syncpass.runtime.command import register as register_run
 
     register_profile(commands)
     register_run(commands)
+    register_calibrate(commands)
     return parser
 
 
