@@ -56,13 +56,11 @@ from syncpass.fileio import write_atomically
 from syncpass.runtime.contracts import WorkerDone, WorkerFailed
 from syncpass.runtime.launch import (
     GRACE_S,
-    JOIN_S,
     POLL_S,
-    _context,
     _failure,
     _note_silent_deaths,
-    _stop,
     free_port,
+    run_local,
 )
 from syncpass.units import num_bytes, seconds
 
@@ -413,30 +411,14 @@ def measure(request: CalibrateRequest) -> Measurements:
     """
     if request.port == 0:
         request = replace(request, port=free_port())
-    context = _context()
-    messages = context.Queue()
-    processes: list[BaseProcess] = [
-        context.Process(  # type: ignore[attr-defined]
-            target=_worker_entry,
-            args=(request, rank, messages),
-            name=f"syncpass-calibrate-{rank}",
-            daemon=True,
-        )
-        for rank in range(request.procs)
-    ]
-    try:
-        for process in processes:
-            process.start()
-        result = _collect(request, processes, messages)
-    except BaseException:
-        _stop(processes, grace_s=0.0)
-        raise
-    else:
-        _stop(processes, grace_s=JOIN_S)
-    finally:
-        messages.close()
-        messages.cancel_join_thread()
-    return result
+    ready = request
+    return run_local(
+        _worker_entry,
+        ready,
+        ready.procs,
+        "syncpass-calibrate",
+        lambda processes, messages: _collect(ready, processes, messages),
+    )
 
 
 def _collect(

@@ -19,13 +19,16 @@ import multiprocessing
 import queue
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import Any, TypeVar
 
 from syncpass.errors import SyncpassError
 from syncpass.runtime.contracts import RunRequest, RunResult, WorkerDone, WorkerFailed
+
+ResultT = TypeVar("ResultT")
 
 # The worker module imports torch and torch.distributed.pipelining; aot_autograd is what
 # the first trace would otherwise import in every stage.
@@ -69,21 +72,40 @@ def launch(request: RunRequest) -> RunResult:
     """
     if request.port == 0:
         request = replace(request, port=free_port())
+    ready = request
+    return run_local(
+        _worker_entry,
+        ready,
+        ready.stages,
+        "syncpass-stage",
+        lambda processes, messages: _collect(ready, processes, messages),
+    )
+
+
+def run_local(
+    entry: Callable[[Any, int, Any], None],
+    request: Any,
+    count: int,
+    name: str,
+    collect: Callable[[list[BaseProcess], Any], ResultT],
+) -> ResultT:
+    """Start ``count`` processes running ``entry(request, rank, messages)``, gather what
+    ``collect`` reads from their queue, and stop them all, whatever happens."""
     context = _context()
     messages = context.Queue()
     processes: list[BaseProcess] = [
         context.Process(  # type: ignore[attr-defined]
-            target=_worker_entry,
+            target=entry,
             args=(request, rank, messages),
-            name=f"syncpass-stage-{rank}",
+            name=f"{name}-{rank}",
             daemon=True,
         )
-        for rank in range(request.stages)
+        for rank in range(count)
     ]
     try:
         for process in processes:
             process.start()
-        result = _collect(request, processes, messages)
+        result = collect(processes, messages)
     except BaseException:
         _stop(processes, grace_s=0.0)
         raise
