@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from syncpass.cliargs import EXIT_ERROR, EXIT_OK, count, positive_float, positive_int
+from syncpass.cliargs import EXIT_OK, count, positive_float, positive_int
 from syncpass.costs import Hardware
 from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
@@ -304,24 +304,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.set_defaults(handler=calibrate_command)
     return parser  # type: ignore[no-any-return]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """A ``syncpass`` parser with only the ``calibrate`` subcommand."""
-    parser = argparse.ArgumentParser(prog="syncpass")
-    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, run, and turn a SyncpassError into status 2 as ``syncpass`` does."""
-    args = build_parser().parse_args(argv)
-    try:
-        status: int = args.handler(args)
-    except SyncpassError as error:
-        print(f"syncpass: error: {error}", file=sys.stderr)
-        return EXIT_ERROR
-    return status
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
@@ -776,11 +758,3 @@ def _toml_string(text: str) -> str:
         else:
             escaped.append(char)
     return '"' + "".join(escaped) + '"'
-
-
-if __name__ == "__main__":
-    # Through the imported module, not this ``__main__`` copy: the processes unpickle
-    # their entry point and the measurements by the module's own name.
-    from syncpass.calibrate import main as _main
-
-    sys.exit(_main())

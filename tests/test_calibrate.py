@@ -27,7 +27,6 @@ from syncpass.calibrate import (
     SizeTimes,
     calibrate_command,
     fit_link,
-    main,
     measure,
     parse_sizes,
     profile_toml,
@@ -162,7 +161,7 @@ def test_bad_requests_fail_before_any_process_starts(tmp_path: Path) -> None:
 def test_main_turns_bad_input_into_status_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert main(["calibrate", "--procs", "1", "-o", str(tmp_path / "p.toml")]) == 2
+    assert cli_main(["calibrate", "--procs", "1", "-o", str(tmp_path / "p.toml")]) == 2
     assert capsys.readouterr().err.startswith("syncpass: error: --procs must be at least 2")
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import pytest
 from conftest import REPO
 
-from syncpass.runtime.command import main, register
+from syncpass.cli import main
+from syncpass.runtime.command import register
 from syncpass.runtime.contracts import (
     LossCheck,
     ParamCheck,

@@ -12,11 +12,10 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from syncpass.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_float, positive_int
+from syncpass.cliargs import EXIT_FOUND, EXIT_OK, positive_float, positive_int
 from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
 from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
@@ -164,25 +163,3 @@ def run_command(args: argparse.Namespace) -> int:
     if request.verify and not result.verified:
         return EXIT_FOUND
     return EXIT_OK
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """A parser with only the ``run`` subcommand (for ``python -m syncpass.runtime.command``)."""
-    parser = argparse.ArgumentParser(prog="syncpass")
-    register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
-    return parser
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv``, run, and turn a SyncpassError into status 2 as ``syncpass`` does."""
-    args = build_parser().parse_args(argv)
-    try:
-        status: int = args.handler(args)
-    except SyncpassError as error:
-        print(f"syncpass: error: {error}", file=sys.stderr)
-        return EXIT_ERROR
-    return status
-
-
-if __name__ == "__main__":
-    sys.exit(main())
