@@ -90,11 +90,17 @@ def test_profile_rewrite_run_verify(
             "1",
             "--json-report",
             str(run_report),
+            "--costs",
+            str(costs),
         ]
     )
     assert status == 0
     figures = json.loads(run_report.read_text())
     assert figures["verify"]["ok"] is True
+    # The cost model's prediction for the very sync points the file carries, beside the run.
+    prediction = figures["prediction"]
+    assert prediction["sync_points"] == [point.after for point in plan.sync_points]
+    assert prediction["predicted_step_s"] > 0 and prediction["measured_step_s"] > 0
 
 
 @pytest.mark.slow

@@ -10,6 +10,7 @@ prints and turns into status 2 (as :func:`main` does).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
 from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
 from syncpass.runtime.launch import launch
-from syncpass.runtime.render import dumps_report, render_run
+from syncpass.runtime.render import render_run, report_document
 from syncpass.userexample import is_path, split_spec
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -107,6 +108,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         metavar="S",
         help=f"stop every process and fail after S seconds (default {DEFAULT_TIMEOUT_S:g})",
     )
+    run.add_argument(
+        "--costs",
+        type=Path,
+        metavar="FILE",
+        help="the model's cost file: print the cost model's prediction for the sync points "
+        "FILE carries beside the measured run",
+    )
     run.set_defaults(handler=run_command)
     return run  # type: ignore[no-any-return]
 
@@ -156,10 +164,28 @@ def request_from_args(args: argparse.Namespace) -> RunRequest:
 def run_command(args: argparse.Namespace) -> int:
     """Handler of ``syncpass run``: launch, print the report, write the JSON, return the status."""
     request = request_from_args(args)
+    costs = None
+    if args.costs is not None:  # read before the run: a bad cost file fails fast
+        from syncpass.costs import load_costs
+
+        costs = load_costs(args.costs)
     result = launch(request)
+    document = report_document(result)
+    text = render_run(result)
+    if costs is not None:
+        from syncpass.runtime.prediction import (
+            predict_run,
+            prediction_to_json,
+            render_prediction,
+        )
+
+        source = Path(request.file).read_text(encoding="utf-8")
+        prediction = predict_run(source, request.file, costs, result)
+        document["prediction"] = prediction_to_json(prediction)
+        text += render_prediction(prediction)
     if args.json_report is not None:
-        write_atomically(args.json_report, dumps_report(result))
-    sys.stdout.write(render_run(result))
+        write_atomically(args.json_report, json.dumps(document, indent=2) + "\n")
+    sys.stdout.write(text)
     if request.verify and not result.verified:
         return EXIT_FOUND
     return EXIT_OK
