@@ -9,6 +9,7 @@ in hooks.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import difflib
 import json
 import sys
@@ -25,7 +26,7 @@ from syncpass.hardware import load_profile, profile_names, retarget_hardware
 from syncpass.plan import Plan, PlanRequest, best_stage_count, compare_baselines, make_plan
 from syncpass.planfile import dumps_plan, plan_to_json
 from syncpass.report import render_plan, render_sweep
-from syncpass.retarget import retarget_batch, sweep_batch
+from syncpass.retarget import retarget_batch, sweep_batch, sweep_to_json
 from syncpass.units import seconds
 
 
@@ -253,13 +254,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     if not args.no_baselines and len(plan.stages) > 1:
         baselines = compare_baselines(
             costs,
-            PlanRequest(
-                stages=len(plan.stages),
-                config=request.config,
-                microbatches=plan.microbatches,
-                schedule=request.schedule,
-                pinned=request.pinned,
-            ),
+            dataclasses.replace(request, stages=len(plan.stages), microbatches=plan.microbatches),
         )
     document = dumps_plan(plan, baselines)
     if args.output is not None and str(args.output) == "-":
@@ -291,27 +286,7 @@ def _run_sweep(args: argparse.Namespace, costs: Costs, request: PlanRequest) -> 
         raise SyncpassError("--sweep-batch needs a fixed --stages S")
     points, ranges = sweep_batch(costs, request, sizes, str(args.costs))
     if args.json:
-        document = {
-            "sweep": [
-                {
-                    "batch_size": point.batch_size,
-                    "sync_points": None if point.cuts is None else list(point.cuts),
-                    "bottleneck_s": None if point.plan is None else point.plan.bottleneck_s,
-                    "predicted_step_s": None if point.plan is None else point.plan.predicted_step_s,
-                    **({"error": point.error} if point.error else {}),
-                }
-                for point in points
-            ],
-            "ranges": [
-                {
-                    "low": plan_range.low,
-                    "high": plan_range.high,
-                    "sync_points": None if plan_range.cuts is None else list(plan_range.cuts),
-                }
-                for plan_range in ranges
-            ],
-        }
-        sys.stdout.write(json.dumps(document, indent=2) + "\n")
+        sys.stdout.write(json.dumps(sweep_to_json(points, ranges), indent=2) + "\n")
     else:
         sys.stdout.write(render_sweep(points, ranges))
     return EXIT_OK

@@ -17,6 +17,7 @@ import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from syncpass.costs import Costs
 from syncpass.errors import SyncpassError
@@ -122,3 +123,27 @@ def _first_change(
         else:
             high = middle
     return high
+
+
+def sweep_to_json(points: Sequence[SweepPoint], ranges: Sequence[PlanRange]) -> dict[str, Any]:
+    """``plan --sweep-batch --json``: the plan at each batch size and the ranges of each plan."""
+    return {
+        "sweep": [
+            {
+                "batch_size": point.batch_size,
+                "sync_points": None if point.cuts is None else list(point.cuts),
+                "bottleneck_s": None if point.plan is None else point.plan.bottleneck_s,
+                "predicted_step_s": None if point.plan is None else point.plan.predicted_step_s,
+                **({"error": point.error} if point.error else {}),
+            }
+            for point in points
+        ],
+        "ranges": [
+            {
+                "low": plan_range.low,
+                "high": plan_range.high,
+                "sync_points": None if plan_range.cuts is None else list(plan_range.cuts),
+            }
+            for plan_range in ranges
+        ],
+    }
