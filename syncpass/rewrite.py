@@ -78,11 +78,11 @@ def container_sizes(costs: Costs, containers: tuple[str, ...]) -> ContainerSizes
     return sizes
 
 
-def model_class(text_module_classes: list[str], costs: Costs, requested: str | None) -> str | None:
+def model_class(class_names: list[str], costs: Costs, requested: str | None) -> str | None:
     """The class to rewrite: ``--model``, else the cost file's model if it names one here."""
     if requested is not None:
         return requested
-    if costs.model in text_module_classes:
+    if costs.model in class_names:
         return costs.model
     return None
 
@@ -203,7 +203,7 @@ def rewrite_source(
     expand = container_sizes(costs, sequential_calls(module, name, path))
     graph = analyse_model(module, path, name, sizes, base, expand)
     costs = steer_by_source(graph, match_costs(graph, costs))
-    if request.stages is None and max_stages is not None:
+    if request.stages is None and max_stages is not None and request.config.strategy != "manual":
         plan = best_stage_count(costs, request, max_stages, path)
     else:
         plan = make_plan(costs, request, path)
