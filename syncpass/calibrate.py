@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
-import queue
 import socket
 import statistics
 import sys
@@ -55,12 +54,9 @@ from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
 from syncpass.runtime.contracts import WorkerDone, WorkerFailed
 from syncpass.runtime.launch import (
-    GRACE_S,
-    POLL_S,
-    _failure,
-    _note_silent_deaths,
     free_port,
     run_local,
+    wait_for_reports,
 )
 from syncpass.units import num_bytes, seconds
 
@@ -407,42 +403,11 @@ def _collect(
     request: CalibrateRequest, processes: list[BaseProcess], messages: Any
 ) -> Measurements:
     """Wait for every process's report; rank 0 sends the measurements before its own."""
-    deadline = time.monotonic() + request.timeout_s
-    done: dict[int, WorkerDone] = {}
-    failures: dict[int, WorkerFailed] = {}
-    silent: set[int] = set()
-    first_failure_at: float | None = None
-    result: Measurements | None = None
-    while len(done) + len(failures) < len(processes):
-        now = time.monotonic()
-        if first_failure_at is not None and now - first_failure_at > GRACE_S:
-            break
-        if now > deadline:
-            running = [rank for rank in range(len(processes)) if rank not in done]
-            raise SyncpassError(
-                f"timed out after {request.timeout_s:g} s (--timeout) with rank(s) "
-                f"{', '.join(map(str, running))} still running"
-            )
-        try:
-            message = messages.get(timeout=POLL_S)
-        except queue.Empty:
-            _note_silent_deaths(processes, done, failures, silent)
-            if failures and first_failure_at is None:
-                first_failure_at = time.monotonic()
-            continue
-        if isinstance(message, Measurements):
-            result = message
-        elif isinstance(message, WorkerDone):
-            done[message.rank] = message
-        else:
-            failures.setdefault(message.rank, message)
-            if first_failure_at is None:
-                first_failure_at = time.monotonic()
-    if failures:
-        raise _failure(failures, len(processes))
-    if result is None:
+    gathered: list[Measurements] = []
+    wait_for_reports(processes, messages, request.timeout_s, gathered.append)
+    if not gathered:
         raise SyncpassError("rank 0 finished without the gathered measurements")
-    return result
+    return gathered[0]
 
 
 def _worker_entry(request: CalibrateRequest, rank: int, messages: Any) -> None:

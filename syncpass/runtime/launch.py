@@ -118,7 +118,26 @@ def run_local(
 
 
 def _collect(request: RunRequest, processes: list[BaseProcess], messages: Any) -> RunResult:
-    deadline = time.monotonic() + request.timeout_s
+    done = wait_for_reports(processes, messages, request.timeout_s)
+    result = done[0].result
+    if result is None:
+        raise SyncpassError("rank 0 finished without the gathered figures")
+    return result
+
+
+def wait_for_reports(
+    processes: list[BaseProcess],
+    messages: Any,
+    timeout_s: float,
+    other: Callable[[Any], None] | None = None,
+) -> dict[int, WorkerDone]:
+    """Every process's WorkerDone, by rank; messages of other kinds go to ``other``.
+
+    Raises SyncpassError for the most telling failure once every process has
+    reported or a grace period after the first failure has passed, and when
+    ``timeout_s`` passes first.
+    """
+    deadline = time.monotonic() + timeout_s
     done: dict[int, WorkerDone] = {}
     failures: dict[int, WorkerFailed] = {}
     first_failure_at: float | None = None
@@ -130,7 +149,7 @@ def _collect(request: RunRequest, processes: list[BaseProcess], messages: Any) -
         if now > deadline:
             running = [rank for rank in range(len(processes)) if rank not in done]
             raise SyncpassError(
-                f"timed out after {request.timeout_s:g} s (--timeout) with rank(s) "
+                f"timed out after {timeout_s:g} s (--timeout) with rank(s) "
                 f"{', '.join(map(str, running))} still running"
             )
         try:
@@ -142,16 +161,15 @@ def _collect(request: RunRequest, processes: list[BaseProcess], messages: Any) -
             continue
         if isinstance(message, WorkerDone):
             done[message.rank] = message
-        else:
+        elif isinstance(message, WorkerFailed):
             failures.setdefault(message.rank, message)
             if first_failure_at is None:
                 first_failure_at = time.monotonic()
+        elif other is not None:
+            other(message)
     if failures:
         raise _failure(failures, len(processes))
-    result = done[0].result
-    if result is None:
-        raise SyncpassError("rank 0 finished without the gathered figures")
-    return result
+    return done
 
 
 def _note_silent_deaths(
