@@ -292,23 +292,6 @@ def _run_sweep(args: argparse.Namespace, costs: Costs, request: PlanRequest) -> 
     return EXIT_OK
 
 
-def _read_input(name: str) -> str:
-    if name == "-":
-        data = sys.stdin.buffer.read()
-        label = "<stdin>"
-    else:
-        try:
-            data = Path(name).read_bytes()
-        except FileNotFoundError:
-            raise SyncpassError("no such file", name) from None
-        except OSError as error:
-            raise SyncpassError(f"cannot read the file: {error.strerror}", name) from None
-        label = name
-    from syncpass.frontend.source import decode_source
-
-    return decode_source(data, label)
-
-
 def _run_rewrite(args: argparse.Namespace) -> int:
     from syncpass.rewrite import rewrite_source
     from syncpass.rewrite_report import analysis_to_json
@@ -318,7 +301,9 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     path = "<stdin>" if args.file == "-" else args.file
     if args.in_place and args.file == "-":
         raise SyncpassError("--in-place needs a file, not stdin")
-    text = _read_input(args.file)
+    from syncpass.frontend.source import read_model_text
+
+    text = read_model_text(args.file)
     if args.example is not None:
         if args.file == "-":
             raise SyncpassError("--example needs the model file itself, not stdin")

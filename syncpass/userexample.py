@@ -256,3 +256,11 @@ def load_example(spec: str) -> Example:
             error, origin.rpartition(":")[0], origin, f"{name}() raised"
         ) from None
     return _check_result(result, name, origin, spec)
+
+
+def example_for_file(file: str | Path, example: str) -> str:
+    """An ``--example`` spec as given with a model FILE: a bare FUNC names a function in FILE."""
+    if ":" not in example and not is_path(example):
+        return f"{file}:{example}"
+    split_spec(example)  # fails early, with the expected forms, on a malformed spec
+    return example

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import libcst as cst
@@ -24,6 +25,21 @@ def decode_source(data: bytes, name: str) -> str:
         raise SyncpassError(
             "not UTF-8 text: cannot read it as Python source", f"{name}:{line}"
         ) from None
+
+
+def read_model_text(path: str | Path) -> str:
+    """The text of a model source file, or ``-`` for stdin, with errors that name it."""
+    if str(path) == "-":
+        return decode_source(sys.stdin.buffer.read(), "<stdin>")
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise SyncpassError("no such file", str(path)) from None
+    except IsADirectoryError:
+        raise SyncpassError("is a folder, not a model source file", str(path)) from None
+    except OSError as error:
+        raise SyncpassError(f"cannot read the file: {error.strerror}", str(path)) from None
+    return decode_source(data, str(path))
 
 
 def parse_source(text: str, name: str) -> cst.Module:
@@ -53,13 +69,6 @@ def parse_source(text: str, name: str) -> cst.Module:
 
 
 def read_source(path: str | Path) -> tuple[str, cst.Module]:
-    """Read and parse a model file (``-`` is not handled here: callers pass text)."""
-    path = Path(path)
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise SyncpassError("no such file", str(path)) from None
-    except OSError as error:
-        raise SyncpassError(f"cannot read the file: {error.strerror}", str(path)) from None
-    text = decode_source(data, str(path))
+    """Read and parse a model file."""
+    text = read_model_text(path)
     return text, parse_source(text, str(path))

@@ -114,31 +114,6 @@ class ProgressReporter:
             print(f"syncpass profile: {message} ({elapsed:.1f} s)", file=self.stream, flush=True)
 
 
-def example_spec(file: Path, example: str) -> str:
-    """``--example``: a bare FUNC names a function in FILE."""
-    from syncpass.userexample import is_path, split_spec
-
-    if ":" not in example and not is_path(example):
-        return f"{file}:{example}"
-    split_spec(example)  # fails early, with the expected forms, on a malformed spec
-    return example
-
-
-def read_model_source(file: Path) -> str:
-    """The text of FILE, with the errors ``syncpass rewrite`` gives."""
-    from syncpass.frontend.source import decode_source
-
-    try:
-        data = file.read_bytes()
-    except FileNotFoundError:
-        raise SyncpassError("no such file", str(file)) from None
-    except IsADirectoryError:
-        raise SyncpassError("is a folder, not a model source file", str(file)) from None
-    except OSError as error:
-        raise SyncpassError(f"cannot read the file: {error.strerror}", str(file)) from None
-    return decode_source(data, str(file))
-
-
 def check_model_file(model: torch.nn.Module, file: Path, class_name: str | None) -> None:
     """The example's model must run the forward written in FILE, not a copy elsewhere."""
     for cls in type(model).__mro__:
@@ -187,10 +162,10 @@ def measure_file(
     The one place where user code runs, for ``profile`` and ``rewrite --example``.
     """
     from syncpass.frontend.source import parse_source
-    from syncpass.userexample import load_example
+    from syncpass.userexample import example_for_file, load_example
 
     parse_source(text, str(file))  # a syntax error is reported before any user code runs
-    spec = example_spec(file, example)
+    spec = example_for_file(file, example)
     progress = ProgressReporter(sys.stderr)
     progress("loading the example")
     loaded = load_example(spec)
@@ -219,9 +194,10 @@ def measure_file(
 def profile_command(args: argparse.Namespace) -> int:
     """Handler of ``syncpass profile``: load the example, measure, write the cost file."""
     from syncpass.costs import costs_to_json
+    from syncpass.frontend.source import read_model_text
 
     file: Path = args.file
-    text = read_model_source(file)
+    text = read_model_text(file)
     costs = measure_file(
         file, text, args.example, args.model, args.repeats, args.warmup, args.threads, args.depth
     )

@@ -22,7 +22,7 @@ from syncpass.fileio import write_atomically
 from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
 from syncpass.runtime.launch import launch
 from syncpass.runtime.render import render_run, report_document
-from syncpass.userexample import is_path, split_spec
+from syncpass.userexample import example_for_file
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -119,14 +119,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return run  # type: ignore[no-any-return]
 
 
-def example_spec(file: Path, example: str) -> str:
-    """``--example``: a bare FUNC names a function in FILE."""
-    if ":" not in example and not is_path(example):
-        return f"{file}:{example}"
-    split_spec(example)  # fails early, with the expected forms, on a malformed spec
-    return example
-
-
 def request_from_args(args: argparse.Namespace) -> RunRequest:
     """The RunRequest of parsed ``syncpass run`` arguments; checks what needs no process."""
     file: Path = args.file
@@ -147,7 +139,7 @@ def request_from_args(args: argparse.Namespace) -> RunRequest:
         )
     return RunRequest(
         file=str(file),
-        example=example_spec(file, args.example),
+        example=example_for_file(file, args.example),
         stages=args.stages,
         microbatches=args.microbatches,
         schedule=args.schedule,
