@@ -76,6 +76,12 @@ MATMUL_TARGET_S = 0.2
 MATMUL_REPEATS = 5
 #: The largest matmul side: 3 float32 matrices of 8192 x 8192 are 768 MiB per process.
 MATMUL_MAX_N = 8192
+#: The pipeline whose runtime overhead is timed: a linear layer per process, small
+#: enough that the layer's own time is a fraction of the runtime's.
+OVERHEAD_WIDTH = 64
+OVERHEAD_ROWS = 4
+OVERHEAD_MICROBATCHES = 8
+OVERHEAD_STEPS = 10
 
 
 @dataclass(frozen=True)
@@ -130,6 +136,7 @@ class Measurements:
     times: tuple[SizeTimes, ...]
     matmul: tuple[MatmulRate, ...]
     device_memory_bytes: int | None = None
+    stage_overhead_s: float = 0.0  # the pipeline runtime's own time per micro-batch action
 
     @property
     def flops_per_s(self) -> float:
@@ -475,11 +482,13 @@ def _measure(request: CalibrateRequest, rank: int) -> Measurements | None:
     all_reduce = _all_reduce(request, device, sync)
     dist.barrier()
     matmul = _matmul_rate(rank, device, sync)
+    dist.barrier()
+    overhead = _stage_overhead(request, rank, device, sync)
     memory = (
         torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     )
     gathered: list[Any] | None = [None] * request.procs if rank == 0 else None
-    dist.gather_object((all_reduce, matmul, memory), gathered, dst=0)
+    dist.gather_object((all_reduce, matmul, memory, overhead), gathered, dst=0)
     if gathered is None:
         return None
     # Per repetition the rank that entered last timed only the collective (see the module doc).
@@ -499,6 +508,7 @@ def _measure(request: CalibrateRequest, rank: int) -> Measurements | None:
         ),
         matmul=tuple(entry[1] for entry in gathered),
         device_memory_bytes=min(memories) if memories else None,
+        stage_overhead_s=statistics.median(entry[3] for entry in gathered),
     )
 
 
@@ -556,6 +566,71 @@ def _all_reduce(
             if index >= request.warmup:
                 size_samples.append(time.perf_counter() - start)
     return samples
+
+
+def _stage_overhead(
+    request: CalibrateRequest, rank: int, device: torch.device, sync: Callable[[], None]
+) -> float:
+    """This rank's pipeline runtime time per micro-batch forward or backward.
+
+    Every process holds one stage of a real ``torch.distributed.pipelining``
+    pipeline of small linear layers run under 1F1B; the time inside the
+    stage's forward and backward calls, less what the same layer takes for
+    the same micro-batches run directly, spread over the actions, is what the
+    runtime adds to each (input checks, autograd bookkeeping, posting the
+    transfers). Median over the timed steps.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    width, rows, microbatches = OVERHEAD_WIDTH, OVERHEAD_ROWS, OVERHEAD_MICROBATCHES
+    layer = torch.nn.Linear(width, width).to(device)
+    stage = PipelineStage(layer, rank, request.procs, device)
+    inside = [0.0]
+
+    def timed(call: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                sync()
+                inside[0] += time.perf_counter() - start
+
+        return run
+
+    stage.forward_one_chunk = timed(stage.forward_one_chunk)  # type: ignore[method-assign]
+    stage.backward_one_chunk = timed(stage.backward_one_chunk)  # type: ignore[method-assign]
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return ((output - target) ** 2).mean()
+
+    schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=loss)
+    batch = torch.randn(microbatches * rows, width, device=device)
+    target = torch.randn(microbatches * rows, width, device=device)
+    chunk = batch[:rows].clone().requires_grad_()
+
+    def direct() -> float:
+        start = time.perf_counter()
+        for _ in range(microbatches):
+            layer(chunk).sum().backward()
+        sync()
+        return time.perf_counter() - start
+
+    samples = []
+    for index in range(request.warmup + OVERHEAD_STEPS):
+        dist.barrier()
+        inside[0] = 0.0
+        if rank == 0:
+            schedule.step(batch)
+        elif rank == request.procs - 1:
+            schedule.step(target=target)
+        else:
+            schedule.step()
+        if index >= request.warmup:
+            samples.append(max(0.0, inside[0] - direct()) / (2 * microbatches))
+    return statistics.median(samples)
 
 
 def _matmul_rate(rank: int, device: torch.device, sync: Callable[[], None]) -> MatmulRate:
@@ -633,6 +708,8 @@ def render_calibration(measurements: Measurements, fit: LinkFit) -> str:
         f"{seconds(fit.alpha_s)}{clamped}, beta {_rate(fit.beta_bytes_per_s, 'B/s')}; "
         f"|error| max {100 * max(errors):.1f}%, median {100 * statistics.median(errors):.1f}%",
         _describe_matmul(measurements),
+        f"pipeline runtime overhead per micro-batch forward or backward (1F1B, "
+        f"{OVERHEAD_MICROBATCHES} micro-batches): {seconds(measurements.stage_overhead_s)}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -670,6 +747,7 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
         name=f"{request.procs} local processes over {request.backend} on {measurements.host} "
         "(calibrated)",
         flops_per_s=_round(measurements.flops_per_s),
+        stage_overhead_s=_round(measurements.stage_overhead_s),
     )
     first, last = measurements.times[0].size_bytes, measurements.times[-1].size_bytes
     errors = [
@@ -686,7 +764,10 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
         f"warm-up) at {len(measurements.times)} sizes from {num_bytes(first)} to "
         f"{num_bytes(last)}; flops_per_s: float32 matmul {matmul.n}x{matmul.n}, "
         f"{request.threads} thread(s) per process, median of {MATMUL_REPEATS}, median of the "
-        f"{request.procs} processes measured at once"
+        f"{request.procs} processes measured at once; stage_overhead_s: a real 1F1B pipeline "
+        f"of one {OVERHEAD_WIDTH}-wide linear layer per process, {OVERHEAD_MICROBATCHES} "
+        f"micro-batches, time inside the stage's forward and backward calls less the same "
+        f"layer's, per action, median of {OVERHEAD_STEPS} steps and of the processes"
     )
     lines = [
         f"# Measured by syncpass calibrate on {when:%Y-%m-%d %H:%M} UTC.",
@@ -704,6 +785,7 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
     if hardware.device_memory_bytes is not None:
         lines.append(f"device_memory_bytes = {int(hardware.device_memory_bytes)}")
     lines.append(f"flops_per_s = {hardware.flops_per_s!r}")
+    lines.append(f"stage_overhead_s = {hardware.stage_overhead_s!r}")
     return "\n".join(lines) + "\n"
 
 

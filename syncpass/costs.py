@@ -33,6 +33,9 @@ class Hardware:
 
     Communication of ``b`` bytes takes ``alpha_s + b / beta_bytes_per_s``.
     ``device_memory_bytes`` of ``None`` means no memory limit.
+    ``stage_overhead_s`` is the pipeline runtime's own time for each micro-batch
+    forward or backward a stage runs (scheduling, autograd bookkeeping, setting
+    up the transfers), on top of the ops' compute.
     """
 
     alpha_s: float
@@ -40,6 +43,7 @@ class Hardware:
     device_memory_bytes: float | None = None
     name: str | None = None
     flops_per_s: float | None = None  # the compute rate the op times reflect, when known
+    stage_overhead_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not (_is_number(self.alpha_s) and self.alpha_s >= 0):
@@ -60,6 +64,10 @@ class Hardware:
             _is_number(self.flops_per_s) and self.flops_per_s > 0
         ):
             raise ValueError(f"flops_per_s must be > 0, got {self.flops_per_s!r}")
+        if not (_is_number(self.stage_overhead_s) and self.stage_overhead_s >= 0):
+            raise ValueError(
+                f"stage_overhead_s must be a number >= 0 seconds, got {self.stage_overhead_s!r}"
+            )
 
     def transfer_s(self, num_bytes: float) -> float:
         """Time to move ``num_bytes`` once, one way."""
@@ -73,6 +81,11 @@ class OpCost:
     ``id`` is the op's stable id (its qualified name in the model, with a
     source position where the name alone is not unique); ``source`` is
     ``"file:line"`` when known.
+
+    ``fixed_s`` and ``backward_fixed_s`` are the parts of ``compute_s`` and
+    ``backward_s`` that every call costs whatever its batch (dispatch, kernel
+    launches, Python): a micro-batch of ``1/M`` of the batch takes
+    ``fixed_s + (compute_s - fixed_s) / M``, not ``compute_s / M``.
     """
 
     id: str
@@ -82,14 +95,36 @@ class OpCost:
     out_bytes: float = 0
     flops: float | None = None
     source: str | None = None
+    fixed_s: float = 0.0
+    backward_fixed_s: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.id:
             raise ValueError("an op id must be a non-empty string")
-        for name in ("compute_s", "backward_s", "param_bytes", "out_bytes"):
+        for name in (
+            "compute_s",
+            "backward_s",
+            "param_bytes",
+            "out_bytes",
+            "fixed_s",
+            "backward_fixed_s",
+        ):
             value = getattr(self, name)
             if not (_is_number(value) and value >= 0 and math.isfinite(value)):
                 raise ValueError(f"op {self.id!r}: {name} must be a finite number >= 0")
+        if self.fixed_s > self.compute_s or self.backward_fixed_s > self.backward_s:
+            raise ValueError(
+                f"op {self.id!r}: fixed_s and backward_fixed_s cannot exceed "
+                "compute_s and backward_s"
+            )
+
+    def forward_step_s(self, microbatches: int = 1) -> float:
+        """Forward time over one step of ``microbatches`` micro-batches."""
+        return self.compute_s + (microbatches - 1) * self.fixed_s
+
+    def backward_step_s(self, microbatches: int = 1) -> float:
+        """Backward time over one step of ``microbatches`` micro-batches."""
+        return self.backward_s + (microbatches - 1) * self.backward_fixed_s
 
 
 @dataclass(frozen=True)
@@ -174,13 +209,17 @@ class Costs:
         """Bytes crossing each admissible cut, by position (the cut after op ``t`` is ``t + 1``)."""
         return {self.op_index[cut.after] + 1: cut.live_bytes for cut in self.cuts}
 
-    def op_compute_s(self, op: OpCost) -> float:
-        """Compute one op costs per step: forward, plus backward when training."""
-        return op.compute_s + op.backward_s if self.training else op.compute_s
+    def op_compute_s(self, op: OpCost, microbatches: int = 1) -> float:
+        """Compute one op costs per step of ``microbatches`` micro-batches: forward,
+        plus backward when training (each micro-batch pays the op's fixed part)."""
+        forward = op.forward_step_s(microbatches)
+        return forward + op.backward_step_s(microbatches) if self.training else forward
 
-    def cut_comm_s(self, cut: CutCost) -> float:
-        """Communication of one cut per step: both directions when training."""
-        one_way = self.hardware.transfer_s(cut.live_bytes)
+    def cut_comm_s(self, cut: CutCost, microbatches: int = 1) -> float:
+        """Communication of one cut per step: one transfer per micro-batch (each pays
+        the latency), both directions when training."""
+        hardware = self.hardware
+        one_way = microbatches * hardware.alpha_s + cut.live_bytes / hardware.beta_bytes_per_s
         return 2.0 * one_way if self.training else one_way
 
     def op_memory_bytes(self, op: OpCost) -> float:
@@ -241,7 +280,14 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
     reader.no_unknown(
         hardware_data,
         "$.hardware",
-        ("alpha_s", "beta_bytes_per_s", "device_memory_bytes", "name", "flops_per_s"),
+        (
+            "alpha_s",
+            "beta_bytes_per_s",
+            "device_memory_bytes",
+            "name",
+            "flops_per_s",
+            "stage_overhead_s",
+        ),
     )
     memory = hardware_data.get("device_memory_bytes")
     hardware = Hardware(
@@ -256,6 +302,9 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         flops_per_s=None
         if hardware_data.get("flops_per_s") is None
         else reader.number(hardware_data, "$.hardware", "flops_per_s", 0, strict=True),
+        stage_overhead_s=reader.number(
+            hardware_data, "$.hardware", "stage_overhead_s", minimum=0, default=0.0
+        ),
     )
     config = default_sync_config()
     if "config" in top:
@@ -276,7 +325,17 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         reader.no_unknown(
             op,
             where,
-            ("id", "compute_s", "backward_s", "param_bytes", "out_bytes", "flops", "source"),
+            (
+                "id",
+                "compute_s",
+                "backward_s",
+                "param_bytes",
+                "out_bytes",
+                "flops",
+                "source",
+                "fixed_s",
+                "backward_fixed_s",
+            ),
         )
         op_id = reader.string(op, where, "id")
         if op_id in seen:
@@ -285,11 +344,21 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             )
         seen[op_id] = index
         flops = op.get("flops")
+        compute_s = reader.number(op, where, "compute_s", minimum=0)
+        backward_s = reader.number(op, where, "backward_s", minimum=0, default=0.0)
+        fixed_s = reader.number(op, where, "fixed_s", minimum=0, default=0.0)
+        backward_fixed_s = reader.number(op, where, "backward_fixed_s", minimum=0, default=0.0)
+        if fixed_s > compute_s:
+            raise reader.error(f"{where}.fixed_s", "cannot exceed compute_s")
+        if backward_fixed_s > backward_s:
+            raise reader.error(f"{where}.backward_fixed_s", "cannot exceed backward_s")
         ops.append(
             OpCost(
                 id=op_id,
-                compute_s=reader.number(op, where, "compute_s", minimum=0),
-                backward_s=reader.number(op, where, "backward_s", minimum=0, default=0.0),
+                compute_s=compute_s,
+                backward_s=backward_s,
+                fixed_s=fixed_s,
+                backward_fixed_s=backward_fixed_s,
                 param_bytes=reader.number(op, where, "param_bytes", minimum=0, default=0),
                 out_bytes=reader.number(op, where, "out_bytes", minimum=0, default=0),
                 flops=None if flops is None else reader.number(op, where, "flops", minimum=0),
@@ -380,6 +449,8 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
         hardware["name"] = costs.hardware.name
     if costs.hardware.flops_per_s is not None:
         hardware["flops_per_s"] = costs.hardware.flops_per_s
+    if costs.hardware.stage_overhead_s:
+        hardware["stage_overhead_s"] = costs.hardware.stage_overhead_s
     data: dict[str, Any] = {"version": costs.version}
     if costs.model is not None:
         data["model"] = costs.model
@@ -410,6 +481,10 @@ def _op_to_json(op: OpCost) -> dict[str, Any]:
         "param_bytes": op.param_bytes,
         "out_bytes": op.out_bytes,
     }
+    if op.fixed_s:
+        data["fixed_s"] = op.fixed_s
+    if op.backward_fixed_s:
+        data["backward_fixed_s"] = op.backward_fixed_s
     if op.flops is not None:
         data["flops"] = op.flops
     if op.source is not None:

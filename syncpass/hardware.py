@@ -26,7 +26,15 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
-_KEYS = ("name", "source", "alpha_s", "beta_bytes_per_s", "device_memory_bytes", "flops_per_s")
+_KEYS = (
+    "name",
+    "source",
+    "alpha_s",
+    "beta_bytes_per_s",
+    "device_memory_bytes",
+    "flops_per_s",
+    "stage_overhead_s",
+)
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,7 @@ def load_profile(name_or_path: str) -> HardwareProfile:
             device_memory_bytes=data.get("device_memory_bytes"),
             name=data.get("name", name_or_path),
             flops_per_s=data.get("flops_per_s"),
+            stage_overhead_s=data.get("stage_overhead_s", 0.0),
         )
     except KeyError as error:
         raise SyncpassError(f"missing required field {error.args[0]!r}", where) from None
@@ -105,7 +114,11 @@ def retarget_hardware(costs: Costs, profile: HardwareProfile) -> Costs:
         scale = measured.flops_per_s / target.flops_per_s
         ops = tuple(
             dataclasses.replace(
-                op, compute_s=op.compute_s * scale, backward_s=op.backward_s * scale
+                op,
+                compute_s=op.compute_s * scale,
+                backward_s=op.backward_s * scale,
+                fixed_s=op.fixed_s * scale,
+                backward_fixed_s=op.backward_fixed_s * scale,
             )
             for op in costs.ops
         )

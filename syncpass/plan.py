@@ -131,8 +131,14 @@ class Plan:
 # --- building the problem ---------------------------------------------------
 
 
-def problem_from_costs(costs: Costs, config: SyncConfig, pinned: tuple[str, ...] = ()) -> Problem:
-    """The optimiser's arrays for ``costs``; ``pinned`` op ids must have cuts."""
+def problem_from_costs(
+    costs: Costs, config: SyncConfig, pinned: tuple[str, ...] = (), microbatches: int = 1
+) -> Problem:
+    """The optimiser's arrays for ``costs``; ``pinned`` op ids must have cuts.
+
+    Costs are per step of ``microbatches`` micro-batches: each micro-batch pays
+    every op's fixed part and every transfer's latency.
+    """
     n = len(costs.ops)
     index = costs.op_index
     cut_comm = np.zeros(n + 1)
@@ -141,7 +147,7 @@ def problem_from_costs(costs: Costs, config: SyncConfig, pinned: tuple[str, ...]
     for cut in costs.cuts:
         position = index[cut.after] + 1
         admissible[position] = True
-        cut_comm[position] = costs.cut_comm_s(cut)
+        cut_comm[position] = costs.cut_comm_s(cut, microbatches)
         pins[position] = cut.pinned
     for op_id in pinned:
         if op_id not in index:
@@ -160,7 +166,9 @@ def problem_from_costs(costs: Costs, config: SyncConfig, pinned: tuple[str, ...]
     memory = costs.hardware.device_memory_bytes
     return Problem(
         last_use=last_use_positions(costs),
-        op_compute=np.array([costs.op_compute_s(op) for op in costs.ops], dtype=np.float64),
+        op_compute=np.array(
+            [costs.op_compute_s(op, microbatches) for op in costs.ops], dtype=np.float64
+        ),
         op_memory=np.array([costs.op_memory_bytes(op) for op in costs.ops], dtype=np.float64),
         cut_comm=cut_comm,
         admissible=admissible,
@@ -195,7 +203,10 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
     Raises :class:`SyncpassError` (an :class:`InfeasibleError` when the
     constraints rule out every plan) with a message that says what to change.
     """
-    problem = problem_from_costs(costs, request.config, request.pinned)
+    microbatches = request.microbatches or default_microbatches(
+        request.stages or 1, costs.batch_size
+    )
+    problem = problem_from_costs(costs, request.config, request.pinned, microbatches)
     strategy = request.config.strategy
     requested_tau = request.config.communication_cost_threshold
     stages = _stage_count(problem, request, origin)
@@ -416,10 +427,16 @@ def predict(
 ) -> Prediction:
     """Simulated step of the plan with ``cuts`` under ``schedule``."""
     bounds = (0, *cuts, problem.num_ops)
+    training = costs.training
     loads = tuple(
         StageLoad(
             forward_s=sum(op.compute_s for op in costs.ops[start:end]),
-            backward_s=sum(op.backward_s for op in costs.ops[start:end]) if costs.training else 0.0,
+            backward_s=sum(op.backward_s for op in costs.ops[start:end]) if training else 0.0,
+            forward_fixed_s=sum(op.fixed_s for op in costs.ops[start:end]),
+            backward_fixed_s=sum(op.backward_fixed_s for op in costs.ops[start:end])
+            if training
+            else 0.0,
+            overhead_s=costs.hardware.stage_overhead_s,
         )
         for start, end in itertools.pairwise(bounds)
     )

@@ -1,7 +1,9 @@
 """Re-target a cost file to another batch size, and see how the plan moves with it.
 
 Compute time, activation bytes and the bytes crossing each cut scale with the
-batch; parameter bytes and the link latency ``alpha`` do not. So at small
+batch; parameter bytes, the link latency ``alpha`` and the fixed part of each
+op's time (what every call costs whatever its batch, when the profile measured
+it) do not. So at small
 batches latency dominates and fewer, cheaper cuts win, at large batches the
 bytes crossing a cut matter more: the best cuts move with the batch size.
 The scaling is linear, which is what a cost file measured at one batch size
@@ -34,8 +36,8 @@ def retarget_batch(costs: Costs, batch_size: int) -> Costs:
     ops = tuple(
         dataclasses.replace(
             op,
-            compute_s=op.compute_s * scale,
-            backward_s=op.backward_s * scale,
+            compute_s=op.fixed_s + (op.compute_s - op.fixed_s) * scale,
+            backward_s=op.backward_fixed_s + (op.backward_s - op.backward_fixed_s) * scale,
             out_bytes=op.out_bytes * scale,
             flops=None if op.flops is None else op.flops * scale,
         )
@@ -44,7 +46,7 @@ def retarget_batch(costs: Costs, batch_size: int) -> Costs:
     cuts = tuple(dataclasses.replace(cut, live_bytes=cut.live_bytes * scale) for cut in costs.cuts)
     note = (
         f"re-targeted from batch {costs.batch_size} to {batch_size}: compute and activation "
-        f"bytes x{scale:.3g}, parameters and link latency unchanged"
+        f"bytes x{scale:.3g}, parameters, link latency and per-call fixed times unchanged"
     )
     return dataclasses.replace(
         costs, batch_size=batch_size, ops=ops, cuts=cuts, notes=(*costs.notes, note)

@@ -9,9 +9,12 @@ back. Transfers keep the worker busy (no overlap of compute and
 communication, as with gloo on CPU or one NCCL stream), and a receive ends
 no earlier than the matching send, so a receiver that is ready first waits.
 
-Per micro-batch, compute and bytes are the full batch's divided by the
-number of micro-batches ``M``; the link latency ``alpha`` is paid in full by
-every transfer, so more micro-batches shrink the bubble but add latency.
+Per micro-batch, bytes are the full batch's divided by the number of
+micro-batches ``M`` and so is compute, except its fixed part (what each call
+costs whatever its batch), which every micro-batch pays in full, as it pays
+the pipeline runtime's overhead per action; the link latency ``alpha`` is paid
+in full by every transfer, so more micro-batches shrink the bubble but add
+latency and overhead.
 
 Schedules:
 
@@ -31,10 +34,27 @@ from syncpass.config import SCHEDULES
 
 @dataclass(frozen=True)
 class StageLoad:
-    """A stage's full-batch work: forward and backward compute in seconds."""
+    """A stage's full-batch work: forward and backward compute in seconds.
+
+    ``forward_fixed_s`` and ``backward_fixed_s`` are the parts every call pays
+    whatever its batch; ``overhead_s`` is the runtime's own time per action.
+    """
 
     forward_s: float
     backward_s: float
+    forward_fixed_s: float = 0.0
+    backward_fixed_s: float = 0.0
+    overhead_s: float = 0.0
+
+    def forward_microbatch_s(self, microbatches: int) -> float:
+        """One micro-batch's forward, of ``microbatches`` per step."""
+        variable = self.forward_s - self.forward_fixed_s
+        return self.forward_fixed_s + variable / microbatches + self.overhead_s
+
+    def backward_microbatch_s(self, microbatches: int) -> float:
+        """One micro-batch's backward, of ``microbatches`` per step."""
+        variable = self.backward_s - self.backward_fixed_s
+        return self.backward_fixed_s + variable / microbatches + self.overhead_s
 
 
 @dataclass(frozen=True)
@@ -117,6 +137,8 @@ def simulate(
     if microbatches < 1:
         raise ValueError("microbatches must be at least 1")
     transfer = [link.transfer_s(microbatches) for link in links]
+    forward_work = [load.forward_microbatch_s(microbatches) for load in loads]
+    backward_work = [load.backward_microbatch_s(microbatches) for load in loads]
     orders = [stage_order(schedule, s, stages, microbatches, training) for s in range(stages)]
     done: dict[tuple[str, int, int], float] = {}  # (kind, stage, micro-batch) -> end time
     clock = [0.0] * stages
@@ -139,10 +161,10 @@ def simulate(
                     send = transfer[s - 1]
                 if kind == "F":
                     dependency = ("F", s - 1, m) if s > 0 else None
-                    work = loads[s].forward_s / microbatches
+                    work = forward_work[s]
                 else:
                     dependency = ("B", s + 1, m) if s < stages - 1 else ("F", s, m)
-                    work = loads[s].backward_s / microbatches
+                    work = backward_work[s]
                 start = clock[s]
                 if dependency is not None:
                     if dependency not in done:

@@ -243,6 +243,9 @@ def test_two_gloo_processes_calibrate_a_profile_that_plan_uses(
     hardware = profile.hardware
     assert hardware.alpha_s >= 0 and hardware.beta_bytes_per_s > 0
     assert hardware.flops_per_s is not None and hardware.flops_per_s > 1e8
+    # A real pipeline's runtime costs something per action, and far less than a second.
+    assert 0 < hardware.stage_overhead_s < 0.05
+    assert "pipeline runtime overhead per micro-batch" in out
     assert "2 local processes" in profile.source and "backend gloo" in profile.source
     for label in ("4 B", "1 KiB", "64 KiB", "1 MiB", "4 MiB"):
         assert any(line.split()[:2] == label.split() for line in out.splitlines()), label

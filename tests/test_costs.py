@@ -97,6 +97,16 @@ def _broken(change: Any) -> dict[str, Any]:
         (lambda d: d["config"].update(strategy="greedy"), "$.config", "strategy must be one of"),
         (lambda d: d["config"].update(colour="red"), "$.config", "unknown setting 'colour'"),
         (lambda d: d["cuts"][0].update(live_bytes=-5), "$.cuts[0].live_bytes", "must be >= 0"),
+        (
+            lambda d: d["ops"][0].update(fixed_s=d["ops"][0]["compute_s"] * 2),
+            "$.ops[0].fixed_s",
+            "cannot exceed compute_s",
+        ),
+        (
+            lambda d: d["hardware"].update(stage_overhead_s=-1),
+            "$.hardware.stage_overhead_s",
+            "must be >= 0",
+        ),
     ],
 )
 def test_bad_fields_are_named_by_json_path(change: Any, where: str, what: str) -> None:
@@ -140,3 +150,20 @@ def test_config_file_reads_pyproject_table_and_names_unknown_keys(tmp_path: Path
         load_config_file(bad, SyncConfig())
     assert "unknown setting 'min_interval'" in str(caught.value)
     assert "min_sync_interval" in str(caught.value)  # lists the valid ones
+
+
+def test_fixed_parts_and_runtime_overhead_round_trip_and_count_per_microbatch() -> None:
+    data = copy.deepcopy(ISSUE_EXAMPLE)
+    data["training"] = True
+    data["ops"][0].update(compute_s=4.0, fixed_s=1.0, backward_s=6.0, backward_fixed_s=2.0)
+    data["hardware"].update(stage_overhead_s=0.25)
+    costs = parse_costs(data)
+    assert parse_costs(costs_to_json(costs)) == costs
+    op = costs.ops[0]
+    # Four micro-batches: each pays the fixed part, the rest is split between them.
+    assert costs.op_compute_s(op, 4) == pytest.approx(4.0 + 3 * 1.0 + 6.0 + 3 * 2.0)
+    assert costs.op_compute_s(op) == pytest.approx(10.0)
+    cut = costs.cuts[0]
+    hardware = costs.hardware
+    per_step = 2 * (4 * hardware.alpha_s + cut.live_bytes / hardware.beta_bytes_per_s)
+    assert costs.cut_comm_s(cut, 4) == pytest.approx(per_step)

@@ -28,6 +28,7 @@ from syncpass.profiling.measure import (
     _backward_spans,
     _forward_spans,
     build_graph,
+    fixed_part,
     profile_costs,
     tensor_bytes,
 )
@@ -493,6 +494,10 @@ def test_command_writes_a_cost_file_that_rewrite_accepts(
     assert f"wrote {output}" in capsys.readouterr().err
     costs = load_costs(output)
     assert costs.model == "Skip"
+    # The command also times a quarter batch: on ops this small, a call's fixed
+    # cost is most of its time, so some op must show one.
+    assert any(op.fixed_s > 0 for op in costs.ops)
+    assert all(op.fixed_s <= op.compute_s for op in costs.ops)
     rewrite = subprocess.run(
         [
             *(sys.executable, "-m", "syncpass", "rewrite", str(model_file)),
@@ -562,3 +567,13 @@ def test_command_rejects_counts_out_of_range(model_file: Path) -> None:
     with pytest.raises(SystemExit) as caught:
         run_command(["profile", str(model_file), "-o", "x.json", "--repeats", "0"])
     assert caught.value.code == 2
+
+
+def test_fixed_part_is_the_intercept_of_the_line_through_both_batches() -> None:
+    # t(b) = 2 + 0.5 b: 6 at batch 8, 3 at batch 2.
+    assert fixed_part(6.0, 3.0, 8, 2) == pytest.approx(2.0)
+    # Noise that puts the intercept below 0 or above the smaller time is clamped.
+    assert fixed_part(8.0, 1.0, 8, 2) == 0.0
+    assert fixed_part(3.0, 3.5, 8, 2) == 3.0
+    with pytest.raises(ValueError):
+        fixed_part(1.0, 1.0, 2, 2)

@@ -53,3 +53,16 @@ def test_sweep_ranges_are_exact() -> None:
             plan = make_plan(retarget_batch(costs, batch), request())
             assert tuple(p.after for p in plan.sync_points) == plan_range.cuts, batch
     assert all(a.high + 1 == b.low for a, b in itertools.pairwise(ranges))
+
+
+def test_the_fixed_part_of_each_op_does_not_scale_with_the_batch() -> None:
+    data = cost_dict([1.0, 2.0], [64], backward=[2.0, 4.0])
+    ops = data["ops"]
+    assert isinstance(ops, list)
+    ops[0].update(fixed_s=0.5, backward_fixed_s=1.0)
+    costs = parse_costs(data)
+    bigger = retarget_batch(costs, 32)  # x4
+    assert bigger.ops[0].compute_s == pytest.approx(0.5 + 0.5 * 4)
+    assert bigger.ops[0].backward_s == pytest.approx(1.0 + 1.0 * 4)
+    assert (bigger.ops[0].fixed_s, bigger.ops[0].backward_fixed_s) == (0.5, 1.0)
+    assert bigger.ops[1].compute_s == pytest.approx(8.0)

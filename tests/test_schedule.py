@@ -103,3 +103,17 @@ def test_simulated_steps_are_consistent(
     assert math.isclose(
         sum(stage.compute_s for stage in prediction.stages), total, rel_tol=1e-9, abs_tol=1e-12
     )
+
+
+def test_fixed_parts_and_runtime_overhead_are_paid_by_every_microbatch() -> None:
+    # One stage, 4 micro-batches: each pays the fixed 1 s forward and 2 s backward,
+    # a quarter of the rest, and the runtime's 0.5 s per forward and per backward.
+    load = StageLoad(
+        forward_s=5.0, backward_s=10.0, forward_fixed_s=1.0, backward_fixed_s=2.0, overhead_s=0.5
+    )
+    assert load.forward_microbatch_s(4) == pytest.approx(1.0 + 4.0 / 4 + 0.5)
+    assert load.backward_microbatch_s(4) == pytest.approx(2.0 + 8.0 / 4 + 0.5)
+    prediction = simulate((load,), (), 4, "1f1b", training=True)
+    assert prediction.step_s == pytest.approx(4 * (2.5 + 4.5))
+    # With one micro-batch the fixed parts are already in the full-batch times.
+    assert simulate((load,), (), 1, "gpipe", training=True).step_s == pytest.approx(16.0)

@@ -16,6 +16,7 @@ import inspect
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -176,6 +177,9 @@ def measure_file(
     def loss(output: Any) -> torch.Tensor:
         return loaded.loss_fn(output, loaded.target)
 
+    small = smaller_batch(loaded.args, loaded.target, loaded.loss_fn)
+    if small is None:
+        progress("the example's batch cannot be cut in four; per-call fixed times not measured")
     return profile_costs(
         text,
         str(file),
@@ -188,7 +192,44 @@ def measure_file(
         threads=threads,
         progress=progress,
         depth=depth,
+        small_batch=small,
     )
+
+
+def smaller_batch(
+    args: tuple[Any, ...], target: Any, loss_fn: Callable[[Any, Any], torch.Tensor]
+) -> tuple[tuple[Any, ...], Callable[[Any], torch.Tensor]] | None:
+    """The first quarter of the example's batch, with its loss, or ``None`` when it
+    cannot be cut (a batch under 4, or inputs or target without the batch dimension).
+    A ``None`` target (the default loss, which ignores it) stays ``None``."""
+    import torch
+
+    from syncpass.profiling.measure import SMALL_BATCH_DIVISOR
+
+    tensors = [value for value in args if isinstance(value, torch.Tensor)]
+    if not tensors or tensors[0].dim() == 0:
+        return None
+    size = int(tensors[0].shape[0])
+    small = size // SMALL_BATCH_DIVISOR
+    if small < 1:
+        return None
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == size:
+            return value[:small]
+        return value
+
+    if target is not None and not (
+        isinstance(target, torch.Tensor) and target.dim() > 0 and target.shape[0] == size
+    ):
+        return None
+    small_args = tuple(cut(value) for value in args)
+    small_target = None if target is None else target[:small]
+
+    def small_loss(output: Any) -> torch.Tensor:
+        return loss_fn(output, small_target)
+
+    return small_args, small_loss
 
 
 def profile_command(args: argparse.Namespace) -> int:

@@ -15,6 +15,12 @@ What each op gets:
   loss, which a pipeline's last stage computes.
 * ``backward_s``: see :class:`_Boundary`. The gradient of the loss and the
   backward of the ``return`` expression go to the last op.
+* ``fixed_s`` and ``backward_fixed_s``: the part of each time that does not
+  shrink with the batch (dispatch, kernel launches, Python), from a second
+  set of timed runs on a smaller batch (:data:`SMALL_BATCH_DIVISOR`) taken in
+  turn with the full-batch runs: with ``t(b) = fixed + b * per_sample``
+  through the two medians, clamped to ``0 <= fixed <= min(t(small), t(full))``.
+  A pipeline runs micro-batches, and on small ops this part is most of the time.
 * ``flops``: forward FLOPs from :class:`torch.utils.flop_counter.FlopCounterMode`
   (a separate run, since counting slows ops down), with a formula for the CPU
   flash-attention kernel, which torch's table lacks.
@@ -62,6 +68,9 @@ from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
 
 #: Until link calibration exists: a gloo link between local processes, roughly.
 PLACEHOLDER_HARDWARE = load_profile("cpu-gloo-loopback").hardware
+#: The second, smaller batch timed to split each op's time into its fixed part and
+#: its per-sample part: a quarter of the example's batch (one micro-batch of four).
+SMALL_BATCH_DIVISOR = 4
 #: Weights, gradients and two Adam moments per parameter byte.
 TRAINING_MEMORY_MULTIPLIER = 4
 
@@ -725,6 +734,19 @@ def _no_sync() -> None:
     pass
 
 
+def fixed_part(full_s: float, small_s: float, full_batch: int, small_batch: int) -> float:
+    """The time a call costs whatever its batch, from times at two batch sizes.
+
+    The line ``t(b) = fixed + b * per_sample`` through both points, with the
+    fixed part kept within ``[0, min(small_s, full_s)]`` (noise can put the
+    line's intercept outside it).
+    """
+    if full_batch <= small_batch:
+        raise ValueError("the full batch must be larger than the small one")
+    intercept = (small_s * full_batch - full_s * small_batch) / (full_batch - small_batch)
+    return min(max(intercept, 0.0), small_s, full_s)
+
+
 def _median(values: Iterable[float]) -> float:
     """The median, to six significant digits: timings are not more precise than that."""
     return float(f"{statistics.median(values):.6g}")
@@ -742,6 +764,7 @@ def profile_costs(
     threads: int = 1,
     progress: Progress | None = None,
     depth: int = 1,
+    small_batch: tuple[tuple[Any, ...], LossFn] | None = None,
 ) -> Costs:
     """Measure the cost of every op of ``model``'s forward, as written in ``text``.
 
@@ -753,6 +776,10 @@ def profile_costs(
     ``repeats`` timed steps whose per-op median is kept; torch runs on
     ``threads`` CPU threads. The cost file's op ids are exactly the op
     graph's, so ``syncpass rewrite --costs`` accepts it for this source.
+
+    ``small_batch`` (the forward's inputs and the loss for a smaller batch)
+    adds a timed run on it after each full-batch one, from which each op's
+    fixed time per call is fitted; without it the fixed parts are 0.
 
     The model's gradients, its ``forward`` and torch's thread count are as
     before when this returns. Bad input (class not in ``text``, a forward the
@@ -779,6 +806,9 @@ def profile_costs(
     model.forward = types.MethodType(function, model)
     try:
         session = _Session(graph, model, args, loss_fn, probe)
+        small = None
+        if small_batch is not None:
+            small = _Session(graph, model, small_batch[0], small_batch[1], probe)
         report("measuring FLOPs and sizes")
         session.step(measure=True)
         flops = session.flops()
@@ -787,10 +817,14 @@ def profile_costs(
         for run in range(warmup):
             report(f"warm-up run {run + 1}/{warmup}")
             session.step(measure=False)
-        steps = []
+            if small is not None:
+                small.step(measure=False)
+        steps, small_steps = [], []
         for run in range(repeats):
             report(f"timed run {run + 1}/{repeats}")
             steps.append(session.step(measure=False))
+            if small is not None:
+                small_steps.append(small.step(measure=False))
     finally:
         if had_forward:
             vars(model)["forward"] = saved_forward
@@ -801,18 +835,38 @@ def profile_costs(
             parameter.grad = grad
 
     params = parameter_bytes(model, graph)
-    ops = tuple(
-        OpCost(
-            id=op.id,
-            compute_s=_median(step.forward_s[position] for step in steps),
-            backward_s=_median(step.backward_s[position] for step in steps),
-            param_bytes=params[position],
-            out_bytes=out_bytes.get(position, 0),
-            flops=flops[position],
-            source=str(op.location),
+    small_size = batch_size_of(small_batch[0], path) if small_batch is not None else batch_size
+    ops = []
+    for position, op in enumerate(graph.ops):
+        forward_s = _median(step.forward_s[position] for step in steps)
+        backward_s = _median(step.backward_s[position] for step in steps)
+        fixed_s = backward_fixed_s = 0.0
+        if small_steps and small_size < batch_size:
+            fixed_s = fixed_part(
+                forward_s,
+                _median(step.forward_s[position] for step in small_steps),
+                batch_size,
+                small_size,
+            )
+            backward_fixed_s = fixed_part(
+                backward_s,
+                _median(step.backward_s[position] for step in small_steps),
+                batch_size,
+                small_size,
+            )
+        ops.append(
+            OpCost(
+                id=op.id,
+                compute_s=forward_s,
+                backward_s=backward_s,
+                param_bytes=params[position],
+                out_bytes=out_bytes.get(position, 0),
+                flops=flops[position],
+                source=str(op.location),
+                fixed_s=fixed_s,
+                backward_fixed_s=backward_fixed_s,
+            )
         )
-        for position, op in enumerate(graph.ops)
-    )
     positions = {op.id: position for position, op in enumerate(graph.ops)}
     cuts = tuple(
         CutCost(
@@ -824,14 +878,16 @@ def profile_costs(
     )
     # The compute rate the op times reflect, so that --hardware can scale them.
     forward_flops = sum(op.flops or 0 for op in ops)
-    forward_s = sum(op.compute_s for op in ops)
-    achieved = forward_flops / forward_s if forward_flops > 0 and forward_s > 0 else None
+    total_forward_s = sum(op.compute_s for op in ops)
+    achieved = (
+        forward_flops / total_forward_s if forward_flops > 0 and total_forward_s > 0 else None
+    )
     return Costs(
         batch_size=batch_size,
         training=True,
         memory_multiplier=TRAINING_MEMORY_MULTIPLIER,
         hardware=dataclasses.replace(PLACEHOLDER_HARDWARE, flops_per_s=achieved),
-        ops=ops,
+        ops=tuple(ops),
         cuts=cuts,
         model=graph.model_class,
         edges=graph.edges,

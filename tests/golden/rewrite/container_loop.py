@@ -55,10 +55,10 @@ class Tower(nn.Module):
         # the residual tower
         for block in self.blocks[:2]:
             h = block(h)  # one block per iteration
-        pipe_split()  # syncpass sync 1/2: 64 KiB, 66.2 us/step predicted
+        pipe_split()  # syncpass sync 1/2: 64 KiB, 346 us/step predicted
         for block in self.blocks[2:4]:
             h = block(h)  # one block per iteration
-        pipe_split()  # syncpass sync 2/2: 64 KiB, 66.2 us/step predicted
+        pipe_split()  # syncpass sync 2/2: 64 KiB, 346 us/step predicted
         for block in self.blocks[4:]:
             h = block(h)  # one block per iteration
         return self.norm(h)

@@ -47,9 +47,9 @@ class Gate(nn.Module):
         if scale is not None:
             z = z * scale
             z = t.tanh(z)
-        pipe_split()  # syncpass sync 1/2: 128 KiB, 92.4 us/step predicted
+        pipe_split()  # syncpass sync 1/2: 128 KiB, 372 us/step predicted
 
         w = self.c(z + y)  # syncpass: sync
-        pipe_split()  # syncpass sync 2/2: 64 KiB, 66.2 us/step predicted
+        pipe_split()  # syncpass sync 2/2: 64 KiB, 346 us/step predicted
         w = self.d(w)
         return {'out': self.e(w), "hidden": w}

@@ -40,9 +40,9 @@ class ConvNet(nn.Module):
     def forward(self, images):
         x = self.stem(images)
         x = self.layer1[:2](x)  # the first stage of blocks
-        pipe_split()  # syncpass sync 1/2: 64 KiB, 66.2 us/step predicted
+        pipe_split()  # syncpass sync 1/2: 64 KiB, 346 us/step predicted
         x = self.layer1[2:](x)  # the first stage of blocks
         x = self.layer2[:2](x)
-        pipe_split()  # syncpass sync 2/2: 64 KiB, 66.2 us/step predicted
+        pipe_split()  # syncpass sync 2/2: 64 KiB, 346 us/step predicted
         x = self.layer2[2:](x)
         return self.head(x.mean((2, 3)))

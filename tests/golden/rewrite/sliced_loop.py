@@ -29,10 +29,10 @@ class Partial(nn.Module):
         x = self.blocks[1](x)
         for block in self.blocks[2:3]:
             x = block(x)
-        pipe_split()  # syncpass sync 1/2: 64 KiB, 66.2 us/step predicted
+        pipe_split()  # syncpass sync 1/2: 64 KiB, 346 us/step predicted
         for block in self.blocks[3:5]:
             x = block(x)
-        pipe_split()  # syncpass sync 2/2: 64 KiB, 66.2 us/step predicted
+        pipe_split()  # syncpass sync 2/2: 64 KiB, 346 us/step predicted
         for block in self.blocks[5:]:
             x = block(x)
         return x
