@@ -15,7 +15,7 @@ from syncpass.cli import main
 from syncpass.costs import load_costs
 from syncpass.planfile import parse_plan
 
-EXAMPLES = ("transformer_lm", "resnet", "unet")
+EXAMPLES = ("transformer_lm", "resnet", "unet", "uneven_mlp")
 
 
 @pytest.fixture(scope="module")

@@ -535,7 +535,7 @@ def test_command_errors_exit_2_and_write_nothing(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["transformer_lm", "resnet", "unet"])
+@pytest.mark.parametrize("name", ["transformer_lm", "resnet", "unet", "uneven_mlp"])
 def test_bundled_examples_profile_and_rewrite(
     name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
