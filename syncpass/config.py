@@ -103,24 +103,38 @@ def default_sync_config() -> SyncConfig:
     )
 
 
-def load_config_file(path: Path, base: SyncConfig) -> SyncConfig:
-    """Read sync settings from a TOML file.
+def read_config_table(path: Path) -> tuple[Mapping[str, Any], str, str]:
+    """The syncpass table of a TOML file, its text, and the table's name for messages.
 
-    The settings may stand at the top level or under ``[tool.syncpass]``
-    (so a ``pyproject.toml`` can be passed as it is).
+    The settings may stand at the top level (name ``""``) or under
+    ``[tool.syncpass]`` (so a ``pyproject.toml`` can be passed as it is).
     """
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
     except OSError as error:
         raise SyncpassError(f"cannot read the config file: {error.strerror}", str(path)) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise SyncpassError(f"not valid TOML: {error}", str(path)) from None
     table: Any = data
-    where = str(path)
+    name = ""
     if "tool" in data or "project" in data:  # a pyproject.toml: read its own table
         tool = data.get("tool", {})
         table = tool.get("syncpass", {}) if isinstance(tool, dict) else {}
-        where = f"{path}:[tool.syncpass]"
+        name = "tool.syncpass"
     if not isinstance(table, Mapping):
-        raise SyncpassError("[tool.syncpass] must be a table", where)
-    return sync_config_from_mapping(table, where, base)
+        raise SyncpassError("[tool.syncpass] must be a table", f"{path}:[tool.syncpass]")
+    return table, text, name
+
+
+def load_config_file(path: Path, base: SyncConfig) -> SyncConfig:
+    """The sync settings of a TOML config file over ``base``.
+
+    The whole file is read and checked as a project configuration
+    (:func:`syncpass.project_config.load_project_config`: settings at the top
+    level or under ``[tool.syncpass]``, plus backend, stages, hardware and
+    model entries); only the settings it sets replace those of ``base``.
+    """
+    from syncpass.project_config import load_project_config  # it builds on this module
+
+    return load_project_config(path).sync_over(base)
