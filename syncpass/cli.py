@@ -18,13 +18,14 @@ from pathlib import Path
 
 from syncpass import __version__
 from syncpass.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
-from syncpass.config import SCHEDULES, STRATEGIES, SyncConfig, load_config_file
+from syncpass.config import SCHEDULES, STRATEGIES, SyncConfig
 from syncpass.costs import Costs, load_costs
 from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
 from syncpass.hardware import load_profile, profile_names, retarget_hardware
 from syncpass.plan import Plan, PlanRequest, best_stage_count, compare_baselines, make_plan
 from syncpass.planfile import dumps_plan, plan_to_json
+from syncpass.project_config import find_project_config, load_project_config
 from syncpass.report import render_plan, render_sweep
 from syncpass.retarget import retarget_batch, sweep_batch, sweep_to_json
 from syncpass.units import seconds
@@ -51,7 +52,11 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
         help="upper bound for --stages auto (default 8)",
     )
     parser.add_argument(
-        "--config", type=Path, metavar="FILE", help="TOML settings ([tool.syncpass] or top level)"
+        "--config",
+        type=Path,
+        metavar="FILE",
+        help="TOML settings ([tool.syncpass] or top level); default: the nearest pyproject.toml "
+        "with [tool.syncpass] above the input",
     )
     parser.add_argument(
         "--strategy", choices=STRATEGIES, help="default: the cost file's, else adaptive"
@@ -185,25 +190,47 @@ def build_parser() -> argparse.ArgumentParser:
     rewrite.add_argument(
         "--report", type=Path, metavar="FILE", help="write the plan and the analysis (JSON) here"
     )
+    rewrite.add_argument(
+        "--backend",
+        choices=("torch", "jax"),
+        default="torch",
+        help="torch: pipe_split() calls in an nn.Module's forward (default); jax: jax.device_put "
+        "transfers in a JAX function or a Flax module's __call__ (docs/jax.md)",
+    )
     rewrite.set_defaults(handler=_run_rewrite)
 
     # Imported here, not at the top: `plan` must start without them (they add
     # subcommands only; torch is imported when a command runs).
     from syncpass.calibrate import register as register_calibrate
+    from syncpass.check import register as register_check
     from syncpass.profiling.command import register as register_profile
     from syncpass.runtime.command import register as register_run
 
     register_profile(commands)
     register_run(commands)
     register_calibrate(commands)
+    register_check(commands)
     return parser
+
+
+def _read_config(args: argparse.Namespace, start: Path) -> None:
+    """Resolve the config file: ``--config FILE``, else the nearest pyproject.toml with a
+    ``[tool.syncpass]`` table from ``start`` up. Its stages and hardware stand in for
+    flags not given; its sync settings go over the cost file's (in :func:`_settings`)."""
+    path = args.config if args.config is not None else find_project_config(start)
+    args.project = None if path is None else load_project_config(path)
+    if args.project is not None:
+        if args.stages is None:
+            args.stages = args.project.stages
+        if args.hardware is None:
+            args.hardware = args.project.hardware
 
 
 def _settings(args: argparse.Namespace, costs: Costs) -> tuple[PlanRequest, bool]:
     """The plan request the flags describe over the cost file's settings; and 'auto'."""
     config: SyncConfig = costs.config
-    if args.config is not None:
-        config = load_config_file(args.config, config)
+    if args.project is not None:
+        config = args.project.sync_over(config)
     try:
         config = config.replace(
             strategy=args.strategy,
@@ -240,6 +267,7 @@ def _retargeted(args: argparse.Namespace, costs: Costs) -> Costs:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    _read_config(args, args.costs)
     costs = _load_costs(args)
     request, auto = _settings(args, costs)
     if args.sweep_batch is not None:
@@ -301,10 +329,18 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     path = "<stdin>" if args.file == "-" else args.file
     if args.in_place and args.file == "-":
         raise SyncpassError("--in-place needs a file, not stdin")
+    _read_config(args, Path.cwd() if args.file == "-" else Path(args.file))
     from syncpass.frontend.source import read_model_text
 
     text = read_model_text(args.file)
-    if args.example is not None:
+    jax_backend = getattr(args, "backend", "torch") == "jax"
+    if args.example is not None and jax_backend:
+        if args.file == "-":
+            raise SyncpassError("--example needs the model file itself, not stdin")
+        from syncpass.profiling.jax_command import measure_jax_file
+
+        costs = _retargeted(args, measure_jax_file(Path(args.file), text, args.example, args.model))
+    elif args.example is not None:
         if args.file == "-":
             raise SyncpassError("--example needs the model file itself, not stdin")
         from syncpass.profiling.command import measure_file
@@ -315,6 +351,10 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     else:
         costs = _load_costs(args)
     request, auto = _settings(args, costs)
+    if jax_backend:
+        from syncpass.rewrite_jax import rewrite_jax_source
+
+        rewrite_source = rewrite_jax_source  # same contract, JAX analysis and transfers
     result = rewrite_source(
         text,
         path,

@@ -158,6 +158,7 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
         if op.loop is not None:
             last_iteration[op.statement] = op.loop.index
     sites = []
+    live = {cut.after: cut.live for cut in graph.cuts}
     count = len(plan.sync_points)
     for number, point in enumerate(plan.sync_points, start=1):
         if point.after in graph.written:
@@ -173,6 +174,8 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
                 statement=op.statement,
                 split_after=op.loop.index if inside_loop and op.loop is not None else None,
                 comment=comment,
+                values=live.get(point.after, ()),
+                stage=number,
             )
         )
     return sites

@@ -36,6 +36,7 @@ PIPE_SPLIT = "pipe_split"
 #: Every sync line syncpass writes carries a comment with this prefix.
 SYNC_COMMENT_PREFIX = "# syncpass sync"
 _SYNC_COMMENT = re.compile(r"^#\s*syncpass sync\b")
+PIPE_SPLIT_IMPORT = ImportItem(PIPE_SPLIT_MODULE, PIPE_SPLIT)
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,16 @@ class SyncSite:
     ``split_after`` set, the statement is a loop over a layer container and
     the sync goes between iterations ``split_after`` and ``split_after + 1``
     (absolute container indices); otherwise it goes after the statement.
-    ``comment`` is the text after ``# syncpass sync``.
+    ``comment`` is the text after ``# syncpass sync``. ``values`` (the names
+    live across the sync point) and ``stage`` (the stage it opens) are for
+    backends whose sync call names what it moves and where (JAX).
     """
 
     statement: int
     split_after: int | None
     comment: str
+    values: tuple[str, ...] = ()
+    stage: int = 0
 
 
 def _site_order(site: SyncSite) -> tuple[int, int]:
@@ -114,18 +119,33 @@ class InsertPipeSplitsCommand(VisitorBasedCodemodCommand):
         self.class_name = class_name
         self.sites = tuple(sorted(sites, key=_site_order))
 
+    @property
+    def title(self) -> str:
+        """The function the sync points go in, for messages."""
+        return f"{self.class_name}.forward"
+
+    def find_function(self, tree: cst.Module) -> cst.FunctionDef | None:
+        """The one function whose body gets the sync points, or ``None``."""
+        found = _model_forward(tree, self.class_name)
+        return None if found is None else found[3]
+
+    def replace_body(self, tree: cst.Module, new_body: Sequence[cst.BaseStatement]) -> cst.Module:
+        """``tree`` with the body of :meth:`find_function` replaced."""
+        return _replace_forward(tree, self.class_name, new_body)
+
+    def schedule_import(self) -> None:
+        """Run as a codemod (libcst.tool, a pipeline), the framework adds the import."""
+        AddImportsVisitor.add_needed_import(self.context, PIPE_SPLIT_MODULE, PIPE_SPLIT)
+
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         if not self.sites:
             return tree
-        found = _model_forward(tree, self.class_name)
-        if found is None:
-            self.warn(
-                f"no single {self.class_name}.forward to place sync points in; nothing changed"
-            )
+        forward = self.find_function(tree)
+        if forward is None:
+            self.warn(f"no single {self.title} to place sync points in; nothing changed")
             return tree
-        forward = found[3]
         if not isinstance(forward.body, cst.IndentedBlock):
-            self.warn(f"{self.class_name}.forward has no indented body; nothing changed")
+            self.warn(f"{self.title} has no indented body; nothing changed")
             return tree
         statements = list(forward.body.body)
         by_statement: dict[int, list[SyncSite]] = {}
@@ -150,9 +170,8 @@ class InsertPipeSplitsCommand(VisitorBasedCodemodCommand):
                 self.warn(f"two sync points planned after statement {index}; nothing changed")
                 return tree
             new_body.extend(self._sync_line(site, tree) for site in after)
-        # Run as a codemod (libcst.tool, a pipeline), the framework adds the import.
-        AddImportsVisitor.add_needed_import(self.context, PIPE_SPLIT_MODULE, PIPE_SPLIT)
-        return _replace_forward(tree, self.class_name, new_body)
+        self.schedule_import()
+        return self.replace_body(tree, new_body)
 
     def _sync_line(self, site: SyncSite, tree: cst.Module) -> cst.SimpleStatementLine:
         code = f"{PIPE_SPLIT}()  {SYNC_COMMENT_PREFIX} {site.comment}\n"
@@ -297,12 +316,16 @@ class RemovePipeSplitsCommand(VisitorBasedCodemodCommand):
             if found is None or not isinstance(found[3].body, cst.IndentedBlock):
                 continue
             statements = list(found[3].body.body)
-            if not any(_is_sync_line(statement) for statement in statements):
+            if not any(self.is_sync_line(statement) for statement in statements):
                 continue
-            tree = _replace_forward(tree, class_name, self._merge(statements))
+            tree = _replace_forward(tree, class_name, self.merge(statements))
         if self.removed and not self._still_used(tree):
             tree = _drop_import(tree)
         return tree
+
+    def is_sync_line(self, statement: cst.CSTNode) -> bool:
+        """A sync line this backend writes."""
+        return _is_sync_line(statement)
 
     def _still_used(self, tree: cst.Module) -> bool:
         if self.source_text is not None:
@@ -312,11 +335,12 @@ class RemovePipeSplitsCommand(VisitorBasedCodemodCommand):
             return mentions > self.removed + 1
         return _uses_name(tree, PIPE_SPLIT)
 
-    def _merge(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    def merge(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+        """``statements`` without the sync lines, with the loops and calls they split joined."""
         kept: list[cst.BaseStatement] = []
         pending_merge = False
         for statement in statements:
-            if _is_sync_line(statement):
+            if self.is_sync_line(statement):
                 self.removed += 1
                 pending_merge = True
                 continue
@@ -492,8 +516,13 @@ def insert_pipe_splits(
     return rewritten, tuple(context.warnings)
 
 
-def _with_import(module: cst.Module, context: CodemodContext) -> cst.Module:
-    """Add ``from torch.distributed.pipelining import pipe_split`` where AddImportsVisitor puts it."""
+def _with_import(
+    module: cst.Module,
+    context: CodemodContext,
+    item: ImportItem = PIPE_SPLIT_IMPORT,
+) -> cst.Module:
+    """Add ``item`` (``from torch.distributed.pipelining import pipe_split``) where
+    AddImportsVisitor puts it, looking only at the module's leading imports."""
     cut = 0
     for index, statement in enumerate(module.body):
         if isinstance(statement, cst.SimpleStatementLine):
@@ -502,7 +531,7 @@ def _with_import(module: cst.Module, context: CodemodContext) -> cst.Module:
         else:
             break
     head = module.with_changes(body=module.body[:cut])
-    visitor = AddImportsVisitor(context, [ImportItem(PIPE_SPLIT_MODULE, PIPE_SPLIT)])
+    visitor = AddImportsVisitor(context, [item])
     new_head = head.visit(visitor)
     return module.with_changes(header=new_head.header, body=(*new_head.body, *module.body[cut:]))
 

@@ -1,6 +1,7 @@
 """Reading model source with libcst: parsing, finding the model, building its op graph.
 
-Only this package and ``syncpass.transformers`` import libcst.
+Only this package, ``syncpass.transformers`` and the library API
+(:mod:`syncpass.api`, which takes and returns parsed modules) import libcst.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -74,28 +74,35 @@ class ForwardModel:
     forward: cst.FunctionDef
 
 
-def model_class_names(module: cst.Module) -> list[str]:
-    """Top-level classes that define a ``forward`` method, in file order."""
+def model_class_names(module: cst.Module, method: str = "forward") -> list[str]:
+    """Top-level classes that define a ``forward`` (or ``method``) method, in file order."""
     return [
         statement.name.value
         for statement in module.body
-        if isinstance(statement, cst.ClassDef) and _forward_of(statement) is not None
+        if isinstance(statement, cst.ClassDef) and _forward_of(statement, method) is not None
     ]
 
 
-def _forward_of(classdef: cst.ClassDef) -> cst.FunctionDef | None:
+def _forward_of(classdef: cst.ClassDef, method: str = "forward") -> cst.FunctionDef | None:
     for statement in classdef.body.body:
-        if isinstance(statement, cst.FunctionDef) and statement.name.value == "forward":
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == method:
             return statement
     return None
 
 
-def find_forward(module: cst.Module, class_name: str | None, path: str) -> ForwardModel:
-    """The model class named ``class_name`` (or the only one) and its forward."""
-    names = model_class_names(module)
+def find_forward(
+    module: cst.Module, class_name: str | None, path: str, method: str = "forward"
+) -> ForwardModel:
+    """The model class named ``class_name`` (or the only one) and its forward.
+
+    ``method`` names the method that computes the model (``__call__`` for Flax).
+    """
+    names = model_class_names(module, method)
     if class_name is None:
         if not names:
-            raise SyncpassError("no model class: no top-level class defines a forward method", path)
+            raise SyncpassError(
+                f"no model class: no top-level class defines a {method} method", path
+            )
         if len(names) > 1:
             raise SyncpassError(
                 f"several model classes ({', '.join(names)}); choose one with --model NAME", path
@@ -103,9 +110,9 @@ def find_forward(module: cst.Module, class_name: str | None, path: str) -> Forwa
         class_name = names[0]
     for statement in module.body:
         if isinstance(statement, cst.ClassDef) and statement.name.value == class_name:
-            forward = _forward_of(statement)
+            forward = _forward_of(statement, method)
             if forward is None:
-                raise SyncpassError(f"class {class_name} has no forward method", path)
+                raise SyncpassError(f"class {class_name} has no {method} method", path)
             return ForwardModel(class_name, statement, forward)
     known = f"; model classes here: {', '.join(names)}" if names else ""
     raise SyncpassError(f"no top-level class named {class_name!r}{known}", path)
@@ -258,7 +265,7 @@ class _CallFact:
 
 
 @dataclass
-class _StatementFacts:
+class StatementFacts:
     reads: list[str] = field(default_factory=list)
     writes: list[str] = field(default_factory=list)
     calls: list[_CallFact] = field(default_factory=list)
@@ -272,7 +279,7 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
     def __init__(self, statements: Sequence[cst.BaseStatement]) -> None:
         super().__init__()
         self.index_of = {id(statement): index for index, statement in enumerate(statements)}
-        self.facts = [_StatementFacts() for _ in statements]
+        self.facts = [StatementFacts() for _ in statements]
         self.current: list[int] = []
         self.depth = 0
         self.order = 0
@@ -288,7 +295,7 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
         if id(original_node) in self.index_of:
             self.current.pop()
 
-    def _facts(self) -> _StatementFacts | None:
+    def _facts(self) -> StatementFacts | None:
         return self.facts[self.current[-1]] if self.current else None
 
     def visit_Name(self, node: cst.Name) -> None:
@@ -458,6 +465,11 @@ def _lines_above_member(
 
 # --- the op graph ------------------------------------------------------------------
 
+#: Whether a forward statement (with its facts) is a sync point the user wrote by hand.
+SyncPointTest = Callable[[cst.BaseStatement, "StatementFacts"], bool]
+#: The id base of a plain statement, when a backend names ops its own way (else ``None``).
+StatementLabel = Callable[[cst.BaseStatement], "str | None"]
+
 
 class _GatherNamesVisitor(cst.CSTVisitor):
     """Names a statement reads and binds, told apart by syntax (no metadata needed)."""
@@ -535,7 +547,7 @@ def _is_trivial(statement: cst.BaseStatement) -> bool:
     )
 
 
-def _is_pipe_split(statement: cst.BaseStatement, facts: _StatementFacts) -> bool:
+def _is_pipe_split(statement: cst.BaseStatement, facts: StatementFacts) -> bool:
     """A bare ``pipe_split()`` statement."""
     return (
         m.matches(statement, m.SimpleStatementLine(body=[m.Expr(m.Call(args=[]))]))
@@ -572,7 +584,7 @@ def _unique(base: str, line: int, column: int, taken: set[str]) -> str:
     return candidate
 
 
-def _statement_id(facts: _StatementFacts, line: int, loop_item: dict[str, str]) -> str:
+def _statement_id(facts: StatementFacts, line: int, loop_item: dict[str, str]) -> str:
     submodules = [
         call
         for call in facts.calls
@@ -590,7 +602,7 @@ def _statement_id(facts: _StatementFacts, line: int, loop_item: dict[str, str]) 
     return f"stmt@L{line}"
 
 
-def _calls(facts: _StatementFacts, loop_item: dict[str, str]) -> tuple[str, ...]:
+def _calls(facts: StatementFacts, loop_item: dict[str, str]) -> tuple[str, ...]:
     names = []
     for call in sorted(facts.calls, key=lambda call: call.order):
         if call.submodule is not None and not call.submodule.startswith("<"):
@@ -618,25 +630,97 @@ def analyse_model(
     ``text``, the module's source when at hand, saves printing the module to
     find the forward's lines.
     """
-    sizes = sizes or {}
-    expand = expand or {}
-    model = find_forward(module, class_name, path)
+    return analyse_method(module, path, class_name, sizes, text, expand)
+
+
+def analyse_method(
+    module: cst.Module,
+    path: str,
+    class_name: str | None = None,
+    sizes: ContainerSizes | None = None,
+    text: str | None = None,
+    expand: ContainerSizes | None = None,
+    method: str = "forward",
+    sync_point: SyncPointTest | None = None,
+) -> OpGraph:
+    """The op graph of the method ``method`` of ``class_name`` (``forward`` by default).
+
+    ``sync_point`` recognises a hand-written sync point of the backend
+    (default: a bare ``pipe_split()``).
+    """
+    model = find_forward(module, class_name, path, method)
     forward = model.forward
     if not isinstance(forward.body, cst.IndentedBlock):
         raise SyncpassError(
-            "forward is written on one line; nothing can be placed inside it",
+            f"{method} is written on one line; nothing can be placed inside it",
             f"{path}:{_line(module, forward)}",
         )
-    statements = list(forward.body.body)
     reduced = _reduced_module(module, model.classdef, forward)
     reduced_class = reduced.body[-1]
     assert isinstance(reduced_class, cst.ClassDef)
-    wrapper = MetadataWrapper(reduced, unsafe_skip_copy=True)
-    positions = wrapper.resolve(PositionProvider)
     # Positions are of the reduced module; shift them back to the file's lines.
     offset = _lines_above_member(module, model.classdef, forward, text) - _lines_above_member(
         reduced, reduced_class, forward
     )
+    return build_op_graph(
+        FunctionSite(
+            module=module,
+            path=path,
+            name=model.class_name,
+            function=forward,
+            reduced=reduced,
+            offset=offset,
+            hidden=frozenset({"self"}),
+            sync_point=sync_point or _is_pipe_split,
+        ),
+        sizes,
+        expand,
+    )
+
+
+@dataclass(frozen=True)
+class FunctionSite:
+    """A function whose body the op graph describes, and what the analysis needs around it.
+
+    ``reduced`` is a module that holds ``function`` (the same node) and the
+    file's imports: all the metadata needs to see. ``offset`` shifts its lines
+    back to the file's. ``hidden`` are parameters that are no values of the
+    data flow (``self``; a JAX function's parameters, which each stage holds
+    itself). ``label`` names plain statements where the backend has a better
+    name than the outermost call.
+    """
+
+    module: cst.Module
+    path: str
+    name: str
+    function: cst.FunctionDef
+    reduced: cst.Module
+    offset: int
+    hidden: frozenset[str] = frozenset()
+    sync_point: SyncPointTest | None = None
+    label: StatementLabel | None = None
+
+    @property
+    def title(self) -> str:
+        """``Net.forward`` for a method, ``forward`` for a function."""
+        own = self.function.name.value
+        return own if self.name == own else f"{self.name}.{own}"
+
+
+def build_op_graph(
+    site: FunctionSite,
+    sizes: ContainerSizes | None = None,
+    expand: ContainerSizes | None = None,
+) -> OpGraph:
+    """The op graph of the body of ``site.function`` (see :mod:`syncpass.graph`)."""
+    sizes = sizes or {}
+    expand = expand or {}
+    module, path, forward, offset = site.module, site.path, site.function, site.offset
+    is_sync_point = site.sync_point or _is_pipe_split
+    assert isinstance(forward.body, cst.IndentedBlock)
+    statements = list(forward.body.body)
+    wrapper = MetadataWrapper(site.reduced, unsafe_skip_copy=True)
+    positions = wrapper.resolve(PositionProvider)
     visitor = GatherStatementFactsVisitor(statements)
     wrapper.visit(visitor)
 
@@ -645,11 +729,11 @@ def analyse_model(
     for star in (forward.params.star_arg, forward.params.star_kwarg):
         if isinstance(star, cst.Param):
             params.append(star.name.value)
-    inputs = tuple(name for name in params if name != "self")
+    inputs = tuple(name for name in params if name not in site.hidden)
     local_names = set(inputs)
     for facts in visitor.facts:
         local_names.update(facts.writes)
-    imports = ImportAliases.of(module, local_names)
+    imports = ImportAliases.of(module, local_names | site.hidden)
     for facts in visitor.facts:
         for call in facts.calls:
             if call.qualify and call.function is not None:
@@ -697,14 +781,16 @@ def analyse_model(
                 if PIN_SYNC.search(comment) and last:
                     pinned.add(op_id)
             continue
-        if _is_pipe_split(statement, facts):
+        if is_sync_point(statement, facts):
             # A sync point the user wrote by hand: a pinned cut after the op before it.
             if ops:
                 pinned.add(ops[-1].id)
                 written.add(ops[-1].id)
             continue
         if isinstance(statement, cst.SimpleStatementLine):
-            op_id = _unique(_statement_id(facts, line, {}), line, start.column, taken)
+            label = site.label(statement) if site.label is not None else None
+            base = label if label is not None else _statement_id(facts, line, {})
+            op_id = _unique(base, line, start.column, taken)
             ops.append(Op(op_id, _calls(facts, {}), reads, writes, location, index))
             if PIN_SYNC.search(comment):
                 pinned.add(op_id)
@@ -767,7 +853,7 @@ def analyse_model(
 
     if not ops:
         raise SyncpassError(
-            f"{model.class_name}.forward has no ops to plan",
+            f"{site.title} has no ops to plan",
             f"{path}:{positions[forward].start.line + offset}",
         )
     edges, live = _dataflow(ops, inputs, sink_reads)
@@ -778,7 +864,7 @@ def analyse_model(
     )
     return OpGraph(
         path=path,
-        model_class=model.class_name,
+        model_class=site.name,
         forward=SourceLocation(
             path, positions[forward].start.line + offset, positions[forward].start.column
         ),

@@ -94,6 +94,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="2: plan calls of nn.Sequential submodules per child, so a sync point can fall "
         "inside one (default 1)",
     )
+    profile.add_argument(
+        "--backend",
+        choices=("torch", "jax"),
+        default="torch",
+        help="torch: an nn.Module's forward (default); jax: a JAX function or a Flax module, "
+        "timed per op with jax.jit and counted with XLA's cost analysis (docs/jax.md)",
+    )
     profile.set_defaults(handler=profile_command)
     return profile  # type: ignore[no-any-return]
 
@@ -239,9 +246,21 @@ def profile_command(args: argparse.Namespace) -> int:
 
     file: Path = args.file
     text = read_model_text(file)
-    costs = measure_file(
-        file, text, args.example, args.model, args.repeats, args.warmup, args.threads, args.depth
-    )
+    if getattr(args, "backend", "torch") == "jax":
+        from syncpass.profiling.jax_command import measure_jax_file
+
+        costs = measure_jax_file(file, text, args.example, args.model, args.repeats, args.warmup)
+    else:
+        costs = measure_file(
+            file,
+            text,
+            args.example,
+            args.model,
+            args.repeats,
+            args.warmup,
+            args.threads,
+            args.depth,
+        )
     document = json.dumps(costs_to_json(costs), indent=2) + "\n"
     if args.output == "-":
         sys.stdout.write(document)

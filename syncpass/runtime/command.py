@@ -115,6 +115,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="the model's cost file: print the cost model's prediction for the sync points "
         "FILE carries beside the measured run",
     )
+    run.add_argument(
+        "--backend",
+        choices=("torch", "jax"),
+        default="torch",
+        help="torch: pipe_split() stages over gloo/NCCL processes (default); jax: the "
+        "jax.device_put stages of a JAX function or Flax module, one jax.jit per stage over N "
+        "JAX devices (docs/jax.md)",
+    )
     run.set_defaults(handler=run_command)
     return run  # type: ignore[no-any-return]
 
@@ -155,6 +163,8 @@ def request_from_args(args: argparse.Namespace) -> RunRequest:
 
 def run_command(args: argparse.Namespace) -> int:
     """Handler of ``syncpass run``: launch, print the report, write the JSON, return the status."""
+    if getattr(args, "backend", "torch") == "jax":
+        return _run_jax_command(args)
     request = request_from_args(args)
     costs = None
     if args.costs is not None:  # read before the run: a bad cost file fails fast
@@ -181,3 +191,30 @@ def run_command(args: argparse.Namespace) -> int:
     if request.verify and not result.verified:
         return EXIT_FOUND
     return EXIT_OK
+
+
+def _run_jax_command(args: argparse.Namespace) -> int:
+    """``syncpass run --backend jax``: one process, N JAX devices, one jitted stage each."""
+    import dataclasses
+
+    from syncpass.runtime.jax_run import render_jax_run, run_jax
+
+    file: Path = args.file
+    if not file.is_file():
+        raise SyncpassError(
+            "no such file (FILE is the model source with its sync points)", str(file)
+        )
+    result = run_jax(
+        str(file),
+        example_for_file(file, args.example),
+        args.stages,
+        steps=args.steps,
+        verify=args.verify,
+        rtol=args.rtol,
+        atol=args.atol,
+        timeout_s=args.timeout,
+    )
+    if args.json_report is not None:
+        write_atomically(args.json_report, json.dumps(dataclasses.asdict(result), indent=2) + "\n")
+    sys.stdout.write(render_jax_run(result))
+    return EXIT_FOUND if args.verify and not result.verified else EXIT_OK

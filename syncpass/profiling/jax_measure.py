@@ -1,0 +1,220 @@
+"""Measure a JAX model's per-op costs (``syncpass profile --backend jax``).
+
+The op graph comes from the source (:func:`~syncpass.frontend.jax_analysis.analyse_jax_model`).
+A copy of the file gets a probe after every op: a transfer of the values live
+there to the first device (``x = jax.device_put(x, jax.devices()[0])``, written
+by the same transformer as the real sync points). The copy's model is traced
+and split at the probes by :func:`syncpass.jax_pipeline.pipeline`, so each piece
+is exactly one op (or the ops up to the next probe, when nothing is live to
+probe), with the op ids of the analysis. Per piece:
+
+* ``compute_s``: wall time of the jitted piece, median of ``repeats`` after ``warmup``;
+* ``backward_s``: wall time of its jitted ``jax.vjp`` pull-back (which recomputes
+  the forward) minus ``compute_s``;
+* ``flops``: the forward FLOPs of XLA's cost analysis of the compiled piece;
+* ``param_bytes``: bytes of the weight leaves the piece reads first;
+* ``out_bytes``: bytes of the values it defines that later pieces use.
+
+A cut's ``live_bytes`` are the bytes its probe moves. The user's file is
+never modified. This module imports jax.
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from syncpass.costs import Costs, CutCost, OpCost
+from syncpass.errors import SyncpassError
+from syncpass.frontend.jax_analysis import analyse_jax_model, jax_loop_containers
+from syncpass.frontend.source import parse_source
+from syncpass.graph import OpGraph
+from syncpass.hardware import load_profile
+from syncpass.jax_example import JaxExample, apply_of, model_from_source
+from syncpass.jax_pipeline import nbytes, pipeline
+from syncpass.rewrite_jax import strip_jax_sync_points
+from syncpass.transformers.jax_transfer import insert_device_puts
+from syncpass.transformers.torch_pipeline import SyncSite
+
+TRAINING_MEMORY_MULTIPLIER = 4
+
+
+def _probe_sites(graph: OpGraph) -> tuple[list[SyncSite], list[int]]:
+    """A probe at every admissible cut with something live across it; the op each follows.
+
+    Ops without a probe after them (no admissible cut, nothing live) are
+    measured together with the ops up to the next probe.
+    """
+    last_iteration: dict[int, int] = {}
+    for op in graph.ops:
+        if op.loop is not None:
+            last_iteration[op.statement] = op.loop.index
+    position_of = {op.id: position for position, op in enumerate(graph.ops)}
+    sites, after = [], []
+    for cut in graph.cuts:
+        if not cut.live:
+            continue
+        position = position_of[cut.after]
+        op = graph.ops[position]
+        inside = op.loop is not None and op.loop.index != last_iteration[op.statement]
+        sites.append(
+            SyncSite(
+                statement=op.statement,
+                split_after=op.loop.index if inside and op.loop is not None else None,
+                comment=f"probe after {op.id}",
+                values=cut.live,
+                stage=0,
+            )
+        )
+        after.append(position)
+    return sites, after
+
+
+def _median_time(function: Callable[[], Any], repeats: int, warmup: int) -> float:
+    for _ in range(warmup):
+        jax.block_until_ready(function())  # type: ignore[no-untyped-call]
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        jax.block_until_ready(function())  # type: ignore[no-untyped-call]
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _time_piece(
+    function: Callable[..., Any], values: list[Any], outputs: list[Any], repeats: int, warmup: int
+) -> tuple[float, float]:
+    """Forward time of a jitted piece, and the time its pull-back adds (``jax.vjp``)."""
+    forward_s = _median_time(functools.partial(function, *values), repeats, warmup)
+    if not outputs:
+        return forward_s, 0.0
+    cotangents = [jax.numpy.ones_like(out) for out in outputs]
+
+    def pull_back(inputs: list[Any], ct: list[Any]) -> Any:
+        return jax.vjp(function, *inputs)[1](ct)
+
+    with_backward = functools.partial(jax.jit(pull_back), values, cotangents)
+    return forward_s, max(0.0, _median_time(with_backward, repeats, warmup) - forward_s)
+
+
+def _flops(function: Callable[..., Any], values: list[Any]) -> float | None:
+    analysis: Any = jax.jit(function).lower(*values).compile().cost_analysis()
+    if isinstance(analysis, list):
+        analysis = analysis[0] if analysis else {}
+    flops = analysis.get("flops") if isinstance(analysis, dict) else None
+    return float(flops) if flops is not None and flops >= 0 else None
+
+
+def profile_jax_costs(
+    text: str,
+    path: str,
+    example: JaxExample,
+    name: str | None = None,
+    repeats: int = 5,
+    warmup: int = 2,
+) -> Costs:
+    """The cost file of the JAX model in ``text``, measured on ``example``."""
+    base = strip_jax_sync_points(text, path, name or example.name)
+    module = parse_source(base, path)
+    model_name = name or example.name
+    sizes = _container_sizes(example, jax_loop_containers(module, model_name, path))
+    graph = analyse_jax_model(module, path, model_name, sizes, base)
+    sites, after = _probe_sites(graph)
+    probed, warnings = insert_device_puts(module, model_name, example.is_function, sites, path)
+    if warnings:
+        raise SyncpassError("could not probe the model: " + "; ".join(warnings), path)
+    model = model_from_source(example, probed.code, path, "probed")
+    staged = pipeline(apply_of(model, example.is_function), example.params, *example.args)
+    if len(staged.stages) != len(sites) + 1:
+        raise SyncpassError(
+            f"the probed model split into {len(staged.stages)} pieces, expected "
+            f"{len(sites) + 1}; a jax.device_put in the model confuses the probes",
+            path,
+        )
+    # Values of every traced variable, piece by piece, to time each piece on real inputs.
+    leaves = jax.tree_util.tree_leaves((example.params, *example.args))
+    env: dict[Any, Any] = dict(staged.consts)
+    env.update(zip(staged.invars, leaves, strict=True))
+    weight_vars = set(staged.invars[: staged.num_weights])
+    counted: set[Any] = set()
+    first_op = 0
+    ops: list[OpCost] = []
+    for piece, stage in enumerate(staged.stages):
+        last_op = after[piece] if piece < len(after) else len(graph.ops) - 1
+        values = [env[var] for var in stage.inputs]
+        outputs = stage.function(*values)
+        env.update(zip(stage.outputs, outputs, strict=True))
+        forward_s, backward_s = _time_piece(stage.function, values, outputs, repeats, warmup)
+        flops = _flops(stage.function, values)
+        weights = [var for var in stage.inputs if var in weight_vars and var not in counted]
+        counted.update(weights)
+        param_bytes = nbytes([var.aval for var in weights])
+        out_bytes = nbytes([var.aval for var in stage.outputs])
+        # The piece's figures go to its last op; ops merged into it (nothing live to probe) get 0.
+        for position in range(first_op, last_op + 1):
+            op = graph.ops[position]
+            own = position == last_op
+            ops.append(
+                OpCost(
+                    id=op.id,
+                    compute_s=forward_s if own else 0.0,
+                    backward_s=backward_s if own else 0.0,
+                    param_bytes=param_bytes if own else 0,
+                    out_bytes=out_bytes if own else 0,
+                    flops=flops if own else None,
+                    source=str(op.location),
+                )
+            )
+        first_op = last_op + 1
+    moved = {
+        graph.ops[position].id: nbytes([var.aval for var in transfer])
+        for position, transfer in zip(after, staged.transfers, strict=True)
+    }
+    cuts = tuple(
+        CutCost(after=cut.after, live_bytes=moved.get(cut.after, 0), pinned=cut.pinned)
+        for cut in graph.cuts
+    )
+    batch = _batch_size(example)
+    hardware = load_profile("cpu-gloo-loopback").hardware
+    return Costs(
+        batch_size=batch,
+        training=True,
+        memory_multiplier=TRAINING_MEMORY_MULTIPLIER,
+        hardware=hardware,
+        ops=tuple(ops),
+        cuts=cuts,
+        model=graph.model_class,
+        edges=graph.edges,
+    )
+
+
+def _batch_size(example: JaxExample) -> int:
+    for leaf in jax.tree_util.tree_leaves(example.args):
+        shape = getattr(leaf, "shape", ())
+        if shape:
+            return int(shape[0])
+    return 1
+
+
+def _container_sizes(example: JaxExample, containers: tuple[str, ...]) -> dict[str, int]:
+    """Length of each list of Flax submodules, from the variables (``blocks_0``, ``blocks_1``...)."""
+    if not containers:
+        return {}
+    params = example.params.get("params", example.params) if hasattr(example.params, "get") else {}
+    sizes = {}
+    for container in containers:
+        indices = [
+            int(key.rsplit("_", 1)[1])
+            for key in params
+            if isinstance(key, str)
+            and key.startswith(f"{container}_")
+            and key.rsplit("_", 1)[1].isdigit()
+        ]
+        if indices:
+            sizes[container] = max(indices) + 1
+    return sizes

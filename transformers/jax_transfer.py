@@ -1,0 +1,210 @@
+"""Write and remove JAX sync points: explicit ``jax.device_put`` transfers between stages.
+
+:class:`InsertDevicePutsCommand` carries out a plan in a JAX function
+(``def forward(params, x)``) or a Flax module's ``__call__``: after each
+planned statement it moves the values live across the sync point to the
+device of the next stage, one line per sync point::
+
+    h = jax.device_put(h, jax.devices()[1])  # syncpass sync 1/2: 8 KiB, 61 us/step predicted
+
+(several live values move together: ``h, x = jax.device_put((h, x), ...)``).
+A sync point between two iterations of a loop over a list of Flax submodules
+splits the loop over slices of the list, as for torch. ``import jax`` is added
+when the file lacks it. The weights are not moved here: each stage's weights
+are placed on its device, and each stage is compiled with ``jax.jit``, by
+:func:`syncpass.jax_pipeline.pipeline`, which splits the traced computation at
+these transfers (as ``torch.distributed.pipelining`` builds its stages from
+``pipe_split()`` calls). Run eagerly, the rewritten function computes what the
+original does, its later ops running on the device their inputs were moved to.
+
+:class:`RemoveDevicePutsCommand` undoes exactly that, recognising the lines by
+their ``# syncpass sync`` comment. Hand-written ``jax.device_put`` lines stay.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import libcst as cst
+import libcst.matchers as m
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor, ImportItem
+
+from syncpass.transformers.torch_pipeline import (
+    _SYNC_COMMENT,
+    SYNC_COMMENT_PREFIX,
+    InsertPipeSplitsCommand,
+    RemovePipeSplitsCommand,
+    SyncSite,
+    _uses_name,
+    _with_import,
+)
+
+FLAX_METHOD = "__call__"
+JAX_IMPORT = ImportItem("jax")
+
+
+def device_expression(stage: int) -> str:
+    """The device of stage ``stage`` in the rewritten code."""
+    return f"jax.devices()[{stage}]"
+
+
+def transfer_code(values: Sequence[str], stage: int) -> str:
+    """``h = jax.device_put(h, jax.devices()[1])``, or a tuple of several values."""
+    if not values:
+        raise ValueError("a transfer needs at least one value")
+    if len(values) == 1:
+        return f"{values[0]} = jax.device_put({values[0]}, {device_expression(stage)})"
+    names = ", ".join(values)
+    return f"{names} = jax.device_put(({names}), {device_expression(stage)})"
+
+
+def _find_function(
+    tree: cst.Module, name: str, is_function: bool
+) -> tuple[int, int | None, cst.FunctionDef] | None:
+    """(index in the module, index in the class or None, the function) of the model."""
+    found: list[tuple[int, int | None, cst.FunctionDef]] = []
+    for index, statement in enumerate(tree.body):
+        if is_function and isinstance(statement, cst.FunctionDef) and statement.name.value == name:
+            found.append((index, None, statement))
+        if not is_function and isinstance(statement, cst.ClassDef) and statement.name.value == name:
+            for member_index, member in enumerate(statement.body.body):
+                if isinstance(member, cst.FunctionDef) and member.name.value == FLAX_METHOD:
+                    found.append((index, member_index, member))
+    return found[0] if len(found) == 1 else None
+
+
+def _replace_body(
+    tree: cst.Module, name: str, is_function: bool, new_body: Sequence[cst.BaseStatement]
+) -> cst.Module:
+    found = _find_function(tree, name, is_function)
+    assert found is not None
+    index, member_index, function = found
+    assert isinstance(function.body, cst.IndentedBlock)
+    new_function = function.with_changes(body=function.body.with_changes(body=tuple(new_body)))
+    body = list(tree.body)
+    if member_index is None:
+        body[index] = new_function
+    else:
+        classdef = body[index]
+        assert isinstance(classdef, cst.ClassDef)
+        members = list(classdef.body.body)
+        members[member_index] = new_function
+        body[index] = classdef.with_changes(body=classdef.body.with_changes(body=tuple(members)))
+    return tree.with_changes(body=tuple(body))
+
+
+def is_transfer_line(statement: cst.CSTNode) -> bool:
+    """A line syncpass wrote: ``names = jax.device_put(...)  # syncpass sync ...``."""
+    if not m.matches(
+        statement,
+        m.SimpleStatementLine(
+            body=[m.Assign(value=m.Call(func=m.Attribute(attr=m.Name("device_put"))))]
+        ),
+    ):
+        return False
+    assert isinstance(statement, cst.SimpleStatementLine)
+    comment = statement.trailing_whitespace.comment
+    return comment is not None and bool(_SYNC_COMMENT.match(comment.value))
+
+
+class InsertDevicePutsCommand(InsertPipeSplitsCommand):
+    """Insert ``jax.device_put`` transfers at the planned sites of a JAX function or Flax module."""
+
+    DESCRIPTION = (
+        "Insert jax.device_put transfers to the next stage's device at planned sync points."
+    )
+
+    def __init__(
+        self, context: CodemodContext, name: str, is_function: bool, sites: Sequence[SyncSite]
+    ) -> None:
+        super().__init__(context, name, sites)
+        self.is_function = is_function
+
+    @property
+    def title(self) -> str:
+        return self.class_name if self.is_function else f"{self.class_name}.{FLAX_METHOD}"
+
+    def find_function(self, tree: cst.Module) -> cst.FunctionDef | None:
+        found = _find_function(tree, self.class_name, self.is_function)
+        return None if found is None else found[2]
+
+    def replace_body(self, tree: cst.Module, new_body: Sequence[cst.BaseStatement]) -> cst.Module:
+        return _replace_body(tree, self.class_name, self.is_function, new_body)
+
+    def schedule_import(self) -> None:
+        AddImportsVisitor.add_needed_import(self.context, JAX_IMPORT.module)
+
+    def _sync_line(self, site: SyncSite, tree: cst.Module) -> cst.SimpleStatementLine:
+        code = f"{transfer_code(site.values, site.stage)}  {SYNC_COMMENT_PREFIX} {site.comment}\n"
+        line = cst.parse_statement(code, config=tree.config_for_parsing)
+        assert isinstance(line, cst.SimpleStatementLine)
+        return line
+
+
+class RemoveDevicePutsCommand(RemovePipeSplitsCommand):
+    """Remove the transfers syncpass wrote, merge the loops it split, and the ``import jax``
+    it added when nothing else uses ``jax``."""
+
+    DESCRIPTION = "Remove syncpass's jax.device_put sync points and merge the loops it split."
+
+    def __init__(self, context: CodemodContext, name: str, is_function: bool) -> None:
+        super().__init__(context)
+        self.name = name
+        self.is_function = is_function
+
+    def is_sync_line(self, statement: cst.CSTNode) -> bool:
+        return is_transfer_line(statement)
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        found = _find_function(tree, self.name, self.is_function)
+        if found is None or not isinstance(found[2].body, cst.IndentedBlock):
+            return tree
+        statements = list(found[2].body.body)
+        if not any(self.is_sync_line(statement) for statement in statements):
+            return tree
+        tree = _replace_body(tree, self.name, self.is_function, self.merge(statements))
+        if not _uses_name(tree, "jax"):
+            tree = _drop_jax_import(tree)
+        return tree
+
+
+def _drop_jax_import(tree: cst.Module) -> cst.Module:
+    """Remove a plain ``import jax`` line."""
+    plain = m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("jax"))])])
+    return tree.with_changes(
+        body=[statement for statement in tree.body if not m.matches(statement, plain)]
+    )
+
+
+def insert_device_puts(
+    module: cst.Module, name: str, is_function: bool, sites: Sequence[SyncSite], filename: str
+) -> tuple[cst.Module, tuple[str, ...]]:
+    """Carry out :class:`InsertDevicePutsCommand`; the new module and its warnings."""
+    context = CodemodContext(filename=filename)
+    for site in sites:
+        if not site.values:
+            context.warnings.append(
+                f"nothing crosses the sync point {site.comment.split(':')[0]}; nothing changed"
+            )
+            return module, tuple(context.warnings)
+    command = InsertDevicePutsCommand(context, name, is_function, sites)
+    rewritten = command.transform_module_impl(module)
+    if rewritten is not module and not _imports_jax(rewritten):
+        rewritten = _with_import(rewritten, context, JAX_IMPORT)
+    return rewritten, tuple(context.warnings)
+
+
+def _imports_jax(tree: cst.Module) -> bool:
+    plain = m.Import(
+        names=[m.ZeroOrMore(), m.ImportAlias(name=m.Name("jax"), asname=None), m.ZeroOrMore()]
+    )
+    return any(m.matches(statement, m.SimpleStatementLine(body=[plain])) for statement in tree.body)
+
+
+def remove_device_puts(
+    module: cst.Module, name: str, is_function: bool, filename: str
+) -> cst.Module:
+    """Carry out :class:`RemoveDevicePutsCommand`."""
+    context = CodemodContext(filename=filename)
+    return RemoveDevicePutsCommand(context, name, is_function).transform_module_impl(module)
