@@ -1,0 +1,142 @@
+"""The pass as a library, for pipelines that already hold source or a parsed module.
+
+:func:`rewrite_source` and :func:`rewrite_module` plan a model from its cost
+file and write the sync points, like ``syncpass rewrite``, but never raise on
+bad input and never touch files: the result says what went wrong (message and
+``file:line``), so a pipeline that transforms many files can report and go on.
+
+    import libcst as cst
+    from syncpass.api import rewrite_module
+
+    tree = cst.parse_module(code)
+    tree = tree.visit(MyOtherTransform())           # any libcst stage before ...
+    result = rewrite_module(tree, "model.py", costs="model.costs.json", stages=4)
+    if result.ok:
+        tree = result.module.visit(YetAnotherOne())  # ... and after
+    else:
+        print(result.error)
+
+The plan's settings come from ``sync_config`` (a :class:`SyncConfig`, or a
+mapping of its keys such as ``{"strategy": "adaptive", "min_sync_interval": 2}``)
+over the cost file's own. Nothing here imports torch or runs the user's code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import libcst as cst
+
+from syncpass.config import SyncConfig, sync_config_from_mapping
+from syncpass.costs import Costs, load_costs
+from syncpass.errors import SyncpassError
+from syncpass.plan import Plan, PlanRequest
+from syncpass.rewrite import rewrite_source as _rewrite_text
+
+
+@dataclass(frozen=True)
+class ApiResult:
+    """What one rewrite gave: the new source and module, or the error, never both.
+
+    ``code`` and ``module`` are the input unchanged when the rewrite failed, so a
+    pipeline can pass the file on as it was (``module`` is empty when ``code``
+    does not parse).
+    """
+
+    code: str
+    module: cst.Module
+    plan: Plan | None
+    warnings: tuple[str, ...] = ()
+    error: SyncpassError | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+    @property
+    def changed(self) -> bool:
+        return self.ok and self.plan is not None and bool(self.plan.sync_points)
+
+
+def rewrite_source(
+    code: str,
+    path: str = "<source>",
+    *,
+    costs: Costs | str | Path,
+    stages: int | None,
+    sync_config: SyncConfig | Mapping[str, Any] | None = None,
+    microbatches: int | None = None,
+    schedule: str = "1f1b",
+    class_name: str | None = None,
+    max_stages: int | None = None,
+) -> ApiResult:
+    """Plan ``costs`` for the model in ``code`` and write its sync points.
+
+    ``stages`` of ``None`` with ``max_stages`` picks the stage count with the
+    least predicted step. Bad input (a syntax error, a cost file of another
+    model, an impossible constraint) comes back in :attr:`ApiResult.error`.
+    """
+    try:
+        loaded = costs if isinstance(costs, Costs) else load_costs(costs)
+        request = PlanRequest(
+            stages=stages,
+            config=_config(sync_config, loaded.config),
+            microbatches=microbatches,
+            schedule=schedule,
+        )
+        result = _rewrite_text(code, path, loaded, request, class_name, max_stages)
+        module = cst.parse_module(result.rewritten)
+    except SyncpassError as error:
+        return _failed(code, error)
+    except ValueError as error:  # a request out of range (stages < 1, unknown schedule)
+        return _failed(code, SyncpassError(str(error), path))
+    return ApiResult(result.rewritten, module, result.plan, result.warnings)
+
+
+def rewrite_module(
+    module: cst.Module,
+    path: str = "<module>",
+    *,
+    costs: Costs | str | Path,
+    stages: int | None,
+    sync_config: SyncConfig | Mapping[str, Any] | None = None,
+    microbatches: int | None = None,
+    schedule: str = "1f1b",
+    class_name: str | None = None,
+    max_stages: int | None = None,
+) -> ApiResult:
+    """:func:`rewrite_source` for a module already parsed; :attr:`ApiResult.module`
+    is the new tree (``module`` itself when nothing changed or the rewrite failed)."""
+    result = rewrite_source(
+        module.code,
+        path,
+        costs=costs,
+        stages=stages,
+        sync_config=sync_config,
+        microbatches=microbatches,
+        schedule=schedule,
+        class_name=class_name,
+        max_stages=max_stages,
+    )
+    if not result.ok or result.code == module.code:
+        return ApiResult(module.code, module, result.plan, result.warnings, result.error)
+    return result
+
+
+def _config(given: SyncConfig | Mapping[str, Any] | None, base: SyncConfig) -> SyncConfig:
+    if given is None:
+        return base
+    if isinstance(given, SyncConfig):
+        return given
+    return sync_config_from_mapping(dict(given), "sync_config", base)
+
+
+def _failed(code: str, error: SyncpassError) -> ApiResult:
+    try:
+        module = cst.parse_module(code)
+    except cst.ParserSyntaxError:
+        module = cst.Module(body=[])
+    return ApiResult(code, module, None, (), error)

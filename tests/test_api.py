@@ -1,0 +1,155 @@
+"""syncpass inside other libcst pipelines: the library API and the codemod command."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import libcst as cst
+import pytest
+from golden_cases import GOLDEN, read_case
+
+from syncpass.api import rewrite_module, rewrite_source
+from syncpass.costs import load_costs
+
+CASE = read_case(GOLDEN / "container_loop.py")
+
+
+class RenameTower(cst.CSTTransformer):
+    """Another pipeline stage: renames the model class."""
+
+    def __init__(self, old: str, new: str) -> None:
+        self.old, self.new = old, new
+
+    def leave_ClassDef(self, original: cst.ClassDef, updated: cst.ClassDef) -> cst.ClassDef:
+        if updated.name.value == self.old:
+            return updated.with_changes(name=cst.Name(self.new))
+        return updated
+
+
+class AddDocstringComment(cst.CSTTransformer):
+    """A stage after syncpass: a header comment on the module."""
+
+    def leave_Module(self, original: cst.Module, updated: cst.Module) -> cst.Module:
+        return updated.with_changes(header=[cst.EmptyLine(comment=cst.Comment("# generated"))])
+
+
+def test_rewrite_source_matches_the_command_line() -> None:
+    result = rewrite_source(
+        CASE.source,
+        "model.py",
+        costs=CASE.costs_path,
+        stages=CASE.stages,
+        sync_config=CASE.config,
+        class_name=CASE.model,
+    )
+    assert result.ok and result.error is None
+    assert result.code == CASE.expected
+    assert result.module.code == CASE.expected
+    assert result.plan is not None and len(result.plan.stages) == CASE.stages
+    assert result.changed
+
+
+def test_chained_with_other_transforms_over_one_parsed_tree() -> None:
+    tree = cst.parse_module(CASE.source)
+    tree = tree.visit(RenameTower("Tower", "Model"))
+    result = rewrite_module(
+        tree,
+        "model.py",
+        costs=load_costs(CASE.costs_path),
+        stages=CASE.stages,
+        sync_config={"communication_cost_threshold": CASE.config.communication_cost_threshold},
+        class_name="Model",
+    )
+    assert result.ok, result.error
+    final = result.module.visit(AddDocstringComment())
+    assert final.code.startswith("# generated\n")
+    assert "class Model(nn.Module):" in final.code
+    assert final.code.count("pipe_split()  # syncpass sync") == CASE.stages - 1
+    # The same as renaming the command-line output: the stages commute.
+    expected = cst.parse_module(CASE.expected or "").visit(RenameTower("Tower", "Model"))
+    assert result.module.code == expected.code
+
+
+@pytest.mark.parametrize(
+    ("code", "options", "message", "where"),
+    [
+        ("class Broken(:\n", {}, "syntax error", "model.py:1"),
+        (CASE.source, {"stages": 40}, "stages", None),
+        (CASE.source, {"sync_config": {"colour": "red"}}, "unknown setting 'colour'", None),
+        (CASE.source, {"stages": 0}, "stages must be at least 1", None),
+    ],
+)
+def test_bad_input_comes_back_as_an_error_not_an_exception(
+    code: str, options: dict[str, object], message: str, where: str | None
+) -> None:
+    arguments: dict[str, object] = {"stages": CASE.stages, "class_name": CASE.model}
+    arguments.update(options)
+    result = rewrite_source(code, "model.py", costs=CASE.costs_path, **arguments)  # type: ignore[arg-type]
+    assert not result.ok and result.error is not None
+    assert message in str(result.error).lower() or message in str(result.error)
+    if where is not None:
+        assert str(result.error).startswith(where)
+    assert result.code == code  # the input, passed on unchanged
+    assert result.plan is None and not result.changed
+
+
+def test_a_failed_module_is_handed_back_as_it_came() -> None:
+    tree = cst.parse_module(CASE.source)
+    result = rewrite_module(tree, "model.py", costs="no/such.costs.json", stages=2)
+    assert not result.ok and result.module is tree
+    assert "no such cost file" in str(result.error)
+
+
+def test_the_codemod_rewrites_a_folder_with_libcst_tool(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "tower.py").write_text(CASE.source)
+    shutil.copy(CASE.costs_path, models / "tower.costs.json")
+    (models / "helpers.py").write_text("def forward_helper():\n    return 1\n")
+    (models / "other.py").write_text("X = 1\n")
+    untouched = {path.name: path.read_text() for path in models.iterdir()}
+    init = subprocess.run(
+        [sys.executable, "-m", "libcst.tool", "initialize", "."],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert init.returncode == 0, init.stderr
+    command = [
+        *(sys.executable, "-m", "libcst.tool", "codemod", "--no-format", "-x"),
+        "syncpass.transformers.codemod.PipelineSyncCommand",
+        *("--stages", str(CASE.stages), "--model", "Tower", "models"),
+    ]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (models / "tower.py").read_text() == CASE.expected
+    assert (models / "other.py").read_text() == untouched["other.py"]
+    assert (models / "helpers.py").read_text() == untouched["helpers.py"]
+    assert "no cost file" in done.stderr
+    # Run again: the rewritten file plans the same, so nothing changes.
+    again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert again.returncode == 0, again.stderr
+    assert (models / "tower.py").read_text() == CASE.expected
+
+
+def test_the_codemod_reports_a_refused_file_and_goes_on(tmp_path: Path) -> None:
+    (tmp_path / "a.py").write_text(CASE.source)
+    shutil.copy(CASE.costs_path, tmp_path / "a.costs.json")
+    (tmp_path / "b.py").write_text(CASE.source)
+    shutil.copy(CASE.costs_path, tmp_path / "b.costs.json")
+    subprocess.run(
+        [sys.executable, "-m", "libcst.tool", "initialize", "."], cwd=tmp_path, check=True
+    )
+    command = [
+        *(sys.executable, "-m", "libcst.tool", "codemod", "--no-format", "-x"),
+        "syncpass.transformers.codemod.PipelineSyncCommand",
+        *("--stages", "40", "--model", "Tower", "a.py", "b.py"),
+    ]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode != 0
+    assert "stages" in done.stderr
+    assert (tmp_path / "a.py").read_text() == CASE.source  # nothing half-written
