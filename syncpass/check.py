@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from syncpass.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
-from syncpass.config import STRATEGIES
 from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
 from syncpass.project_config import (
@@ -36,6 +35,7 @@ from syncpass.project_config import (
     find_project_config,
     load_project_config,
 )
+from syncpass.registry import strategy_names
 
 if TYPE_CHECKING:
     from syncpass.frontend.lint import Finding
@@ -230,7 +230,7 @@ def rewrite_entry(
     from syncpass.frontend.source import read_model_text
     from syncpass.hardware import load_profile, retarget_hardware
     from syncpass.plan import PlanRequest
-    from syncpass.rewrite import rewrite_source
+    from syncpass.registry import load_backend
 
     text = read_model_text(entry.source)
     costs = load_costs(entry.costs)
@@ -249,7 +249,7 @@ def rewrite_entry(
         )
     auto = stages == "auto"
     request = PlanRequest(stages=None if auto or stages is None else int(stages), config=config)
-    return rewrite_source(
+    return load_backend(project.backend).rewrite(
         text,
         shown(entry.source),
         costs,
@@ -377,7 +377,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--fix", action="store_true", help="rewrite stale or missing generated files"
     )
     parser.add_argument("--no-lint", action="store_true", help="check generated files only")
-    parser.add_argument("--strategy", choices=STRATEGIES, help="over the configuration's")
+    parser.add_argument("--strategy", choices=strategy_names(), help="over the configuration's")
     parser.add_argument(
         "--min-sync-interval", type=positive_int, metavar="K", help="over the configuration's"
     )

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from syncpass import __version__
 from syncpass.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
-from syncpass.config import SCHEDULES, STRATEGIES, SyncConfig
+from syncpass.config import SCHEDULES, SyncConfig
 from syncpass.costs import Costs, load_costs
 from syncpass.errors import SyncpassError
 from syncpass.fileio import write_atomically
@@ -26,6 +26,7 @@ from syncpass.hardware import load_profile, profile_names, retarget_hardware
 from syncpass.plan import Plan, PlanRequest, best_stage_count, compare_baselines, make_plan
 from syncpass.planfile import dumps_plan, plan_to_json
 from syncpass.project_config import find_project_config, load_project_config
+from syncpass.registry import backend_names, strategy_names
 from syncpass.report import render_plan, render_sweep
 from syncpass.retarget import retarget_batch, sweep_batch, sweep_to_json
 from syncpass.units import seconds
@@ -59,7 +60,7 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
         "with [tool.syncpass] above the input",
     )
     parser.add_argument(
-        "--strategy", choices=STRATEGIES, help="default: the cost file's, else adaptive"
+        "--strategy", choices=strategy_names(), help="default: the cost file's, else adaptive"
     )
     parser.add_argument(
         "--min-sync-interval", type=positive_int, metavar="K", help="fewest ops per stage"
@@ -162,6 +163,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="profile on the fly with this example factory (PATH.py:FUNC, module:FUNC, or a "
         "FUNC in FILE); runs the user's code",
     )
+    source.add_argument(
+        "--input-shape",
+        metavar="SHAPES",
+        help="estimate the costs from the source for these forward input shapes (8x128, or "
+        "8x3x64x64,8x10); runs nothing (see syncpass profile --static)",
+    )
+    rewrite.add_argument(
+        "--input-dtype",
+        metavar="KINDS",
+        help="with --input-shape: float or int per input (default: int for token ids)",
+    )
     rewrite.add_argument(
         "--model", metavar="CLASS", help="the model class, when the file has several"
     )
@@ -170,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         choices=(1, 2),
         default=1,
-        help="with --example: 2 plans calls of nn.Sequential submodules per child (with "
+        help="with --example or --input-shape: 2 plans calls of nn.Sequential submodules per child (with "
         "--costs, the cost file decides)",
     )
     _add_plan_options(rewrite)
@@ -192,10 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     rewrite.add_argument(
         "--backend",
-        choices=("torch", "jax"),
-        default="torch",
-        help="torch: pipe_split() calls in an nn.Module's forward (default); jax: jax.device_put "
-        "transfers in a JAX function or a Flax module's __call__ (docs/jax.md)",
+        choices=backend_names(),
+        default=None,
+        help="torch: pipe_split() calls in an nn.Module's forward (default, or the config's "
+        "backend); jax: jax.device_put transfers in a JAX function or a Flax module's __call__ "
+        "(docs/jax.md); others: installed packages' (docs/plugin.md)",
     )
     rewrite.set_defaults(handler=_run_rewrite)
 
@@ -320,8 +333,48 @@ def _run_sweep(args: argparse.Namespace, costs: Costs, request: PlanRequest) -> 
     return EXIT_OK
 
 
+def _rewrite_costs(args: argparse.Namespace, text: str) -> Costs:
+    """The costs ``rewrite`` plans with: the cost file, a profile of the example, or an
+    estimate from the source."""
+    if args.input_shape is not None:
+        if args.backend != "torch":
+            raise SyncpassError("--input-shape estimates torch models only; give --costs")
+        from syncpass.profiling.static import estimate_file
+
+        # Estimated for --hardware directly: there is nothing to re-target from.
+        estimated = estimate_file(
+            str(args.file),
+            text,
+            args.model,
+            args.input_shape,
+            args.input_dtype,
+            args.hardware,
+            args.depth,
+        )
+        return retarget_batch(estimated, args.batch_size) if args.batch_size else estimated
+    if args.input_dtype is not None:
+        raise SyncpassError("--input-dtype goes with --input-shape")
+    if args.example is None:
+        return _load_costs(args)
+    if args.file == "-":
+        raise SyncpassError("--example needs the model file itself, not stdin")
+    if args.backend == "jax":
+        from syncpass.profiling.jax_command import measure_jax_file
+
+        return _retargeted(args, measure_jax_file(Path(args.file), text, args.example, args.model))
+    if args.backend != "torch":
+        raise SyncpassError(
+            f"the {args.backend} backend has no profiler in syncpass; give its cost file "
+            "with --costs"
+        )
+    from syncpass.profiling.command import measure_file
+
+    measured = measure_file(Path(args.file), text, args.example, args.model, depth=args.depth)
+    return _retargeted(args, measured)
+
+
 def _run_rewrite(args: argparse.Namespace) -> int:
-    from syncpass.rewrite import rewrite_source
+    from syncpass.registry import load_backend
     from syncpass.rewrite_report import analysis_to_json
 
     if args.diff and (args.in_place or args.output not in (None, "-")):
@@ -333,29 +386,12 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     from syncpass.frontend.source import read_model_text
 
     text = read_model_text(args.file)
-    jax_backend = getattr(args, "backend", "torch") == "jax"
-    if args.example is not None and jax_backend:
-        if args.file == "-":
-            raise SyncpassError("--example needs the model file itself, not stdin")
-        from syncpass.profiling.jax_command import measure_jax_file
-
-        costs = _retargeted(args, measure_jax_file(Path(args.file), text, args.example, args.model))
-    elif args.example is not None:
-        if args.file == "-":
-            raise SyncpassError("--example needs the model file itself, not stdin")
-        from syncpass.profiling.command import measure_file
-
-        costs = _retargeted(
-            args, measure_file(Path(args.file), text, args.example, args.model, depth=args.depth)
-        )
-    else:
-        costs = _load_costs(args)
+    if args.backend is None:
+        args.backend = args.project.backend if args.project is not None else "torch"
+    backend = load_backend(args.backend)
+    costs = _rewrite_costs(args, text)
     request, auto = _settings(args, costs)
-    if jax_backend:
-        from syncpass.rewrite_jax import rewrite_jax_source
-
-        rewrite_source = rewrite_jax_source  # same contract, JAX analysis and transfers
-    result = rewrite_source(
+    result = backend.rewrite(
         text,
         path,
         costs,

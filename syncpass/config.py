@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from syncpass.errors import SyncpassError
+from syncpass.registry import BUILTIN_STRATEGIES, plugin_strategy_names, strategy_names
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,7 +29,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 #: ``adaptive`` and ``fixed`` run the exact optimiser (``adaptive`` raises the
 #: threshold to the smallest value that admits a plan, ``fixed`` fails
 #: instead); the others are the rules people use today, kept for comparison.
-STRATEGIES = ("adaptive", "fixed", "uniform", "parameters", "time", "manual")
+STRATEGIES = BUILTIN_STRATEGIES
 OPTIMISING_STRATEGIES = ("adaptive", "fixed")
 BASELINE_STRATEGIES = ("uniform", "parameters", "time")
 SCHEDULES = ("gpipe", "1f1b")
@@ -48,9 +49,9 @@ class SyncConfig:
     communication_cost_threshold: float = 0.1
 
     def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
+        if self.strategy not in STRATEGIES and self.strategy not in plugin_strategy_names():
             raise ValueError(
-                f"strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}"
+                f"strategy must be one of {', '.join(strategy_names())}, got {self.strategy!r}"
             )
         if isinstance(self.min_sync_interval, bool) or not isinstance(self.min_sync_interval, int):
             raise ValueError(

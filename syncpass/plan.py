@@ -24,6 +24,7 @@ from syncpass.errors import InfeasibleError, SyncpassError
 from syncpass.explain import broken_constraints, explain_sync_points
 from syncpass.graph import INPUT, OUTPUT
 from syncpass.optimizer import Infeasible, PlanScore, Problem, score_cuts, solve
+from syncpass.registry import load_strategy, strategy_names
 from syncpass.schedule import Link, Prediction, StageLoad, simulate
 from syncpass.units import num_bytes, percent
 
@@ -120,7 +121,7 @@ class Plan:
     def __post_init__(self) -> None:
         if len(self.stages) != len(self.sync_points) + 1:
             raise ValueError("a plan has one more stage than it has sync points")
-        if self.strategy not in (*OPTIMISING_STRATEGIES, *BASELINE_STRATEGIES, "manual"):
+        if self.strategy not in strategy_names():
             raise ValueError(f"unknown strategy {self.strategy!r}")
 
     @property
@@ -218,6 +219,9 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
         cuts, used_tau = result.cuts, result.threshold_used
     elif strategy == "manual":
         cuts, used_tau = tuple(int(p) for p in np.flatnonzero(problem.pinned)), requested_tau
+    elif strategy not in BASELINE_STRATEGIES:
+        cuts, used_tau = _plugin_cuts(problem, stages, strategy, costs, origin), requested_tau
+        notes.append(f"{strategy}: a strategy from an installed package (syncpass.strategies)")
     else:
         baseline = _baseline_cuts(problem, stages, strategy, costs)
         if isinstance(baseline, Infeasible):
@@ -243,6 +247,29 @@ _BASELINE_RULES = {
     "parameters": "equal parameter bytes per stage (DeepSpeed's default)",
     "time": "equal compute per stage, communication ignored (torchgpipe's balance_by_time)",
 }
+
+
+def _plugin_cuts(
+    problem: Problem, stages: int, strategy: str, costs: Costs, origin: str
+) -> tuple[int, ...]:
+    """The cuts an installed strategy chose, checked before anything trusts them."""
+    chosen = load_strategy(strategy)(problem, stages, costs)
+    try:
+        cuts = tuple(int(position) for position in chosen)
+    except (TypeError, ValueError):
+        raise SyncpassError(
+            f"strategy {strategy!r} returned {chosen!r}, not a sequence of cut positions", origin
+        ) from None
+    wrong = None
+    if len(cuts) != stages - 1:
+        wrong = f"{len(cuts)} cut(s) for {stages} stages"
+    elif list(cuts) != sorted(set(cuts)):
+        wrong = f"cuts {list(cuts)} are not ascending"
+    elif any(not 0 < cut < problem.num_ops or not problem.admissible[cut] for cut in cuts):
+        wrong = f"cuts {list(cuts)} include one that is not an admissible sync point"
+    if wrong is not None:
+        raise SyncpassError(f"strategy {strategy!r} returned {wrong}", origin)
+    return cuts
 
 
 def _baseline_cuts(

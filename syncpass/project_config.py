@@ -42,10 +42,10 @@ from syncpass.config import (
 )
 from syncpass.errors import SyncpassError
 from syncpass.hardware import profile_names
+from syncpass.registry import backend_names
 
 #: Backends the sync points can be written for. ``torch``: ``pipe_split()`` calls
 #: of ``torch.distributed.pipelining``.
-BACKENDS = ("torch",)
 #: Keys of the project table besides the sync settings.
 PROJECT_KEYS = ("backend", "stages", "hardware", "models")
 #: Keys of one ``[[tool.syncpass.models]]`` entry.
@@ -108,8 +108,10 @@ class ProjectConfig:
         unknown = set(self.sync_keys) - set(CONFIG_KEYS)
         if unknown:
             raise ValueError(f"sync_keys must be among {', '.join(CONFIG_KEYS)}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.backend not in backend_names():
+            raise ValueError(
+                f"backend must be one of {', '.join(backend_names())}, got {self.backend!r}"
+            )
         if self.stages is not None:
             _check_stages(self.stages)
 
@@ -175,9 +177,9 @@ def load_project_config(path: Path) -> ProjectConfig:
     for key in sync_keys:
         sync = sync_config_from_mapping({key: table[key]}, where.line(None, key), sync)
     backend = table.get("backend", "torch")
-    if backend not in BACKENDS:
+    if backend not in backend_names():
         raise SyncpassError(
-            f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}",
+            f"backend must be one of {', '.join(backend_names())}, got {backend!r}",
             where.line(None, "backend"),
         )
     stages = _read_stages(table, None, where)

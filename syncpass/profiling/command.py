@@ -101,6 +101,33 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="torch: an nn.Module's forward (default); jax: a JAX function or a Flax module, "
         "timed per op with jax.jit and counted with XLA's cost analysis (docs/jax.md)",
     )
+    static = profile.add_argument_group(
+        "estimates without running code",
+        "--static estimates each op from the source alone (FLOP counts of standard layers, "
+        "parameter and activation sizes) for the given input shapes; it imports neither torch "
+        "nor the model's code. Ops it cannot size are named with file:line and get the median "
+        "op's cost.",
+    )
+    static.add_argument(
+        "--static", action="store_true", help="estimate from the source; run nothing"
+    )
+    static.add_argument(
+        "--input-shape",
+        metavar="SHAPES",
+        help="with --static: the forward's input shapes, e.g. 8x128 or 8x3x64x64,8x10",
+    )
+    static.add_argument(
+        "--input-dtype",
+        metavar="KINDS",
+        help="with --static: float or int per input (default: int for token ids that go "
+        "into an nn.Embedding, else float)",
+    )
+    static.add_argument(
+        "--hardware",
+        metavar="NAME|FILE",
+        help="with --static: the hardware profile whose FLOP/s turns FLOPs into time "
+        "(default cpu-gloo-loopback)",
+    )
     profile.set_defaults(handler=profile_command)
     return profile  # type: ignore[no-any-return]
 
@@ -246,7 +273,25 @@ def profile_command(args: argparse.Namespace) -> int:
 
     file: Path = args.file
     text = read_model_text(file)
-    if getattr(args, "backend", "torch") == "jax":
+    if not args.static and (args.input_shape or args.input_dtype or args.hardware):
+        raise SyncpassError("--input-shape, --input-dtype and --hardware go with --static")
+    if args.static:
+        if args.input_shape is None:
+            raise SyncpassError("--static needs the forward's input shapes: --input-shape 8x128")
+        if args.backend != "torch":
+            raise SyncpassError("--static estimates torch models only")
+        from syncpass.profiling.static import estimate_file
+
+        costs = estimate_file(
+            str(file),
+            text,
+            args.model,
+            args.input_shape,
+            args.input_dtype,
+            args.hardware,
+            args.depth,
+        )
+    elif getattr(args, "backend", "torch") == "jax":
         from syncpass.profiling.jax_command import measure_jax_file
 
         costs = measure_jax_file(file, text, args.example, args.model, args.repeats, args.warmup)
@@ -274,5 +319,20 @@ def profile_command(args: argparse.Namespace) -> int:
             "as one stage",
             file=sys.stderr,
         )
-    print(_summary(costs, target, args.repeats), file=sys.stderr)
+    if args.static:
+        print(_static_summary(costs, target), file=sys.stderr)
+    else:
+        print(_summary(costs, target, args.repeats), file=sys.stderr)
     return EXIT_OK
+
+
+def _static_summary(costs: Costs, target: str) -> str:
+    from syncpass.units import seconds
+
+    forward = sum(op.compute_s for op in costs.ops)
+    backward = sum(op.backward_s for op in costs.ops)
+    return (
+        f"syncpass: wrote {target}: {len(costs.ops)} op(s), {len(costs.cuts)} admissible sync "
+        f"point(s); forward {seconds(forward)}, backward {seconds(backward)} per step at batch "
+        f"{costs.batch_size}, estimated from the source (nothing ran)"
+    )
