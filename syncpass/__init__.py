@@ -2,4 +2,20 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from syncpass.runtime.parallelize import ParallelStage
+
+
+def parallelize(*args: Any, **kwargs: Any) -> ParallelStage:
+    """Plan a model from a live profile and return this rank's pipeline stage.
+
+    See :func:`syncpass.runtime.parallelize.parallelize`; importing syncpass
+    does not import torch, calling this does.
+    """
+    from syncpass.runtime.parallelize import parallelize as build
+
+    return build(*args, **kwargs)

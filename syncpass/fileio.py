@@ -6,19 +6,28 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from typing import IO, Any
 
 from syncpass.errors import SyncpassError
 
 
-def write_atomically(path: str | Path, text: str) -> None:
-    """See :func:`_write`; any failure of the file system is a :class:`SyncpassError`."""
+def write_atomically(path: str | Path, text: str | bytes) -> None:
+    """See :func:`_write`; any failure of the file system is a :class:`SyncpassError`.
+
+    ``text`` is written as UTF-8; ``bytes`` as they are."""
     try:
         _write(Path(path), text)
     except OSError as error:
         raise SyncpassError(f"cannot write: {error.strerror or error}", str(path)) from None
 
 
-def _write(path: Path, text: str) -> None:
+def _open(target: str | Path | int, text: str | bytes) -> IO[Any]:
+    if isinstance(text, bytes):
+        return open(target, "wb")
+    return open(target, "w", encoding="utf-8", newline="")
+
+
+def _write(path: Path, text: str | bytes) -> None:
     """Write ``text`` to ``path`` as a shell redirect would, but never half-written.
 
     A regular file (new or existing) is written through a temporary file in
@@ -35,7 +44,7 @@ def _write(path: Path, text: str) -> None:
     if mode is not None and stat.S_ISDIR(mode):
         raise SyncpassError("is a folder; give a file name to write", str(path))
     if mode is not None and not stat.S_ISREG(mode):
-        with open(path, "w", encoding="utf-8", newline="") as stream:
+        with _open(path, text) as stream:
             stream.write(text)
         return
     if path.is_symlink():
@@ -49,7 +58,7 @@ def _write(path: Path, text: str) -> None:
     except OSError as error:
         raise SyncpassError(f"cannot write here: {error.strerror}", str(path)) from None
     try:
-        with os.fdopen(handle, "w", encoding="utf-8", newline="") as stream:
+        with _open(handle, text) as stream:
             stream.write(text)
         if mode is not None:
             os.chmod(temporary, stat.S_IMODE(mode))
