@@ -26,7 +26,7 @@ import libcst as cst
 from libcst.codemod import CodemodCommand, CodemodContext, SkipFile
 
 from syncpass.api import rewrite_module
-from syncpass.config import STRATEGIES, SyncConfig
+from syncpass.config import STRATEGIES
 from syncpass.errors import SyncpassError
 
 DEFAULT_COSTS = "{dir}/{stem}.costs.json"
@@ -111,7 +111,3 @@ class CodemodRefused(Exception):
     def __init__(self, error: SyncpassError) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-# A pipeline that builds its commands by hand may pass settings as a SyncConfig too.
-__all__ = ["DEFAULT_COSTS", "CodemodRefused", "PipelineSyncCommand", "SyncConfig"]
