@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +20,7 @@ from syncpass.rewrite_jax import rewrite_jax_source, strip_jax_sync_points
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 GOLDEN = Path(__file__).parent / "golden" / "jax"
+DATA = Path(__file__).parent / "data"
 MARKER = "# output:\n"
 SIZES = {"TransformerLM": {"blocks": 4}, "Net": {"blocks": 4}}
 
@@ -112,9 +115,45 @@ def test_adds_import_jax_when_missing_and_removes_it_again() -> None:
         '    return h @ params["b"]\n'
     )
     out = rewrite(text, "f.py", None, 2)
-    assert "import jax\n" in out
+    assert "import jax  # syncpass sync: imported for the transfers\n" in out
     assert "    h = jax.device_put(h, jax.devices()[1])  # syncpass sync 1/1:" in out
     assert strip_jax_sync_points(out, "f.py") == text
+    by_hand = "".join(line for line in out.splitlines(True) if "# syncpass sync" not in line)
+    assert by_hand == text  # deleting every "# syncpass sync" line gives the input back
+
+
+def test_strip_keeps_the_users_own_import_jax() -> None:
+    """A file that imports jax but uses it for nothing else keeps its import when stripped."""
+    text = (
+        "import jax\n"
+        "from jax import numpy as jnp\n\n\n"
+        "def forward(params, x):\n"
+        '    h = jnp.tanh(x @ params["a"])\n'
+        '    return h @ params["b"]\n'
+    )
+    out = rewrite(text, "f.py", None, 2)
+    assert out.count("import jax") == 1  # the user's, unmarked; nothing added
+    assert "    h = jax.device_put(h, jax.devices()[1])  # syncpass sync 1/1:" in out
+    assert strip_jax_sync_points(out, "f.py") == text
+    assert rewrite(out, "f.py", None, 2) == out
+
+
+def test_strip_keeps_an_import_jax_only_hand_written_transfers_use() -> None:
+    text = (
+        "import jax\n\n\n"
+        "def forward(params, x):\n"
+        '    h = x @ params["a"]\n'
+        "    h = jax.device_put(h, jax.devices()[1])  # mine\n"
+        '    h = h @ params["b"]\n'
+        '    return h @ params["c"]\n'
+    )
+    out = rewrite(text, "f.py", None, 3)
+    assert "# mine" in out and out.count("# syncpass sync") == 1
+    assert strip_jax_sync_points(out, "f.py") == text
+    stripped_by_hand = "".join(
+        line for line in out.splitlines(keepends=True) if "# syncpass sync" not in line
+    )
+    assert stripped_by_hand == text
 
 
 def test_cli_rewrite_backend_jax_check(tmp_path: Path) -> None:
@@ -124,8 +163,6 @@ def test_cli_rewrite_backend_jax_check(tmp_path: Path) -> None:
     model = tmp_path / "mlp.py"
     model.write_text((EXAMPLES / "jax_mlp.py").read_text())
     costs = tmp_path / "mlp.costs.json"
-    import json
-
     costs.write_text(json.dumps(costs_to_json(estimated_costs(model.read_text(), "m", None))))
     args = ["rewrite", str(model), "--backend", "jax", "--costs", str(costs), "--stages", "2"]
     assert main([*args, "--check"]) == 1
@@ -167,7 +204,128 @@ def test_end_to_end_profile_rewrite_run_verify(file: str, stages: int, tmp_path:
         "--stages", str(stages), "--threshold", "inf", "-o", str(out),
     )  # fmt: skip
     assert out.read_text().count("# syncpass sync") == stages - 1
-    report = run("run", "--backend", "jax", "--stages", str(stages), "--verify", str(out))
+    figures = tmp_path / "run.json"
+    report = run(
+        "run", "--backend", "jax", "--stages", str(stages), "--verify", str(out),
+        "--microbatches", "2", "--steps", "1", "--json-report", str(figures),
+    )  # fmt: skip
     assert "verify: ok" in report
+    assert "2 of 2 micro-batch loss(es) match" in report
     for stage in range(stages):
         assert f"cpu:{stage}" in report
+    document = json.loads(figures.read_text())
+    assert (document["backend"], document["microbatches"]) == ("jax", 2)
+    assert [row["stage"] for row in document["stage_reports"]] == list(range(stages))
+    for row in document["stage_reports"]:
+        assert 0 < row["compute_s"] <= row["step_s"] + row["comm_wait_s"]
+        assert row["parameters"] > 0
+    assert document["verify"]["ok"] and len(document["verify"]["losses"]) == 2
+
+
+def test_compact_flax_call_names_inline_submodules_by_their_class() -> None:
+    text = (DATA / "flax_compact.py").read_text()
+    graph = analyse_jax_model(parse_source(text, "c.py"), "c.py", text=text)
+    assert [op.id for op in graph.ops] == [
+        "flax.linen.gelu@L22",
+        "flax.linen.LayerNorm@L23",
+        "jax.numpy.tanh@L24",
+        "flax.linen.Dense@L25",
+    ]
+    assert all(cut.live == ("h",) for cut in graph.cuts)
+
+
+@pytest.mark.slow
+def test_compact_flax_profile_rewrite_run_verify(tmp_path: Path) -> None:
+    """An @nn.compact model: profile -> rewrite (3 stages) -> run --verify, 2 micro-batches."""
+    model = tmp_path / "compact.py"
+    model.write_text((DATA / "flax_compact.py").read_text())
+    costs, out = tmp_path / "compact.costs.json", tmp_path / "compact_sync.py"
+    for args in (
+        ["profile", "--backend", "jax", str(model), "-o", str(costs), "--repeats", "1"],
+        ["rewrite", "--backend", "jax", str(model), "--costs", str(costs), "--stages", "3",
+         "--threshold", "inf", "-o", str(out)],
+    ):  # fmt: skip
+        done = subprocess.run([sys.executable, "-m", "syncpass", *args], capture_output=True,
+                              text=True, cwd=tmp_path, check=False)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+    costs_data = json.loads(costs.read_text())
+    assert costs_data["ops"][-1]["id"] == "flax.linen.Dense@L25"
+    assert out.read_text().count("jax.device_put(h, ") == 2
+    done = subprocess.run(
+        [sys.executable, "-m", "syncpass", "run", "--backend", "jax", "--stages", "3",
+         "--verify", "--microbatches", "2", "--steps", "1", str(out)],
+        capture_output=True, text=True, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "verify: ok: 8 gradient leaves" in done.stdout
+
+
+GPIPE_CHECK = """
+import jax, jax.numpy as jnp
+from syncpass import jax_pipeline
+from syncpass.jax_pipeline import GPipe, pipeline
+
+def forward(params, x, ids):
+    h = jnp.tanh(x @ params["w1"])                       # stage 0
+    h, ids = jax.device_put((h, ids), jax.devices()[1])  # an integer value crosses too
+    skip = h
+    h = jnp.tanh(h @ params["w2"] + params["w1"].sum())  # w1 read again on stage 1
+    h, skip, ids = jax.device_put((h, skip, ids), jax.devices()[2])
+    return (h + skip) @ params["w3"] + ids[:, None]
+
+def loss_fn(out, target):
+    return jnp.mean((out - target) ** 2)
+
+keys = jax.random.split(jax.random.key(0), 5)
+params = {"w1": jax.random.normal(keys[0], (8, 16)), "w2": jax.random.normal(keys[1], (16, 16)),
+          "w3": jax.random.normal(keys[2], (16, 4))}
+x = jax.random.normal(keys[3], (12, 8))
+ids = jnp.arange(12, dtype=jnp.int32)
+y = jax.random.normal(keys[4], (12, 4))
+M = 3
+batches = [((x[i::M], ids[i::M]), y[i::M]) for i in range(M)]
+staged = pipeline(forward, params, *batches[0][0])
+assert [str(s.device) for s in staged.stages] == ["cpu:0", "cpu:1", "cpu:2"]
+for stage in staged.stages:  # each stage's weights were placed on its device when built
+    assert all(w.devices() == {stage.device} for w in stage.placed_weights)
+assert [len(s.placed_weights) for s in staged.stages] == [1, 2, 1]
+result = GPipe(staged, loss_fn)(batches)
+timed = GPipe(staged, loss_fn)(batches, timed=True)
+assert len(timed.stage_compute_s) == 3 and all(t > 0 for t in timed.stage_compute_s)
+whole = jax.jit(jax.value_and_grad(lambda p, a, t: loss_fn(forward(p, *a), t)))
+total = None
+for (args, target), loss in zip(batches, result.losses):
+    want, grads = whole(params, args, target)
+    assert abs(float(loss) - float(want)) <= 1e-6 + 1e-5 * abs(float(want)), (loss, want)
+    total = grads if total is None else jax.tree_util.tree_map(jnp.add, total, grads)
+for key in params:
+    got = jax.device_put(result.grads[key], jax.devices()[0])
+    assert jnp.allclose(got, total[key] / M, rtol=1e-5, atol=1e-6), key
+assert result.grads["w2"].devices() == {jax.devices()[1]}
+# Called with the weights it was built with, the staged function moves no weight.
+moved = []
+original = jax_pipeline.jax.device_put
+def counting(value, device=None, *rest, **named):
+    moved.append(value)
+    return original(value, device, *rest, **named)
+jax_pipeline.jax.device_put = counting
+out = staged(params, *batches[0][0])
+jax_pipeline.jax.device_put = original
+assert not any(any(value is w for w in params.values()) for value in moved), "a weight moved"
+eager = jax.device_put(forward(params, *batches[0][0]), jax.devices()[0])
+assert jnp.allclose(jax.device_put(out, jax.devices()[0]), eager)
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_gpipe_matches_the_unsplit_model_on_three_devices() -> None:
+    """Micro-batches through three jitted stages: losses and accumulated gradients as unsplit."""
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=3", JAX_PLATFORMS="cpu"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", GPIPE_CHECK], capture_output=True, text=True, env=env, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"

@@ -10,15 +10,21 @@ device of the next stage, one line per sync point::
 (several live values move together: ``h, x = jax.device_put((h, x), ...)``).
 A sync point between two iterations of a loop over a list of Flax submodules
 splits the loop over slices of the list, as for torch. ``import jax`` is added
-when the file lacks it. The weights are not moved here: each stage's weights
-are placed on its device, and each stage is compiled with ``jax.jit``, by
+when the file lacks it, marked as syncpass's own::
+
+    import jax  # syncpass sync: imported for the transfers
+
+The weights are not moved here: each stage's weights are placed on its device
+once, and each stage is compiled with ``jax.jit``, by
 :func:`syncpass.jax_pipeline.pipeline`, which splits the traced computation at
 these transfers (as ``torch.distributed.pipelining`` builds its stages from
 ``pipe_split()`` calls). Run eagerly, the rewritten function computes what the
 original does, its later ops running on the device their inputs were moved to.
 
 :class:`RemoveDevicePutsCommand` undoes exactly that, recognising the lines by
-their ``# syncpass sync`` comment. Hand-written ``jax.device_put`` lines stay.
+their ``# syncpass sync`` comment, and the ``import jax`` it marked. Hand-written
+``jax.device_put`` lines and a user's own ``import jax`` (even one that only
+those lines use) stay.
 """
 
 from __future__ import annotations
@@ -36,12 +42,13 @@ from syncpass.transformers.torch_pipeline import (
     InsertPipeSplitsCommand,
     RemovePipeSplitsCommand,
     SyncSite,
-    _uses_name,
     _with_import,
 )
 
 FLAX_METHOD = "__call__"
 JAX_IMPORT = ImportItem("jax")
+#: The comment on an ``import jax`` syncpass adds, by which stripping tells it from a user's.
+ADDED_IMPORT_NOTE = "imported for the transfers"
 
 
 def device_expression(stage: int) -> str:
@@ -144,7 +151,7 @@ class InsertDevicePutsCommand(InsertPipeSplitsCommand):
 
 class RemoveDevicePutsCommand(RemovePipeSplitsCommand):
     """Remove the transfers syncpass wrote, merge the loops it split, and the ``import jax``
-    it added when nothing else uses ``jax``."""
+    it added (recognised by its comment; a user's ``import jax`` always stays)."""
 
     DESCRIPTION = "Remove syncpass's jax.device_put sync points and merge the loops it split."
 
@@ -159,22 +166,49 @@ class RemoveDevicePutsCommand(RemovePipeSplitsCommand):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         found = _find_function(tree, self.name, self.is_function)
         if found is None or not isinstance(found[2].body, cst.IndentedBlock):
-            return tree
+            return _drop_added_import(tree)
         statements = list(found[2].body.body)
         if not any(self.is_sync_line(statement) for statement in statements):
-            return tree
+            return _drop_added_import(tree)
         tree = _replace_body(tree, self.name, self.is_function, self.merge(statements))
-        if not _uses_name(tree, "jax"):
-            tree = _drop_jax_import(tree)
-        return tree
+        return _drop_added_import(tree)
 
 
-def _drop_jax_import(tree: cst.Module) -> cst.Module:
-    """Remove a plain ``import jax`` line."""
-    plain = m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("jax"))])])
-    return tree.with_changes(
-        body=[statement for statement in tree.body if not m.matches(statement, plain)]
+def _is_added_import(statement: cst.CSTNode) -> bool:
+    """``import jax  # syncpass sync: ...``: the import syncpass added, never the user's own."""
+    if not m.matches(
+        statement, m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("jax"))])])
+    ):
+        return False
+    assert isinstance(statement, cst.SimpleStatementLine)
+    comment = statement.trailing_whitespace.comment
+    return comment is not None and bool(_SYNC_COMMENT.match(comment.value))
+
+
+def _drop_added_import(tree: cst.Module) -> cst.Module:
+    """Remove the ``import jax`` line syncpass marked as its own (a user's stays)."""
+    body = [statement for statement in tree.body if not _is_added_import(statement)]
+    return tree if len(body) == len(tree.body) else tree.with_changes(body=body)
+
+
+def _mark_added_import(tree: cst.Module) -> cst.Module:
+    """Give the ``import jax`` just added its comment, so that stripping knows it is syncpass's."""
+    plain = m.SimpleStatementLine(
+        body=[m.Import(names=[m.ImportAlias(name=m.Name("jax"), asname=None)])],
+        trailing_whitespace=m.TrailingWhitespace(comment=None),
     )
+    body = list(tree.body)
+    for index, statement in enumerate(body):
+        if m.matches(statement, plain):
+            assert isinstance(statement, cst.SimpleStatementLine)
+            comment = cst.Comment(f"{SYNC_COMMENT_PREFIX}: {ADDED_IMPORT_NOTE}")
+            body[index] = statement.with_changes(
+                trailing_whitespace=statement.trailing_whitespace.with_changes(
+                    whitespace=cst.SimpleWhitespace("  "), comment=comment
+                )
+            )
+            return tree.with_changes(body=body)
+    return tree
 
 
 def insert_device_puts(
@@ -191,7 +225,7 @@ def insert_device_puts(
     command = InsertDevicePutsCommand(context, name, is_function, sites)
     rewritten = command.transform_module_impl(module)
     if rewritten is not module and not _imports_jax(rewritten):
-        rewritten = _with_import(rewritten, context, JAX_IMPORT)
+        rewritten = _mark_added_import(_with_import(rewritten, context, JAX_IMPORT))
     return rewritten, tuple(context.warnings)
 
 

@@ -346,6 +346,9 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
             return _CallFact(self.depth, self._next(), submodule, dotted, qualify=True)
         if isinstance(node.func, cst.Attribute):  # a method, e.g. x.view(...)
             return _CallFact(self.depth, self._next(), None, node.func.attr.value)
+        built = _dotted(node.func.func) if isinstance(node.func, cst.Call) else None
+        if built is not None:  # nn.Dense(4)(h): a submodule built inline, named by its class
+            return _CallFact(self.depth, self._next(), None, built, qualify=True)
         return _CallFact(self.depth, self._next(), None, "call")
 
 

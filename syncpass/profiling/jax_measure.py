@@ -15,12 +15,18 @@ probe), with the op ids of the analysis. Per piece:
 * ``param_bytes``: bytes of the weight leaves the piece reads first;
 * ``out_bytes``: bytes of the values it defines that later pieces use.
 
+The last op also carries the loss, which a pipeline's last stage computes: the
+forward time and FLOPs of the jitted ``loss_fn(output, target)`` are added to
+its ``compute_s`` and ``flops``, and the time the loss's gradient (jitted
+``jax.value_and_grad``) adds to its ``backward_s``, as the torch profiler does.
+
 A cut's ``live_bytes`` are the bytes its probe moves. The user's file is
 never modified. This module imports jax.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import statistics
 import time
@@ -36,7 +42,7 @@ from syncpass.frontend.source import parse_source
 from syncpass.graph import OpGraph
 from syncpass.hardware import load_profile
 from syncpass.jax_example import JaxExample, apply_of, model_from_source
-from syncpass.jax_pipeline import nbytes, pipeline
+from syncpass.jax_pipeline import nbytes, pipeline, read_value
 from syncpass.rewrite_jax import strip_jax_sync_points
 from syncpass.transformers.jax_transfer import insert_device_puts
 from syncpass.transformers.torch_pipeline import SyncSite
@@ -171,6 +177,11 @@ def profile_jax_costs(
                 )
             )
         first_op = last_op + 1
+    # The last op also carries the loss, which a pipeline's last stage computes.
+    output = jax.tree_util.tree_unflatten(
+        staged.out_tree, [read_value(env, var) for var in staged.outvars]
+    )
+    ops[-1] = _with_loss(ops[-1], example, output, repeats, warmup)
     moved = {
         graph.ops[position].id: nbytes([var.aval for var in transfer])
         for position, transfer in zip(after, staged.transfers, strict=True)
@@ -179,7 +190,7 @@ def profile_jax_costs(
         CutCost(after=cut.after, live_bytes=moved.get(cut.after, 0), pinned=cut.pinned)
         for cut in graph.cuts
     )
-    batch = _batch_size(example)
+    batch = batch_size(example)
     hardware = load_profile("cpu-gloo-loopback").hardware
     return Costs(
         batch_size=batch,
@@ -193,7 +204,23 @@ def profile_jax_costs(
     )
 
 
-def _batch_size(example: JaxExample) -> int:
+def _with_loss(last: OpCost, example: JaxExample, output: Any, repeats: int, warmup: int) -> OpCost:
+    """``last`` plus the loss: its forward time and FLOPs, and the time its gradient adds."""
+    loss = jax.jit(example.loss_fn)
+    loss_and_grad = jax.jit(jax.value_and_grad(example.loss_fn))
+    forward_s = _median_time(functools.partial(loss, output, example.target), repeats, warmup)
+    both_s = _median_time(functools.partial(loss_and_grad, output, example.target), repeats, warmup)
+    flops = _flops(example.loss_fn, [output, example.target])
+    return dataclasses.replace(
+        last,
+        compute_s=last.compute_s + forward_s,
+        backward_s=last.backward_s + max(0.0, both_s - forward_s),
+        flops=None if last.flops is None or flops is None else last.flops + flops,
+    )
+
+
+def batch_size(example: JaxExample) -> int:
+    """The first dimension of the example's first input with one (1 if none)."""
     for leaf in jax.tree_util.tree_leaves(example.args):
         shape = getattr(leaf, "shape", ())
         if shape:

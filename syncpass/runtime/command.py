@@ -195,26 +195,30 @@ def run_command(args: argparse.Namespace) -> int:
 
 def _run_jax_command(args: argparse.Namespace) -> int:
     """``syncpass run --backend jax``: one process, N JAX devices, one jitted stage each."""
-    import dataclasses
-
-    from syncpass.runtime.jax_run import render_jax_run, run_jax
+    from syncpass.runtime.jax_run import jax_report_document, render_jax_run, run_jax
 
     file: Path = args.file
     if not file.is_file():
         raise SyncpassError(
             "no such file (FILE is the model source with its sync points)", str(file)
         )
+    report: Path | None = args.json_report
+    if report is not None and not report.parent.is_dir():
+        raise SyncpassError("the folder for --json-report does not exist", str(report))
+    example = example_for_file(file, args.example)
     result = run_jax(
         str(file),
-        example_for_file(file, args.example),
+        example,
         args.stages,
         steps=args.steps,
         verify=args.verify,
         rtol=args.rtol,
         atol=args.atol,
         timeout_s=args.timeout,
+        microbatches=args.microbatches,
     )
-    if args.json_report is not None:
-        write_atomically(args.json_report, json.dumps(dataclasses.asdict(result), indent=2) + "\n")
-    sys.stdout.write(render_jax_run(result))
+    if report is not None:
+        document = jax_report_document(result, str(file), example)
+        write_atomically(report, json.dumps(document, indent=2) + "\n")
+    sys.stdout.write(render_jax_run(result, str(file), example))
     return EXIT_FOUND if args.verify and not result.verified else EXIT_OK

@@ -3,13 +3,16 @@
 The parent (:func:`run_jax`) starts one child process (``python -m
 syncpass.runtime.jax_run``) with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``
 set before JAX starts, so that a CPU-only machine has N devices. The child
-loads the example, builds the pipeline of the file's ``jax.device_put`` sync
-points (:func:`syncpass.jax_pipeline.pipeline`: one ``jax.jit`` per stage,
-each on its own device), runs loss and gradient steps and times them. With
-``--verify`` it also runs the unsplit original (the file with syncpass's sync
-lines stripped, jitted whole on one device) and compares the loss and every
-gradient leaf: ``|pipeline - reference| <= atol + rtol * |reference|``, with the
-float32 defaults of the torch check (rtol 1e-5, atol 1e-6).
+loads the example, splits its batch into micro-batches, builds the pipeline of
+the file's ``jax.device_put`` sync points (:func:`syncpass.jax_pipeline.pipeline`:
+one ``jax.jit`` per stage, each on its own device with its weights placed there
+once) and runs GPipe loss-and-gradient steps (:class:`syncpass.jax_pipeline.GPipe`):
+some timed whole (the step), as many run call by call (each stage's compute).
+With ``--verify`` it also runs the unsplit original (the file with syncpass's
+sync lines stripped, jitted whole on one device) on the same micro-batches and
+compares each micro-batch's loss and every gradient leaf: ``|pipeline -
+reference| <= atol + rtol * |reference|``, with the float32 defaults of the
+torch check (rtol 1e-5, atol 1e-6).
 
 The child prints one JSON document on stdout; the parent renders it.
 """
@@ -28,26 +31,59 @@ from pathlib import Path
 from typing import Any
 
 from syncpass.errors import SyncpassError
+from syncpass.runtime.contracts import default_microbatches
+from syncpass.runtime.render import REPORT_VERSION, _table
+from syncpass.units import percent, seconds
 
 RTOL, ATOL = 1e-5, 1e-6
+LOSS_MISMATCH = "loss of micro-batch"
 
 
 @dataclass(frozen=True)
 class JaxRunResult:
-    """What the child measured and checked (plain values, from its JSON)."""
+    """What the child measured and checked (plain values, from its JSON).
+
+    ``step_times_s`` are wall times of whole loss-and-gradient steps as they
+    run (stages overlapping); ``stage_compute_times_s[s]`` the time stage
+    ``s``'s own calls took in each of as many steps run again with a wait
+    after every call (forward, backward, and for the last stage the loss).
+    """
 
     stages: int
     devices: tuple[str, ...]
     stage_weights: tuple[int, ...]  # weight leaves each stage holds
+    stage_parameters: tuple[int, ...]  # and their elements
+    batch: int
+    microbatches: int
     step_times_s: tuple[float, ...]
+    stage_compute_times_s: tuple[tuple[float, ...], ...]
     verified: bool | None  # None without --verify
-    loss: float
-    reference_loss: float | None
+    losses: tuple[float, ...]  # one per micro-batch
+    reference_losses: tuple[float, ...] | None
     checks: int
     mismatches: tuple[str, ...]
     max_abs: float
     rtol: float
     atol: float
+
+    @property
+    def step_s(self) -> float:
+        return statistics.median(self.step_times_s)
+
+    def compute_s(self, stage: int) -> float:
+        return statistics.median(self.stage_compute_times_s[stage])
+
+    def comm_wait_s(self, stage: int) -> float:
+        """The part of the step stage ``stage`` does not spend in its own calls."""
+        return max(0.0, self.step_s - self.compute_s(stage))
+
+    @property
+    def gradient_mismatches(self) -> int:
+        return sum(not name.startswith(LOSS_MISMATCH) for name in self.mismatches)
+
+    @property
+    def loss(self) -> float:
+        return sum(self.losses) / len(self.losses)
 
 
 def _flags(stages: int) -> str:
@@ -67,8 +103,13 @@ def run_jax(
     rtol: float | None = None,
     atol: float | None = None,
     timeout_s: float = 300.0,
+    microbatches: int | None = None,
 ) -> JaxRunResult:
-    """Run ``file``'s rewritten model over ``stages`` JAX devices in a child process."""
+    """Run ``file``'s rewritten model over ``stages`` JAX devices in a child process.
+
+    ``microbatches`` splits the batch (default: as for torch, the largest
+    divisor of the batch up to four per stage).
+    """
     command = [
         sys.executable,
         "-m",
@@ -80,6 +121,7 @@ def run_jax(
         "1" if verify else "0",
         repr(RTOL if rtol is None else rtol),
         repr(ATOL if atol is None else atol),
+        str(microbatches or 0),
     ]
     env = dict(os.environ, XLA_FLAGS=_flags(stages))
     env.setdefault("JAX_PLATFORMS", "cpu")
@@ -95,14 +137,19 @@ def run_jax(
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         raise SyncpassError(lines[-1] if lines else f"the JAX run failed ({done.returncode})")
     data = json.loads(done.stdout.strip().splitlines()[-1])
+    references = data["reference_losses"]
     return JaxRunResult(
         stages=data["stages"],
         devices=tuple(data["devices"]),
         stage_weights=tuple(data["stage_weights"]),
+        stage_parameters=tuple(data["stage_parameters"]),
+        batch=data["batch"],
+        microbatches=data["microbatches"],
         step_times_s=tuple(data["step_times_s"]),
+        stage_compute_times_s=tuple(tuple(times) for times in data["stage_compute_times_s"]),
         verified=data["verified"],
-        loss=data["loss"],
-        reference_loss=data["reference_loss"],
+        losses=tuple(data["losses"]),
+        reference_losses=None if references is None else tuple(references),
         checks=data["checks"],
         mismatches=tuple(data["mismatches"]),
         max_abs=data["max_abs"],
@@ -111,38 +158,137 @@ def run_jax(
     )
 
 
-def render_jax_run(result: JaxRunResult) -> str:
-    """The report ``syncpass run --backend jax`` prints."""
-    step = statistics.median(result.step_times_s)
+def render_jax_run(result: JaxRunResult, file: str = "", example: str = "") -> str:
+    """The report ``syncpass run --backend jax`` prints: a stage table as the torch run's."""
+    where = f"{file}, example {example}, " if file else ""
     lines = [
-        f"syncpass run (jax): {result.stages} stage(s) on {', '.join(result.devices)}; "
-        f"loss and gradient step {step * 1e3:.2f} ms (median of {len(result.step_times_s)})",
-        "stage  device  weight leaves",
+        f"syncpass run (jax): {where}{result.stages} stage(s) on {', '.join(result.devices)}, "
+        f"gpipe, {result.microbatches} micro-batch(es) of {result.batch // result.microbatches}, "
+        f"{len(result.step_times_s)} step(s) after 1 warm-up",
+        "",
     ]
-    for index, (device, weights) in enumerate(
-        zip(result.devices, result.stage_weights, strict=True)
-    ):
-        lines.append(f"{index:<5}  {device:<6}  {weights}")
-    if result.verified is not None:
-        status = "ok" if result.verified else "MISMATCH"
-        lines.append(
-            f"verify: {status}: {result.checks} gradient leaves compared with the unsplit "
-            f"model ({result.checks - len(result.mismatches)} match), loss {result.loss:.6g} vs "
-            f"{result.reference_loss:.6g}; rtol {result.rtol:g}, atol {result.atol:g}; max abs "
-            f"diff {result.max_abs:.3g}"
+    rows = [["stage", "device", "params", "step", "compute", "comm wait", "wait/step"]]
+    for stage in range(result.stages):
+        wait = result.comm_wait_s(stage)
+        rows.append(
+            [
+                str(stage),
+                result.devices[stage],
+                f"{result.stage_parameters[stage]:,}",
+                seconds(result.step_s),
+                seconds(result.compute_s(stage)),
+                seconds(wait),
+                percent(wait / result.step_s) if result.step_s > 0 else "-",
+            ]
         )
+    lines += _table(rows, frozenset({2, 3, 4, 5, 6}))
+    lines += [
+        "step: median wall time of a loss-and-gradient step, stages overlapping; compute: the",
+        "stage's own forward, backward and loss calls, timed in as many steps run call by call;",
+        "comm wait: the rest of the step (transfers, waiting for neighbours, bubbles)",
+    ]
+    if result.verified is not None and result.reference_losses is not None:
+        status = "ok" if result.verified else "MISMATCH"
+        matching = sum(
+            abs(got - want) <= result.atol + result.rtol * abs(want)
+            for got, want in zip(result.losses, result.reference_losses, strict=True)
+        )
+        lines += [
+            "",
+            f"verify: {status}: {result.checks} gradient leaves compared with the unsplit model "
+            f"({result.checks - result.gradient_mismatches} match), {matching} of "
+            f"{len(result.losses)} micro-batch loss(es) match; rtol {result.rtol:g}, atol "
+            f"{result.atol:g}",
+            f"  max abs diff {result.max_abs:.3g}; loss {result.loss:.6g} vs "
+            f"{sum(result.reference_losses) / len(result.reference_losses):.6g}",
+        ]
         lines.extend(f"  mismatch: {name}" for name in result.mismatches)
     return "\n".join(lines) + "\n"
 
 
+def jax_report_document(result: JaxRunResult, file: str, example: str) -> dict[str, Any]:
+    """The ``--json-report`` document, shaped as the torch run's (times in seconds)."""
+    document: dict[str, Any] = {
+        "version": REPORT_VERSION,
+        "file": file,
+        "example": example,
+        "stages": result.stages,
+        "schedule": "gpipe",
+        "batch": result.batch,
+        "microbatches": result.microbatches,
+        "steps": len(result.step_times_s),
+        "backend": "jax",
+        "device": ", ".join(result.devices),
+        "stage_reports": [
+            {
+                "stage": stage,
+                "device": result.devices[stage],
+                "parameters": result.stage_parameters[stage],
+                "parameter_tensors": result.stage_weights[stage],
+                "step_s": result.step_s,
+                "compute_s": result.compute_s(stage),
+                "comm_wait_s": result.comm_wait_s(stage),
+                "step_times_s": list(result.step_times_s),
+                "compute_times_s": list(result.stage_compute_times_s[stage]),
+            }
+            for stage in range(result.stages)
+        ],
+        "verify": None,
+    }
+    if result.verified is not None and result.reference_losses is not None:
+        document["verify"] = {
+            "ok": result.verified,
+            "gradient_leaves_compared": result.checks,
+            "mismatches": list(result.mismatches),
+            "max_abs_diff": result.max_abs,
+            "rtol": result.rtol,
+            "atol": result.atol,
+            "losses": [
+                {"microbatch": index, "pipeline": got, "reference": want}
+                for index, (got, want) in enumerate(
+                    zip(result.losses, result.reference_losses, strict=True)
+                )
+            ],
+        }
+    return document
+
+
+def _split(tree: Any, parts: int, what: str) -> list[Any]:
+    """``tree`` cut into ``parts`` equal pieces along the first (batch) dimension."""
+    import jax
+    import jax.numpy as jnp
+
+    leaves, structure = jax.tree_util.tree_flatten(tree)
+    for leaf in leaves:
+        if not getattr(leaf, "shape", ()) or leaf.shape[0] % parts:
+            raise SyncpassError(
+                f"{what} has a leaf of shape {tuple(getattr(leaf, 'shape', ()))}, which does not "
+                f"split into {parts} equal micro-batches along its first dimension; choose "
+                "--microbatches among the divisors of the batch"
+            )
+    pieces = [jnp.split(leaf, parts) for leaf in leaves]
+    return [
+        jax.tree_util.tree_unflatten(structure, [piece[part] for piece in pieces])
+        for part in range(parts)
+    ]
+
+
 def _child(
-    file: str, spec: str, stages: int, steps: int, verify: bool, rtol: float, atol: float
+    file: str,
+    spec: str,
+    stages: int,
+    steps: int,
+    verify: bool,
+    rtol: float,
+    atol: float,
+    microbatches: int = 0,
 ) -> dict[str, Any]:
     import jax
     import jax.numpy as jnp
 
     from syncpass.jax_example import apply_of, load_jax_example, model_from_source
-    from syncpass.jax_pipeline import pipeline
+    from syncpass.jax_pipeline import GPipe, pipeline
+    from syncpass.profiling.jax_measure import batch_size
     from syncpass.rewrite_jax import strip_jax_sync_points
 
     if len(jax.devices()) < stages:
@@ -150,32 +296,50 @@ def _child(
             f"{stages} stage(s) need {stages} devices; JAX sees {len(jax.devices())}"
         )
     example = load_jax_example(spec)
+    batch = batch_size(example)
+    count = microbatches or default_microbatches(batch, stages)
+    args = _split(example.args, count, "an input")
+    targets = (
+        [None] * count if example.target is None else _split(example.target, count, "the target")
+    )
+    batches = list(zip(args, targets, strict=True))
     text = Path(file).read_text(encoding="utf-8")
     rewritten = model_from_source(example, text, file, "rewritten")
-    staged = pipeline(apply_of(rewritten, example.is_function), example.params, *example.args)
+    # Traced at the shape of one micro-batch; weights placed on their stages here, once.
+    staged = pipeline(apply_of(rewritten, example.is_function), example.params, *args[0])
     if len(staged.stages) != stages:
         raise SyncpassError(
             f"the file has {len(staged.stages) - 1} sync point(s), so {len(staged.stages)} "
             f"stage(s), not {stages}; rewrite it with --stages {stages}",
             file,
         )
-    step = jax.value_and_grad(lambda params: example.loss(params, staged))
+    step = GPipe(staged, example.loss_fn)
+    _ready(step(batches).grads)  # warm-up: compiles every stage
     times = []
-    loss, grads = step(example.params)  # warm-up: compiles every stage
-    _ready(grads)
     for _ in range(steps):
         started = time.perf_counter()
-        loss, grads = step(example.params)
-        _ready(grads)
+        result = step(batches)
+        _ready((result.grads, result.losses))
         times.append(time.perf_counter() - started)
-    result: dict[str, Any] = {
+    compute: list[list[float]] = [[] for _ in staged.stages]
+    for _ in range(steps):
+        for stage, spent in enumerate(step(batches, timed=True).stage_compute_s):
+            compute[stage].append(spent)
+    losses, grads = result.losses, result.grads
+    report: dict[str, Any] = {
         "stages": stages,
         "devices": [str(stage.device) for stage in staged.stages],
         "stage_weights": [len(stage.weights) for stage in staged.stages],
+        "stage_parameters": [
+            sum(int(weight.size) for weight in stage.placed_weights) for stage in staged.stages
+        ],
+        "batch": batch,
+        "microbatches": count,
         "step_times_s": times,
+        "stage_compute_times_s": compute,
         "verified": None,
-        "loss": float(loss),
-        "reference_loss": None,
+        "losses": [float(loss) for loss in losses],
+        "reference_losses": None,
         "checks": 0,
         "mismatches": [],
         "max_abs": 0.0,
@@ -183,14 +347,25 @@ def _child(
         "atol": atol,
     }
     if not verify:
-        return result
+        return report
     original = model_from_source(
         example, strip_jax_sync_points(text, file, example.name), file, "original"
     )
     apply = apply_of(original, example.is_function)
-    reference_loss, reference = jax.jit(
-        jax.value_and_grad(lambda params: example.loss(params, apply))
-    )(example.params)
+    whole = jax.jit(
+        jax.value_and_grad(
+            lambda params, args, target: example.loss_fn(apply(params, *args), target)
+        )
+    )
+    # The unsplit model on the same micro-batches, gradients summed in the same order.
+    reference_losses, reference = [], None
+    for micro_args, target in batches:
+        loss, gradient = whole(example.params, micro_args, target)
+        reference_losses.append(float(loss))
+        reference = (
+            gradient if reference is None else jax.tree_util.tree_map(jnp.add, reference, gradient)
+        )
+    reference = jax.tree_util.tree_map(lambda gradient: gradient * (1 / count), reference)
     paths = jax.tree_util.tree_flatten_with_path(reference)[0]
     mismatches, max_abs = [], 0.0
     for (path, want), got in zip(paths, jax.tree_util.tree_leaves(grads), strict=True):
@@ -199,17 +374,17 @@ def _child(
         max_abs = max(max_abs, float(diff.max()) if diff.size else 0.0)
         if not bool(jnp.all(diff <= atol + rtol * jnp.abs(want))):
             mismatches.append(jax.tree_util.keystr(path))
-    loss_ok = abs(float(loss) - float(reference_loss)) <= atol + rtol * abs(float(reference_loss))
-    if not loss_ok:
-        mismatches.append("loss")
-    result.update(
+    for index, (got, want) in enumerate(zip(report["losses"], reference_losses, strict=True)):
+        if abs(got - want) > atol + rtol * abs(want):
+            mismatches.append(f"{LOSS_MISMATCH} {index}")
+    report.update(
         verified=not mismatches,
-        reference_loss=float(reference_loss),
+        reference_losses=reference_losses,
         checks=len(paths),
         mismatches=mismatches,
         max_abs=max_abs,
     )
-    return result
+    return report
 
 
 def _ready(tree: Any) -> None:
@@ -222,7 +397,7 @@ def _ready(tree: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m syncpass.runtime.jax_run")
-    for name in ("file", "example", "stages", "steps", "verify", "rtol", "atol"):
+    for name in ("file", "example", "stages", "steps", "verify", "rtol", "atol", "microbatches"):
         parser.add_argument(name)
     args = parser.parse_args(argv)
     try:
@@ -234,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
             args.verify == "1",
             float(args.rtol),
             float(args.atol),
+            int(args.microbatches),
         )
     except SyncpassError as error:
         print(str(error), file=sys.stderr)

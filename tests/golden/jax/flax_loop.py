@@ -18,7 +18,7 @@ class Net(nn.Module):
 # args: --stages 3 --model Net
 import flax.linen as nn
 import jax.numpy as jnp
-import jax
+import jax  # syncpass sync: imported for the transfers
 
 
 class Net(nn.Module):
