@@ -329,3 +329,14 @@ def test_gpipe_matches_the_unsplit_model_on_three_devices() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_run_refuses_a_schedule_jax_does_not_have(tmp_path: Path) -> None:
+    from syncpass.cli import main as cli_main
+
+    model = tmp_path / "model.py"
+    model.write_text("def forward(params, x):\n    return x\n")
+    status = cli_main(
+        ["run", str(model), "--backend", "jax", "--stages", "2", "--schedule", "1f1b"]
+    )
+    assert status == 2

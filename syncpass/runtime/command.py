@@ -69,7 +69,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "(default: the largest divisor of the batch up to four per stage)",
     )
     run.add_argument(
-        "--schedule", choices=SCHEDULES, default="1f1b", help="pipeline schedule (default 1f1b)"
+        "--schedule",
+        choices=SCHEDULES,
+        default=None,
+        help="pipeline schedule (default 1f1b; --backend jax runs gpipe only)",
     )
     run.add_argument(
         "--steps",
@@ -137,8 +140,9 @@ def request_from_args(args: argparse.Namespace) -> RunRequest:
     report: Path | None = args.json_report
     if report is not None and not report.parent.is_dir():
         raise SyncpassError("the folder for --json-report does not exist", str(report))
+    schedule = args.schedule or "1f1b"
     if (
-        args.schedule == "1f1b"
+        schedule == "1f1b"
         and args.microbatches is not None
         and args.microbatches < args.stages
     ):
@@ -150,7 +154,7 @@ def request_from_args(args: argparse.Namespace) -> RunRequest:
         example=example_for_file(file, args.example),
         stages=args.stages,
         microbatches=args.microbatches,
-        schedule=args.schedule,
+        schedule=schedule,
         steps=args.steps,
         verify=args.verify,
         threads=args.threads,
@@ -164,6 +168,10 @@ def request_from_args(args: argparse.Namespace) -> RunRequest:
 def run_command(args: argparse.Namespace) -> int:
     """Handler of ``syncpass run``: launch, print the report, write the JSON, return the status."""
     if getattr(args, "backend", "torch") == "jax":
+        if args.schedule not in (None, "gpipe"):
+            raise SyncpassError(
+                f"--backend jax runs the gpipe schedule only; drop --schedule {args.schedule}"
+            )
         return _run_jax_command(args)
     request = request_from_args(args)
     costs = None
