@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO
 
 from syncpass.cli import main
-from syncpass.runtime.command import register
+from syncpass.runtime.command import register, request_from_args
 from syncpass.runtime.contracts import (
     LossCheck,
     ParamCheck,
@@ -116,12 +116,16 @@ def verified_report(report: Path, stages: int) -> dict[str, Any]:
     return document
 
 
-def test_register_adds_run_with_a_handler() -> None:
+def test_register_adds_run_with_a_handler(tmp_path: Path) -> None:
     parser = argparse.ArgumentParser(prog="syncpass")
     register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(["run", "model.py", "--stages", "2"])
+    model = tmp_path / "model.py"
+    model.write_text("def example():\n    pass\n")
+    args = parser.parse_args(["run", str(model), "--stages", "2"])
     assert callable(args.handler)
-    assert (args.schedule, args.steps, args.threads, args.example) == ("1f1b", 3, 1, "example")
+    assert (args.schedule, args.steps, args.threads, args.example) == (None, 3, 1, "example")
+    # No --schedule means 1F1B for torch (JAX runs GPipe only).
+    assert request_from_args(args).schedule == "1f1b"
 
 
 def test_default_microbatches_divide_the_batch() -> None:
