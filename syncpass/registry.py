@@ -45,6 +45,7 @@ name is looked up.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Sequence
 from functools import cache
 from importlib.metadata import entry_points
@@ -83,8 +84,11 @@ class Backend(Protocol):
 StrategyFunction = Callable[["Problem", int, "Costs"], Sequence[int]]
 
 
-class _TorchBackend:
-    description = "pipe_split() calls in an nn.Module's forward (torch.distributed.pipelining)"
+class _BuiltinBackend:
+    """A backend of syncpass itself; its module is imported when it first rewrites."""
+
+    def __init__(self, module: str, function: str, description: str) -> None:
+        self.module, self.function, self.description = module, function, description
 
     def rewrite(
         self,
@@ -95,29 +99,23 @@ class _TorchBackend:
         class_name: str | None = None,
         max_stages: int | None = None,
     ) -> RewriteResult:
-        from syncpass.rewrite import rewrite_source
-
-        return rewrite_source(text, path, costs, request, class_name, max_stages)
-
-
-class _JaxBackend:
-    description = "jax.device_put transfers in a JAX function or a Flax module (docs/jax.md)"
-
-    def rewrite(
-        self,
-        text: str,
-        path: str,
-        costs: Costs,
-        request: PlanRequest,
-        class_name: str | None = None,
-        max_stages: int | None = None,
-    ) -> RewriteResult:
-        from syncpass.rewrite_jax import rewrite_jax_source
-
-        return rewrite_jax_source(text, path, costs, request, class_name, max_stages)
+        rewrite_source = getattr(importlib.import_module(self.module), self.function)
+        result: RewriteResult = rewrite_source(text, path, costs, request, class_name, max_stages)
+        return result
 
 
-_BUILTIN: dict[str, Backend] = {"torch": _TorchBackend(), "jax": _JaxBackend()}
+_BUILTIN: dict[str, Backend] = {
+    "torch": _BuiltinBackend(
+        "syncpass.rewrite",
+        "rewrite_source",
+        "pipe_split() calls in an nn.Module's forward (torch.distributed.pipelining)",
+    ),
+    "jax": _BuiltinBackend(
+        "syncpass.rewrite_jax",
+        "rewrite_jax_source",
+        "jax.device_put transfers in a JAX function or a Flax module (docs/jax.md)",
+    ),
+}
 
 
 @cache

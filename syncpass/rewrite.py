@@ -223,11 +223,8 @@ def rewrite_source(
     )
 
 
-def _verify(
-    rewritten_module: Module, rewritten: str, base: str, path: str, class_name: str
-) -> None:
-    """Refuse output that does not parse, or whose inserted sync calls, removed, do not
-    give back the input."""
+def ensure_parses(rewritten: str, path: str) -> None:
+    """Refuse output Python's own parser rejects (a backend's last check before writing)."""
     try:
         ast.parse(rewritten)
     except SyntaxError as error:
@@ -236,6 +233,14 @@ def _verify(
             "nothing was written (please report this with the file)",
             f"{path}:{error.lineno}",
         ) from None
+
+
+def _verify(
+    rewritten_module: Module, rewritten: str, base: str, path: str, class_name: str
+) -> None:
+    """Refuse output that does not parse, or whose inserted sync calls, removed, do not
+    give back the input."""
+    ensure_parses(rewritten, path)
     if rewritten != base and not strips_back_to(
         rewritten_module, rewritten, base, class_name, path
     ):

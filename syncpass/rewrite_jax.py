@@ -12,8 +12,6 @@ Nothing here imports jax or runs the user's code.
 
 from __future__ import annotations
 
-import ast
-
 from syncpass.costs import Costs
 from syncpass.errors import SyncpassError
 from syncpass.frontend.jax_analysis import (
@@ -27,6 +25,7 @@ from syncpass.plan import PlanRequest, best_stage_count, make_plan
 from syncpass.rewrite import (
     RewriteResult,
     container_sizes,
+    ensure_parses,
     match_costs,
     model_class,
     steer_by_source,
@@ -81,14 +80,7 @@ def rewrite_jax_source(
         raise SyncpassError("could not place the planned sync points: " + "; ".join(warnings), path)
     rewritten = rewritten_module.code
     if rewritten != text:
-        try:
-            ast.parse(rewritten)
-        except SyntaxError as error:
-            raise SyncpassError(
-                f"internal check failed: the rewritten source does not parse ({error.msg}); "
-                "nothing was written (please report this with the file)",
-                f"{path}:{error.lineno}",
-            ) from None
+        ensure_parses(rewritten, path)
         stripped = remove_device_puts(rewritten_module, model, is_function, path).code
         if rewritten != base and stripped != base:
             raise SyncpassError(
