@@ -130,22 +130,24 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     return run  # type: ignore[no-any-return]
 
 
-def request_from_args(args: argparse.Namespace) -> RunRequest:
-    """The RunRequest of parsed ``syncpass run`` arguments; checks what needs no process."""
+def checked_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """The model file and the ``--json-report`` path, checked before anything starts."""
     file: Path = args.file
     if not file.is_file():
         raise SyncpassError(
-            "no such file (FILE is the model source with pipe_split() calls)", str(file)
+            "no such file (FILE is the model source with its sync points)", str(file)
         )
     report: Path | None = args.json_report
     if report is not None and not report.parent.is_dir():
         raise SyncpassError("the folder for --json-report does not exist", str(report))
+    return file, report
+
+
+def request_from_args(args: argparse.Namespace) -> RunRequest:
+    """The RunRequest of parsed ``syncpass run`` arguments; checks what needs no process."""
+    file, _ = checked_paths(args)
     schedule = args.schedule or "1f1b"
-    if (
-        schedule == "1f1b"
-        and args.microbatches is not None
-        and args.microbatches < args.stages
-    ):
+    if schedule == "1f1b" and args.microbatches is not None and args.microbatches < args.stages:
         raise SyncpassError(
             f"--schedule 1f1b needs --microbatches >= --stages ({args.microbatches} < {args.stages})"
         )
@@ -205,14 +207,7 @@ def _run_jax_command(args: argparse.Namespace) -> int:
     """``syncpass run --backend jax``: one process, N JAX devices, one jitted stage each."""
     from syncpass.runtime.jax_run import jax_report_document, render_jax_run, run_jax
 
-    file: Path = args.file
-    if not file.is_file():
-        raise SyncpassError(
-            "no such file (FILE is the model source with its sync points)", str(file)
-        )
-    report: Path | None = args.json_report
-    if report is not None and not report.parent.is_dir():
-        raise SyncpassError("the folder for --json-report does not exist", str(report))
+    file, report = checked_paths(args)
     example = example_for_file(file, args.example)
     result = run_jax(
         str(file),
