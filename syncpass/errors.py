@@ -23,6 +23,10 @@ class SyncpassError(Exception):
     def __str__(self) -> str:
         return f"{self.location}: {self.message}" if self.location else self.message
 
+    def __reduce__(self) -> tuple[type[SyncpassError], tuple[str, ...]]:
+        # Sent between processes (a plan's failure reaches every rank) whole.
+        return (type(self), (self.message, self.location))
+
 
 class InfeasibleError(SyncpassError):
     """No plan meets the constraints; ``constraint`` names the one at fault."""
@@ -30,3 +34,6 @@ class InfeasibleError(SyncpassError):
     def __init__(self, message: str, constraint: str, location: str = "") -> None:
         super().__init__(message, location)
         self.constraint = constraint
+
+    def __reduce__(self) -> tuple[type[SyncpassError], tuple[str, ...]]:
+        return (type(self), (self.message, self.constraint, self.location))

@@ -204,9 +204,13 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
     Raises :class:`SyncpassError` (an :class:`InfeasibleError` when the
     constraints rule out every plan) with a message that says what to change.
     """
-    microbatches = request.microbatches or default_microbatches(
-        request.stages or 1, costs.batch_size
-    )
+    # The stage count depends only on the pins and the admissible cuts; the micro-batch
+    # count (which the costs per step depend on) may depend on the stage count.
+    stages = request.stages
+    if stages is None or request.microbatches is None:
+        unit = problem_from_costs(costs, request.config, request.pinned)
+        stages = _stage_count(unit, request, origin)
+    microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
     problem = problem_from_costs(costs, request.config, request.pinned, microbatches)
     strategy = request.config.strategy
     requested_tau = request.config.communication_cost_threshold
@@ -252,8 +256,16 @@ _BASELINE_RULES = {
 def _plugin_cuts(
     problem: Problem, stages: int, strategy: str, costs: Costs, origin: str
 ) -> tuple[int, ...]:
-    """The cuts an installed strategy chose, checked before anything trusts them."""
-    chosen = load_strategy(strategy)(problem, stages, costs)
+    """The cuts an installed strategy chose, checked before anything trusts them: a
+    plan that drops a pinned cut or sends a value past a stage cannot be written."""
+    try:
+        chosen = load_strategy(strategy)(problem, stages, costs)
+    except SyncpassError:
+        raise
+    except Exception as error:
+        raise SyncpassError(
+            f"strategy {strategy!r} failed: {type(error).__name__}: {error}", origin
+        ) from None
     try:
         cuts = tuple(int(position) for position in chosen)
     except (TypeError, ValueError):
@@ -267,6 +279,16 @@ def _plugin_cuts(
         wrong = f"cuts {list(cuts)} are not ascending"
     elif any(not 0 < cut < problem.num_ops or not problem.admissible[cut] for cut in cuts):
         wrong = f"cuts {list(cuts)} include one that is not an admissible sync point"
+    if wrong is None:
+        dropped = [int(p) for p in np.flatnonzero(problem.pinned) if int(p) not in cuts]
+        if dropped:
+            wrong = f"cuts {list(cuts)} without the pinned cut(s) {dropped}"
+    if wrong is None and problem.last_use is not None:
+        # The optimiser's rule: a stage (i, j] with j < n needs last_use[i] <= j.
+        for start, end in itertools.pairwise((0, *cuts)):
+            if int(problem.last_use[start]) > end:
+                wrong = f"cuts {list(cuts)} that send a value past the stage after it"
+                break
     if wrong is not None:
         raise SyncpassError(f"strategy {strategy!r} returned {wrong}", origin)
     return cuts
@@ -445,8 +467,10 @@ def _infeasible_error(
 
 
 def default_microbatches(stages: int, batch_size: int) -> int:
-    """Four micro-batches per stage (a bubble under 20% for 1F1B), at most one sample each."""
-    return max(1, min(4 * stages, batch_size))
+    """Up to four micro-batches per stage (a bubble under 20% for 1F1B): the largest
+    divisor of the batch that is at most ``4 * stages``, so that every micro-batch is
+    the same size, as ``syncpass run`` cuts them."""
+    return max(d for d in range(1, min(batch_size, 4 * stages) + 1) if batch_size % d == 0)
 
 
 def predict(

@@ -208,3 +208,29 @@ def test_manual_plans_that_skip_a_stage_are_flagged() -> None:
     data["edges"] = [["op0", "op1"], ["op1", "op2"], ["op2", "op3"], ["op0", "op3"]]
     plan = make_plan(parse_costs(data), request(None, strategy="manual"))
     assert any("skip a stage" in violation for violation in plan.violations)
+
+
+def test_errors_cross_process_boundaries_whole() -> None:
+    import pickle
+
+    from syncpass.errors import InfeasibleError, SyncpassError
+
+    error = InfeasibleError("too many stages", "stages", "model.py:3")
+    copy = pickle.loads(pickle.dumps(error))
+    assert isinstance(copy, InfeasibleError)
+    assert (copy.message, copy.constraint, copy.location) == error_fields(error)
+    plain = pickle.loads(pickle.dumps(SyncpassError("bad", "f.py:1")))
+    assert str(plain) == "f.py:1: bad"
+
+
+def error_fields(error: object) -> tuple[str, str, str]:
+    return (error.message, error.constraint, error.location)  # type: ignore[attr-defined]
+
+
+def test_default_microbatches_divide_the_batch_as_runs_cut_it() -> None:
+    from syncpass.plan import default_microbatches
+
+    assert default_microbatches(2, 12) == 6  # not 8: 12 rows do not cut into 8 equal ones
+    assert default_microbatches(4, 8) == 8
+    assert default_microbatches(3, 7) == 7
+    assert default_microbatches(1, 3) == 3

@@ -38,6 +38,10 @@ def wrong_count(problem, stages, costs):
     return [1]
 
 
+def explodes(problem, stages, costs):
+    raise RuntimeError("no idea")
+
+
 class Demo:
     description = "the torch pass, leaving a trace that it ran"
 
@@ -53,6 +57,7 @@ ENTRY_POINTS = """
 [syncpass.strategies]
 last_cuts = syncpass_demo_plugin:last_cuts
 wrong_count = syncpass_demo_plugin:wrong_count
+explodes = syncpass_demo_plugin:explodes
 broken = syncpass_demo_plugin_missing:nothing
 adaptive = syncpass_demo_plugin:last_cuts
 
@@ -121,6 +126,7 @@ def test_a_plugin_cannot_take_a_built_in_name(site: Path) -> None:
     ("strategy", "message"),
     [
         ("wrong_count", "returned 1 cut(s) for 3 stages"),
+        ("explodes", "strategy 'explodes' failed: RuntimeError: no idea"),
         ("broken", "failed to load: ModuleNotFoundError"),
     ],
 )

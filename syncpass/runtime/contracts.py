@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from syncpass.plan import default_microbatches as plan_microbatches
+
 SCHEDULES = ("gpipe", "1f1b")
 DEVICES = ("auto", "cpu", "cuda")
 
 
 def default_microbatches(batch: int, stages: int) -> int:
-    """The largest divisor of ``batch`` that is at most four per stage."""
-    return max(d for d in range(1, min(batch, 4 * stages) + 1) if batch % d == 0)
+    """The largest divisor of ``batch`` that is at most four per stage (as plans assume)."""
+    return plan_microbatches(stages, batch)
 
 
 @dataclass(frozen=True)
