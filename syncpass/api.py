@@ -51,14 +51,11 @@ class ApiResult:
     plan: Plan | None
     warnings: tuple[str, ...] = ()
     error: SyncpassError | None = None
+    changed: bool = False  # the code differs from the input
 
     @property
     def ok(self) -> bool:
         return self.error is None
-
-    @property
-    def changed(self) -> bool:
-        return self.ok and self.plan is not None and bool(self.plan.sync_points)
 
 
 def rewrite_source(
@@ -93,7 +90,7 @@ def rewrite_source(
         return _failed(code, error)
     except ValueError as error:  # a request out of range (stages < 1, unknown schedule)
         return _failed(code, SyncpassError(str(error), path))
-    return ApiResult(result.rewritten, module, result.plan, result.warnings)
+    return ApiResult(result.rewritten, module, result.plan, result.warnings, None, result.changed)
 
 
 def rewrite_module(
@@ -121,7 +118,7 @@ def rewrite_module(
         class_name=class_name,
         max_stages=max_stages,
     )
-    if not result.ok or result.code == module.code:
+    if not result.ok or not result.changed:
         return ApiResult(module.code, module, result.plan, result.warnings, result.error)
     return result
 

@@ -584,7 +584,9 @@ def _stage_overhead(
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    width, rows, microbatches = OVERHEAD_WIDTH, OVERHEAD_ROWS, OVERHEAD_MICROBATCHES
+    # 1F1B needs at least as many micro-batches as stages.
+    width, rows = OVERHEAD_WIDTH, OVERHEAD_ROWS
+    microbatches = max(OVERHEAD_MICROBATCHES, request.procs)
     layer = torch.nn.Linear(width, width).to(device)
     stage = PipelineStage(layer, rank, request.procs, device)
     inside = [0.0]

@@ -115,15 +115,14 @@ def retarget_hardware(costs: Costs, profile: HardwareProfile) -> Costs:
         ops = tuple(
             dataclasses.replace(
                 op,
-                compute_s=op.compute_s * scale,
-                backward_s=op.backward_s * scale,
-                fixed_s=op.fixed_s * scale,
-                backward_fixed_s=op.backward_fixed_s * scale,
+                compute_s=op.fixed_s + (op.compute_s - op.fixed_s) * scale,
+                backward_s=op.backward_fixed_s + (op.backward_s - op.backward_fixed_s) * scale,
             )
             for op in costs.ops
         )
         compute = (
-            f"compute x{scale:.3g} ({measured.flops_per_s:.3g} -> {target.flops_per_s:.3g} FLOP/s)"
+            f"compute x{scale:.3g} ({measured.flops_per_s:.3g} -> {target.flops_per_s:.3g} FLOP/s;"
+            " each op's fixed time per call, host-side work, kept as measured)"
         )
     else:
         compute = (

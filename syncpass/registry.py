@@ -153,7 +153,39 @@ def load_backend(name: str) -> Backend:
             f"backend {name!r} ({point.value}) has no rewrite() method; see the protocol in "
             "syncpass.registry"
         )
-    return backend  # type: ignore[no-any-return]
+    return _CheckedBackend(name, backend)
+
+
+class _CheckedBackend:
+    """An installed backend whose output must parse before anything writes it."""
+
+    def __init__(self, name: str, backend: Any) -> None:
+        self.name, self.backend = name, backend
+        self.description = str(getattr(backend, "description", ""))
+
+    def rewrite(
+        self,
+        text: str,
+        path: str,
+        costs: Costs,
+        request: PlanRequest,
+        class_name: str | None = None,
+        max_stages: int | None = None,
+    ) -> RewriteResult:
+        from syncpass.rewrite import ensure_parses
+
+        try:
+            result: RewriteResult = self.backend.rewrite(
+                text, path, costs, request, class_name, max_stages
+            )
+        except SyncpassError:
+            raise
+        except Exception as error:
+            raise SyncpassError(
+                f"backend {self.name!r} failed: {type(error).__name__}: {error}", path
+            ) from None
+        ensure_parses(result.rewritten, path)
+        return result
 
 
 def load_strategy(name: str) -> StrategyFunction:

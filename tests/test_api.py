@@ -50,6 +50,16 @@ def test_rewrite_source_matches_the_command_line() -> None:
     assert result.module.code == CASE.expected
     assert result.plan is not None and len(result.plan.stages) == CASE.stages
     assert result.changed
+    # Rewriting the rewritten code plans the same and changes nothing.
+    again = rewrite_source(
+        result.code,
+        "model.py",
+        costs=CASE.costs_path,
+        stages=CASE.stages,
+        sync_config=CASE.config,
+        class_name=CASE.model,
+    )
+    assert again.ok and again.code == result.code and not again.changed
 
 
 def test_chained_with_other_transforms_over_one_parsed_tree() -> None:

@@ -48,3 +48,16 @@ def test_profiles_from_files_and_their_errors(tmp_path: Path) -> None:
         load_profile(str(bad))
     with pytest.raises(SyncpassError, match="shipped profiles: cpu-gloo-loopback"):
         load_profile("warp-drive")
+
+
+def test_retargeting_keeps_each_ops_fixed_time_per_call() -> None:
+    data = cost_dict([1.0, 2.0], [1000], backward=[2.0, 4.0], alpha=1.0, beta=1.0)
+    data["hardware"]["flops_per_s"] = 1e12
+    data["ops"][0].update(fixed_s=0.2, backward_fixed_s=0.4)
+    target = retarget_hardware(parse_costs(data), load_profile("nvlink-8xh100"))
+    first = target.ops[0]
+    # Host-side time per call does not shrink on a faster device; the rest does.
+    assert first.compute_s == pytest.approx(0.2 + 0.8 / 400)
+    assert first.backward_s == pytest.approx(0.4 + 1.6 / 400)
+    assert (first.fixed_s, first.backward_fixed_s) == (0.2, 0.4)
+    assert "fixed time per call" in target.notes[-1]

@@ -577,3 +577,47 @@ def test_fixed_part_is_the_intercept_of_the_line_through_both_batches() -> None:
     assert fixed_part(3.0, 3.5, 8, 2) == 3.0
     with pytest.raises(ValueError):
         fixed_part(1.0, 1.0, 2, 2)
+
+
+def test_a_quarter_batch_that_fails_costs_only_the_fixed_parts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # BatchNorm cannot train on one sample: the quarter of a batch of 6 fails, the profile not.
+    model = tmp_path / "bn_model.py"
+    model.write_text(
+        textwrap.dedent(
+            """\
+            import torch
+            from torch import nn
+
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.a = nn.Linear(8, 8)
+                    self.bn = nn.BatchNorm1d(8)
+                    self.b = nn.Linear(8, 2)
+
+                def forward(self, x):
+                    x = self.a(x)
+                    x = self.bn(x)
+                    x = self.b(x)
+                    return x
+
+
+            def example():
+                return Net(), (torch.randn(6, 8),)
+            """
+        )
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    output = tmp_path / "bn.costs.json"
+    argv = ["profile", str(model), "-o", str(output), "--repeats", "1", "--warmup", "0"]
+    try:
+        assert run_command(argv) == 0
+    finally:
+        sys.modules.pop("bn_model", None)
+    assert "per-call fixed times not measured" in capsys.readouterr().err
+    costs = load_costs(output)
+    assert all(op.fixed_s == 0 for op in costs.ops)
+    assert any("quarter of the batch failed" in note for note in costs.notes)

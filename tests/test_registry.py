@@ -51,6 +51,17 @@ class Demo:
 
 
 BACKEND = Demo()
+
+
+class Garbage:
+    def rewrite(self, text, path, costs, request, class_name=None, max_stages=None):
+        import dataclasses
+
+        result = rewrite_source(text, path, costs, request, class_name, max_stages)
+        return dataclasses.replace(result, rewritten=result.rewritten + "\\ndef (:\\n")
+
+
+GARBAGE = Garbage()
 '''
 
 ENTRY_POINTS = """
@@ -63,6 +74,7 @@ adaptive = syncpass_demo_plugin:last_cuts
 
 [syncpass.backends]
 demo = syncpass_demo_plugin:BACKEND
+garbage = syncpass_demo_plugin:GARBAGE
 """
 
 
@@ -155,3 +167,16 @@ def test_unknown_names_list_the_installed_ones(site: Path) -> None:
     done = syncpass(site, "rewrite", "-", "--costs", "x.json", "--stages", "2", "--backend", "nope")
     assert done.returncode == 2
     assert "demo" in done.stderr and "torch" in done.stderr and "jax" in done.stderr
+
+
+def test_an_installed_backend_whose_output_does_not_parse_writes_nothing(
+    site: Path, tmp_path: Path
+) -> None:
+    source = tmp_path / "model.py"
+    source.write_text(CASE.source)
+    out = tmp_path / "out.py"
+    args = ["rewrite", str(source), "--costs", str(CASE.costs_path), "--stages", "3"]
+    done = syncpass(site, *args, "--model", "Tower", "--backend", "garbage", "-o", str(out))
+    assert done.returncode == 2
+    assert "does not parse" in done.stderr
+    assert not out.exists()

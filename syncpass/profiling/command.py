@@ -211,10 +211,7 @@ def measure_file(
     def loss(output: Any) -> torch.Tensor:
         return loaded.loss_fn(output, loaded.target)
 
-    small = smaller_batch(loaded.args, loaded.target, loaded.loss_fn)
-    if small is None:
-        progress("the example's batch cannot be cut in four; per-call fixed times not measured")
-    return profile_costs(
+    costs = profile_costs(
         text,
         str(file),
         loaded.model,
@@ -226,8 +223,11 @@ def measure_file(
         threads=threads,
         progress=progress,
         depth=depth,
-        small_batch=small,
+        small_batch=smaller_batch(loaded.args, loaded.target, loaded.loss_fn),
     )
+    for note in costs.notes:
+        print(f"syncpass: warning: {note}", file=sys.stderr)
+    return costs
 
 
 def smaller_batch(

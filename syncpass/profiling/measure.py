@@ -808,7 +808,7 @@ def profile_costs(
         session = _Session(graph, model, args, loss_fn, probe)
         small = None
         if small_batch is not None:
-            small = _Session(graph, model, small_batch[0], small_batch[1], probe)
+            small = _SmallBatch(_Session(graph, model, small_batch[0], small_batch[1], probe))
         report("measuring FLOPs and sizes")
         session.step(measure=True)
         flops = session.flops()
@@ -818,13 +818,15 @@ def profile_costs(
             report(f"warm-up run {run + 1}/{warmup}")
             session.step(measure=False)
             if small is not None:
-                small.step(measure=False)
-        steps, small_steps = [], []
+                small.step()
+        steps: list[_StepTimes] = []
+        small_steps: list[_StepTimes] = []
         for run in range(repeats):
             report(f"timed run {run + 1}/{repeats}")
             steps.append(session.step(measure=False))
-            if small is not None:
-                small_steps.append(small.step(measure=False))
+            small_times = small.step() if small is not None else None
+            if small_times is not None:
+                small_steps.append(small_times)
     finally:
         if had_forward:
             vars(model)["forward"] = saved_forward
@@ -836,6 +838,9 @@ def profile_costs(
 
     params = parameter_bytes(model, graph)
     small_size = batch_size_of(small_batch[0], path) if small_batch is not None else batch_size
+    if small is not None and small.failure is not None:
+        small_steps = []
+    fixed_note = _fixed_note(small_batch is not None, small.failure if small else None)
     ops = []
     for position, op in enumerate(graph.ops):
         forward_s = _median(step.forward_s[position] for step in steps)
@@ -891,4 +896,38 @@ def profile_costs(
         cuts=cuts,
         model=graph.model_class,
         edges=graph.edges,
+        notes=() if fixed_note is None else (fixed_note,),
+    )
+
+
+class _SmallBatch:
+    """The smaller batch's session; a failure there (a batch norm on one sample, a
+    model that hard-codes its batch) only costs the fixed parts, not the profile."""
+
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+        self.failure: SyncpassError | None = None
+
+    def step(self) -> _StepTimes | None:
+        if self.failure is not None:
+            return None
+        try:
+            return self.session.step(measure=False)
+        except SyncpassError as error:
+            self.failure = error
+            return None
+
+
+def _fixed_note(asked: bool, failure: SyncpassError | None) -> str | None:
+    """What the cost file says when the per-call fixed times could not be measured."""
+    if asked and failure is None:
+        return None
+    why = (
+        f"the run on a quarter of the batch failed ({failure})"
+        if failure is not None
+        else "the example's batch could not be cut into a smaller one"
+    )
+    return (
+        f"per-call fixed times not measured: {why}; each micro-batch is costed as its "
+        "share of the batch, which understates small ops"
     )

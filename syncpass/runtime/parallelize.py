@@ -88,6 +88,7 @@ def parallelize(
     if stages != world:
         raise SyncpassError(f"{stages} stages need {stages} ranks; the process group has {world}")
     shared: list[Any] = [None]
+    failure: BaseException | None = None
     if rank == 0:
         try:
             shared[0] = _plan(
@@ -95,7 +96,14 @@ def parallelize(
             )
         except SyncpassError as error:
             shared[0] = error
+        except BaseException as error:  # the other ranks must not wait for a plan forever
+            failure = error
+            shared[0] = SyncpassError(
+                f"rank 0 failed while planning: {type(error).__name__}: {error}"
+            )
     dist.broadcast_object_list(shared, src=0)
+    if failure is not None:
+        raise failure
     outcome = shared[0]
     if isinstance(outcome, SyncpassError):
         raise outcome
@@ -127,12 +135,21 @@ def _plan(
 ) -> tuple[Plan, dict[str, str]]:
     from syncpass.frontend.source import read_model_text
     from syncpass.profiling.command import smaller_batch
-    from syncpass.profiling.measure import profile_costs
+    from syncpass.profiling.measure import batch_size_of, profile_costs
     from syncpass.userexample import default_loss
 
-    source = inspect.getsourcefile(type(model))
+    try:
+        source = inspect.getsourcefile(type(model))
+    except TypeError:  # a class without a file (built in, or typed into a REPL)
+        source = None
     if source is None:
         raise SyncpassError(f"cannot find the source file of {type(model).__name__}")
+    batch = batch_size_of(example_args, source)
+    if microbatches is not None and batch % microbatches:
+        raise SyncpassError(
+            f"{microbatches} micro-batches do not cut a batch of {batch} into equal parts, "
+            "which the pipeline's stages need; use a divisor of the batch"
+        )
     text = read_model_text(Path(source))
     loss = loss_fn or default_loss
 
