@@ -229,12 +229,19 @@ def build_parser() -> argparse.ArgumentParser:
 def _read_config(args: argparse.Namespace, start: Path) -> None:
     """Resolve the config file: ``--config FILE``, else the nearest pyproject.toml with a
     ``[tool.syncpass]`` table from ``start`` up. Its stages and hardware stand in for
-    flags not given; its sync settings go over the cost file's (in :func:`_settings`)."""
+    flags not given (a model entry's own stages and class first, when ``start`` is its
+    source or cost file, so that a rewrite by hand writes what ``check`` expects); its
+    sync settings go over the cost file's (in :func:`_settings`)."""
     path = args.config if args.config is not None else find_project_config(start)
     args.project = None if path is None else load_project_config(path)
     if args.project is not None:
+        entry = args.project.entry_for(start)
         if args.stages is None:
-            args.stages = args.project.stages
+            args.stages = (
+                args.project.stages_for(entry) if entry is not None else args.project.stages
+            )
+        if entry is not None and getattr(args, "model", None) is None:
+            args.model = entry.model
         if args.hardware is None:
             args.hardware = args.project.hardware
 

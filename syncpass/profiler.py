@@ -18,8 +18,9 @@ backward micro-batches, and the spans it is blocked waiting for transfers
 * ``comm_wait_ratio``: ``sync_time_s`` over the block's wall time;
 * ``other_s``: the rest (the runtime's own work, the loss, idling in bubbles).
 
-With ``torch.distributed`` initialised, the ranks start the block together
-(a barrier) and rank 0 gathers every rank's figures and writes the JSON
+With ``torch.distributed`` initialised, every rank must enter the profile
+(it starts with a barrier, so the ranks start the block together, and ends
+with a gather): rank 0 gathers every rank's figures and writes the JSON
 report and a timeline picture (:mod:`syncpass.runtime.picture`); without it,
 the one process writes its own. The transfer waits are found through the
 schedule module's wait helper, which torch does not promise to keep: when
@@ -116,9 +117,15 @@ class Profile:
 
         self._spans = []
         self._calls = {"forward": 0, "backward": 0}
-        for kind in ("forward", "backward"):
-            self._wrap_method(f"{kind}_one_chunk", kind)
-        self._wrap_waits()
+        try:
+            for kind in ("forward", "backward"):
+                self._wrap_method(f"{kind}_one_chunk", kind)
+            self._wrap_waits()
+        except BaseException:
+            for restore in reversed(self._restore):
+                restore()
+            self._restore = []
+            raise
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
         self._start = time.perf_counter()

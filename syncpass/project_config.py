@@ -123,6 +123,17 @@ class ProjectConfig:
         """The entry's stage count, else the project's."""
         return entry.stages if entry.stages is not None else self.stages
 
+    def entry_for(self, path: Path) -> ModelEntry | None:
+        """The model entry whose source (or cost file) ``path`` is, if any."""
+        try:
+            wanted = path.resolve()
+        except OSError:
+            return None
+        for entry in self.models:
+            if wanted in (entry.source.resolve(), entry.costs.resolve()):
+                return entry
+        return None
+
 
 def _check_stages(stages: object) -> None:
     if stages == "auto":

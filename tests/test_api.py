@@ -163,3 +163,29 @@ def test_the_codemod_reports_a_refused_file_and_goes_on(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "stages" in done.stderr
     assert (tmp_path / "a.py").read_text() == CASE.source  # nothing half-written
+
+
+def test_the_codemod_takes_its_settings_from_the_project_as_rewrite_does(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "tower.py").write_text(CASE.source)
+    shutil.copy(CASE.costs_path, models / "tower.costs.json")
+    (tmp_path / "pyproject.toml").write_text(
+        "[tool.syncpass]\n"
+        f"stages = {CASE.stages}\n\n"
+        "[[tool.syncpass.models]]\n"
+        'source = "models/tower.py"\n'
+        'generated = "models/tower_pipeline.py"\n'
+        'costs = "models/tower.costs.json"\n'
+        'model = "Tower"\n'
+    )
+    subprocess.run(
+        [sys.executable, "-m", "libcst.tool", "initialize", "."], cwd=tmp_path, check=True
+    )
+    command = [
+        *(sys.executable, "-m", "libcst.tool", "codemod", "--no-format", "-x"),
+        *("syncpass.transformers.codemod.PipelineSyncCommand", "models/tower.py"),
+    ]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (models / "tower.py").read_text() == CASE.expected

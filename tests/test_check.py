@@ -115,6 +115,19 @@ def test_a_missing_generated_file_is_stale_and_fix_writes_what_rewrite_writes(
     assert "1 generated file(s) checked, all current" in capsys.readouterr().err
 
 
+def test_a_rewrite_by_hand_uses_the_entrys_own_stages(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    entry_stages = PYPROJECT.replace(
+        'costs = "models/net.costs.json"\n', 'costs = "models/net.costs.json"\nstages = 2\n'
+    )
+    (project / "pyproject.toml").write_text(entry_stages)
+    out = "models/net_pipeline.py"
+    assert main(["rewrite", "models/net.py", "--costs", "models/net.costs.json", "-o", out]) == 0
+    assert (project / out).read_text().count("# syncpass sync") == 1  # 2 stages, not 3
+    assert check() == 0
+
+
 def test_a_stale_generated_file_gets_a_diff_naming_it(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

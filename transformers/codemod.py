@@ -6,8 +6,11 @@
 
 Each Python file that holds a model (a class with a ``forward``) and has a cost
 file is planned and rewritten in place, as ``syncpass rewrite --in-place``
-would; files without a model or without a cost file are skipped with the
-reason. The cost file of ``models/gpt.py`` is ``models/gpt.costs.json`` unless
+would, with the same settings: ``[tool.syncpass]`` of the nearest
+``pyproject.toml`` (its strategy, threshold, interval, hardware, and the stages
+and class of the file's model entry) under the flags given here. Files without
+a model or without a cost file, and projects configured for another backend,
+are skipped with the reason. The cost file of ``models/gpt.py`` is ``models/gpt.costs.json`` unless
 ``--costs`` gives another pattern (``{dir}`` and ``{stem}`` are the file's
 folder and name without ``.py``), or one file for all. A file the pass refuses
 (a cost file of another model, an impossible constraint) fails with the
@@ -26,8 +29,11 @@ import libcst as cst
 from libcst.codemod import CodemodCommand, CodemodContext, SkipFile
 
 from syncpass.api import rewrite_module
-from syncpass.config import STRATEGIES
+from syncpass.config import STRATEGIES, SyncConfig
+from syncpass.costs import Costs, load_costs
 from syncpass.errors import SyncpassError
+from syncpass.hardware import load_profile, retarget_hardware
+from syncpass.project_config import find_project_config, load_project_config
 
 DEFAULT_COSTS = "{dir}/{stem}.costs.json"
 
@@ -43,7 +49,10 @@ class PipelineSyncCommand(CodemodCommand):
     @staticmethod
     def add_args(arg_parser: argparse.ArgumentParser) -> None:
         arg_parser.add_argument(
-            "--stages", type=int, required=True, help="pipeline stages per model"
+            "--stages",
+            type=int,
+            default=None,
+            help="pipeline stages per model (default: the project's configuration)",
         )
         arg_parser.add_argument(
             "--costs",
@@ -59,7 +68,7 @@ class PipelineSyncCommand(CodemodCommand):
     def __init__(
         self,
         context: CodemodContext,
-        stages: int,
+        stages: int | None = None,
         costs: str = DEFAULT_COSTS,
         strategy: str | None = None,
         min_sync_interval: int | None = None,
@@ -86,23 +95,58 @@ class PipelineSyncCommand(CodemodCommand):
         filename = self.context.filename or "<module>"
         if "forward" not in tree.code:
             raise SkipFile("no model forward in this file")
-        costs = self.cost_file(filename)
-        if not costs.is_file():
-            raise SkipFile(f"no cost file {costs} (run syncpass profile first)")
+        cost_path = self.cost_file(filename)
+        if not cost_path.is_file():
+            raise SkipFile(f"no cost file {cost_path} (run syncpass profile first)")
+        try:
+            costs, config, stages, model = self._settings(Path(filename), cost_path)
+        except SyncpassError as error:
+            raise CodemodRefused(error) from None
         result = rewrite_module(
             tree,
             filename,
             costs=costs,
-            stages=self.stages,
-            sync_config=self.settings or None,
+            stages=stages,
+            sync_config=config,
             microbatches=self.microbatches,
-            class_name=self.model,
+            class_name=model,
         )
         if result.error is not None:
             raise CodemodRefused(result.error)
         for warning in result.warnings:
             self.warn(warning)
         return result.module
+
+    def _settings(
+        self, path: Path, cost_path: Path
+    ) -> tuple[Costs, SyncConfig, int | None, str | None]:
+        """The costs, settings, stage count and class ``syncpass rewrite`` would use."""
+        costs = load_costs(cost_path)
+        config = costs.config
+        stages, model = self.stages, self.model
+        found = find_project_config(path)
+        if found is not None:
+            project = load_project_config(found)
+            if project.backend != "torch":
+                raise SkipFile(f"{found} configures the {project.backend} backend")
+            if project.hardware is not None:
+                costs = retarget_hardware(costs, load_profile(project.hardware))
+            config = project.sync_over(config)
+            entry = project.entry_for(path)
+            configured = project.stages_for(entry) if entry is not None else project.stages
+            if stages is None and isinstance(configured, int):
+                stages = configured
+            if model is None and entry is not None:
+                model = entry.model
+        if stages is None:
+            raise SyncpassError(
+                "no stage count: give --stages, or stages in [tool.syncpass]", str(path)
+            )
+        try:
+            config = config.replace(**self.settings)
+        except ValueError as error:
+            raise SyncpassError(str(error)) from None
+        return costs, config, stages, model
 
 
 class CodemodRefused(Exception):
