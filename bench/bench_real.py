@@ -89,6 +89,7 @@ def measure(folder: Path, name: str, stages: int, steps: int, rounds: int) -> li
     ran first or last would otherwise carry it.
     """
     model = MODELS[name]
+    microbatches = max(MICROBATCHES, stages)  # 1F1B needs one per stage at least
     source = folder / f"{name}.py"
     source.write_text(scaled_source(name, model))
     costs = folder / f"{name}.costs.json"
@@ -100,7 +101,7 @@ def measure(folder: Path, name: str, stages: int, steps: int, rounds: int) -> li
     for strategy in STRATEGIES:
         target = folder / f"{name}_{strategy}.py"
         argv = ["rewrite", str(source), "--costs", str(costs), "--stages", str(stages)]
-        argv += ["--microbatches", str(MICROBATCHES), "--depth", str(model.depth)]
+        argv += ["--microbatches", str(microbatches), "--depth", str(model.depth)]
         if quietly([*argv, "--strategy", strategy, "-o", str(target)]) == 0:
             planned[strategy] = by_text.setdefault(target.read_text(), target)
     files = list(dict.fromkeys(planned.values()))
@@ -111,7 +112,7 @@ def measure(folder: Path, name: str, stages: int, steps: int, rounds: int) -> li
         for file in files[shift:] + files[:shift]:
             report = file.with_suffix(".json")
             argv = ["run", str(file), "--stages", str(stages), "--microbatches"]
-            argv += [str(MICROBATCHES), "--steps", str(steps), "--costs", str(costs)]
+            argv += [str(microbatches), "--steps", str(steps), "--costs", str(costs)]
             if quietly([*argv, "--json-report", str(report)]) != 0:
                 continue
             prediction[file] = json.loads(report.read_text())["prediction"]
