@@ -406,3 +406,53 @@ def test_torch_is_only_the_tests_concern() -> None:
     assert (
         Path(REPO / "syncpass" / "frontend" / "estimate.py").read_text().count("import torch") == 0
     )
+
+
+def test_functional_max_pool_takes_ceil_mode_before_return_indices() -> None:
+    source = """
+        import torch.nn as nn
+        import torch.nn.functional as F
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv = nn.Conv2d(3, 4, 3, padding=1)
+                self.head = nn.Conv2d(4, 4, 1)
+
+            def forward(self, x):
+                h = self.conv(x)
+                h = F.max_pool2d(h, 2, 2, 0, 1, True)
+                return self.head(h)
+        """
+    estimate = estimate_with(source, [(2, 3, 5, 5)], HARDWARE)
+    assert not estimate.unsized
+    by_id = {op.id: op for op in estimate.costs.ops}
+    # ceil_mode: a 5x5 map pooled by 2 gives 3x3, as torch computes it.
+    expected = torch.nn.functional.max_pool2d(torch.zeros(2, 4, 5, 5), 2, 2, 0, 1, True)
+    assert by_id["torch.nn.functional.max_pool2d@L14"].out_bytes == expected.numel() * 4
+
+
+def test_a_keyword_only_default_it_cannot_evaluate_is_unknown_not_a_crash() -> None:
+    source = """
+        import enum
+        import torch.nn as nn
+
+
+        class Mode(enum.Enum):
+            FAST = 1
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.fc = nn.Linear(8, 8)
+                self.fc2 = nn.Linear(8, 8)
+
+            def forward(self, x, *, mode=Mode.FAST):
+                h = self.fc(x)
+                return self.fc2(h)
+        """
+    estimate = estimate_with(source, [(4, 8)], HARDWARE)
+    assert [op.id for op in estimate.costs.ops] == ["fc", "fc2"]
+    assert not estimate.unsized

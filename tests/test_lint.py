@@ -166,3 +166,31 @@ def test_every_rule_has_a_code_and_findings_check_it() -> None:
     assert sorted(RULES) == [f"SP10{n}" for n in range(1, 8)]
     with pytest.raises(ValueError, match="unknown rule"):
         Finding("XX1", "m.py", 1, 1, "?")
+
+
+def test_a_parameter_rebound_to_a_number_is_not_a_number_everywhere() -> None:
+    source = MODEL.replace("steps: int = 2", "temperature").format(
+        line="if temperature is None:\n            temperature = 1.0\n        v = float(temperature)"
+    )
+    assert [finding.code for finding in lint_source(source, "net.py")] == ["SP105"]
+
+
+def test_an_init_argument_is_a_setting_only_through_its_attributes() -> None:
+    source = """\
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self, table, config, dim=4):
+        super().__init__()
+        self.table = table
+        self.eps = config.eps
+        self.dim = dim
+
+    def forward(self, x):
+        a = float(self.eps) + int(self.dim)
+        print(self.table)
+        return x * a + int(self.table[0])
+"""
+    codes = [(finding.line, finding.code) for finding in lint_source(source, "net.py")]
+    assert codes == [(13, "SP106"), (14, "SP105")]

@@ -392,6 +392,15 @@ _MAX_POOL: _Signature = (
     ("return_indices", False),
     ("ceil_mode", False),
 )
+#: ``F.max_pool1d/2d``: the functional form orders ``ceil_mode`` before ``return_indices``.
+_MAX_POOL_FUNCTION: _Signature = (
+    ("kernel_size", _REQUIRED),
+    ("stride", None),
+    ("padding", 0),
+    ("dilation", 1),
+    ("ceil_mode", False),
+    ("return_indices", False),
+)
 _AVG_POOL: _Signature = (
     ("kernel_size", _REQUIRED),
     ("stride", None),
@@ -2285,8 +2294,10 @@ def _attention(interp: _Interpreter, args: list[object], kwargs: dict[str, objec
 def _pool_by(name: str) -> _TensorHandler:
     kind = ("MaxPool" if name.startswith("max") else "AvgPool") + name[-2:]
 
+    signature = _MAX_POOL_FUNCTION if kind.startswith("MaxPool") else _LAYERS[kind]
+
     def pool(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        layer_args = _bind(_LAYERS[kind], args[1:], kwargs, name)
+        layer_args = _bind(signature, args[1:], kwargs, name)
         return interp.pool(_Layer(kind, layer_args, name), _tensor(args[0], "the input"))
 
     return pool
@@ -2834,12 +2845,13 @@ def _bind_inputs(
         except _Unsized as error:
             frame[param.name.value] = _Opaque(error.reason)
     for param in forward.params.kwonly_params:
-        default = param.default
-        frame[param.name.value] = (
-            _Opaque(f"the keyword input {param.name.value!r}")
-            if default is None
-            else interp.eval(default, {})
-        )
+        if param.default is None:
+            frame[param.name.value] = _Opaque(f"the keyword input {param.name.value!r}")
+            continue
+        try:
+            frame[param.name.value] = interp.eval(param.default, {})
+        except _Unsized as error:
+            frame[param.name.value] = _Opaque(error.reason)
     return frame
 
 

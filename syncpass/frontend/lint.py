@@ -20,9 +20,10 @@ Only the ``forward`` methods of classes are read (and functions nested in
 them). The check is static, from libcst: it never imports torch or the
 user's code. "What may be a tensor" is anything not plainly a Python number:
 literals, ``len(...)``, sizes (``x.shape[0]``, ``x.size(1)``, ``x.ndim``,
-``x.numel()``), parameters annotated ``int``/``float``/``bool``, attributes set
-from such values in ``__init__``, and local names assigned only from them are
-numbers; everything else may be a tensor.
+``x.numel()``), parameters annotated ``int``/``float``/``bool`` (or defaulting
+to a number), attributes set in ``__init__`` from such values or from
+attributes of its arguments (``config.eps``), and local names assigned only
+from them are numbers; everything else may be a tensor.
 
 A finding is suppressed by ``# noqa: SP101`` on its line (several codes with
 commas), or by a bare ``# noqa``, as flake8 reads them.
@@ -165,8 +166,9 @@ class _Numbers:
     names: frozenset[str]
     attributes: frozenset[str]  # of self
     imports: ImportAliases
-    #: In ``__init__`` the arguments are settings, not tensors: ``config.eps`` is a number.
-    settings: bool = False
+    #: In ``__init__``, attributes of the arguments are settings: ``config.eps`` is a
+    #: number (an argument itself is one only when annotated or defaulting to one).
+    settings: frozenset[str] = frozenset()
 
     def holds(self, node: cst.BaseExpression) -> bool:
         """Whether ``node`` is plainly a host value: reading it never waits for a device."""
@@ -179,7 +181,7 @@ class _Numbers:
                 return True
             if _self_attribute(node) in self.attributes:
                 return True
-            return self.settings and self.holds(node.value)
+            return self._setting(node.value)
         if isinstance(node, cst.Subscript):  # x.shape[0], sizes[1:]
             return self.holds(node.value)
         if isinstance(node, cst.Call):
@@ -200,6 +202,13 @@ class _Numbers:
                 for element in node.elements
             )
         return False
+
+    def _setting(self, node: cst.BaseExpression) -> bool:
+        """``config`` of ``config.eps`` (or ``config.attn`` of ``config.attn.eps``) in
+        ``__init__``: an argument, or an attribute chain of one."""
+        if isinstance(node, cst.Name):
+            return node.value in self.settings
+        return isinstance(node, cst.Attribute) and self._setting(node.value)
 
     def _call_holds(self, node: cst.Call) -> bool:
         if isinstance(node.func, cst.Attribute) and node.func.attr.value in _HOST_METHODS:
@@ -346,19 +355,22 @@ def _numbers_in(
     """What holds a number in ``function``: its names bound only ever to numbers.
 
     ``known``: module-level numbers; ``attributes``: number attributes of
-    ``self``; ``settings``: every argument is a setting (``__init__``).
-    Start from every name assumed a number and drop, until nothing changes,
-    each name with a binding that is not one; what remains is consistent.
+    ``self``; ``settings``: the arguments are settings (``__init__``), whose
+    attributes are numbers. Start from every name assumed a number and drop,
+    until nothing changes, each name with a binding that is not one; what
+    remains is consistent. A parameter that is not plainly a number stays out
+    even when the body rebinds it to one (``if t is None: t = 1.0``).
     """
     gather = _GatherAssignmentsVisitor()
     function.body.visit(gather)
     parameters = _parameters(function)
-    numeric_parameters = parameters if settings else _number_parameters(function)
+    numeric_parameters = _number_parameters(function)
     bound = {name for name, _ in gather.bindings}
-    names = (set(known) - parameters) | numeric_parameters | bound
+    names = (set(known) - parameters) | numeric_parameters | (bound - parameters)
     imports = ImportAliases.of(module, parameters | {n for n in bound if "." not in n})
+    roots = frozenset(parameters - {"self"}) if settings else frozenset()
     while True:
-        numbers = _Numbers(frozenset(names), attributes, imports, settings)
+        numbers = _Numbers(frozenset(names), attributes, imports, roots)
         dropped = {
             name
             for name, value in gather.bindings
