@@ -226,11 +226,19 @@ def test_transformer_four_stages_1f1b_verified(
 @pytest.mark.slow
 def test_resnet_two_stages_verified(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = tmp_path / "report.json"
-    status, _, err = run(
-        capsys, resnet_split(tmp_path), "--stages 2 --microbatches 2 --verify", report
-    )
+    timeline = tmp_path / "timeline"
+    options = f"--stages 2 --microbatches 2 --verify --timeline {timeline}"
+    status, _, err = run(capsys, resnet_split(tmp_path), options, report)
     assert status == 0, err
     verified_report(report, 2)
+    # The timed steps, profiled rank by rank: 3 steps of 2 forwards and 2 backwards each.
+    profile = json.loads(timeline.with_suffix(".json").read_text())
+    assert [rank["rank"] for rank in profile["ranks"]] == [0, 1]
+    for rank in profile["ranks"]:
+        assert rank["forward_calls"] == rank["backward_calls"] == 2 * 3
+        assert 0 <= rank["comm_wait_ratio"] <= 1
+    assert timeline.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+    assert f"wrote {timeline}.json" in err
 
 
 @pytest.mark.slow

@@ -92,6 +92,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--json-report", type=Path, metavar="OUT", help="also write the figures as JSON here"
     )
     run.add_argument(
+        "--timeline",
+        type=Path,
+        metavar="OUT",
+        help="profile the timed steps: OUT.json (each rank's compute, sync time and wait "
+        "ratio, with spans) and OUT.png (a timeline of stages and transfers)",
+    )
+    run.add_argument(
         "--threads",
         type=positive_int,
         default=1,
@@ -140,6 +147,12 @@ def checked_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
     report: Path | None = args.json_report
     if report is not None and not report.parent.is_dir():
         raise SyncpassError("the folder for --json-report does not exist", str(report))
+    timeline: Path | None = getattr(args, "timeline", None)
+    if timeline is not None:
+        if getattr(args, "backend", "torch") != "torch":
+            raise SyncpassError("--timeline profiles torch pipelines only")
+        if not timeline.parent.is_dir():
+            raise SyncpassError("the folder for --timeline does not exist", str(timeline))
     return file, report
 
 
@@ -164,6 +177,7 @@ def request_from_args(args: argparse.Namespace) -> RunRequest:
         rtol=args.rtol,
         atol=args.atol,
         timeout_s=args.timeout,
+        timeline=None if args.timeline is None else str(args.timeline.resolve()),
     )
 
 
@@ -182,6 +196,12 @@ def run_command(args: argparse.Namespace) -> int:
 
         costs = load_costs(args.costs)
     result = launch(request)
+    if request.timeline is not None:
+        print(
+            f"syncpass: wrote {request.timeline}.json and {request.timeline}.png (the timed steps, "
+            "rank by rank)",
+            file=sys.stderr,
+        )
     document = report_document(result)
     text = render_run(result)
     if costs is not None:

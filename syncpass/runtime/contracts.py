@@ -26,7 +26,9 @@ class RunRequest:
     ``microbatches`` is ``None`` for the default (the largest divisor of the
     batch that is at most four per stage). ``rtol``/``atol`` are ``None`` for
     the defaults of the parameter's dtype and device (see
-    :func:`syncpass.runtime.verify.tolerances`).
+    :func:`syncpass.runtime.verify.tolerances`). ``timeline``, when set, is
+    where the timed steps' profile goes (``.json`` and ``.png``, by
+    :class:`syncpass.profiler.Profile`).
     """
 
     file: str
@@ -42,6 +44,7 @@ class RunRequest:
     atol: float | None = None
     timeout_s: float = 300.0
     port: int = 0
+    timeline: str | None = None
 
 
 @dataclass(frozen=True)

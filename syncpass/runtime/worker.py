@@ -186,7 +186,13 @@ def _run(request: RunRequest, rank: int) -> RunResult | None:
         checks, loss_checks = _check(run, run.reference, losses)
     if run.optimizer is not None:
         run.optimizer.step()
-    step_times, compute_times = _timed_steps(run)
+    if request.timeline is not None:
+        from syncpass.profiler import Profile
+
+        with Profile("syncpass run", run.stage, output=request.timeline):
+            step_times, compute_times = _timed_steps(run)
+    else:
+        step_times, compute_times = _timed_steps(run)
     figures = StageFigures(
         stage=rank,
         rank=rank,
