@@ -12,20 +12,23 @@ version of its file (the original, or one with probes), which is how
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import sys
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from syncpass.errors import SyncpassError
 from syncpass.userexample import (
+    _describe,
     _factory,
     _import_module,
     _import_path,
     _located_failure,
     _origin,
+    innermost_user_frame,
     is_path,
     private_module_name,
     split_spec,
@@ -141,3 +144,54 @@ def model_from_source(example: JaxExample, text: str, filename: str, tag: str) -
 def apply_of(model: Any, is_function: bool) -> Callable[..., Any]:
     """``model`` itself for a function, ``model.apply`` for a Flax module."""
     return model if is_function else model.apply  # type: ignore[no-any-return]
+
+
+def line_map(copy: str, original: str) -> dict[int, int]:
+    """Each line of ``copy`` (``original`` with lines added or changed: probes, transfers,
+    split loops) -> the line of ``original`` it stands for (1-based).
+
+    A line ``original`` has unchanged maps to it; a line repeated elsewhere (a
+    loop body written twice for a split loop) to the nearest line with its
+    text; any other line to the line it replaced (a sliced loop header), or to
+    the line before it (an added probe).
+    """
+    copy_lines, original_lines = copy.splitlines(), original.splitlines()
+    where: dict[str, list[int]] = {}
+    for number, text in enumerate(original_lines, start=1):
+        where.setdefault(text, []).append(number)
+    matcher = difflib.SequenceMatcher(None, original_lines, copy_lines, autojunk=False)
+    mapping: dict[int, int] = {}
+    for tag, start, _, copy_start, copy_stop in matcher.get_opcodes():
+        for offset, index in enumerate(range(copy_start, copy_stop)):
+            if tag == "equal":
+                mapping[index + 1] = start + offset + 1
+                continue
+            text = copy_lines[index]
+            same = where.get(text, []) if text.strip() else []
+            if same:
+                mapping[index + 1] = min(same, key=lambda number: abs(number - start - 1))
+            else:
+                mapping[index + 1] = start + 1 if tag == "replace" else max(start, 1)
+    return mapping
+
+
+def model_failure(
+    error: BaseException,
+    path: str,
+    what: str,
+    lines: Mapping[int, int] | None = None,
+    fallback: str | None = None,
+) -> SyncpassError:
+    """A SyncpassError naming ``error`` (type and message) and the user's line it came from
+    (``fallback``, else ``path``, when no frame of the user's code raised it).
+
+    ``lines`` maps the lines of a copy of ``path`` that ran under its name (a
+    probed copy) back to the file's own.
+    """
+    frame = innermost_user_frame(error.__traceback__, path)
+    if frame is None or frame.lineno is None:
+        return SyncpassError(f"{what}: {_describe(error)}", fallback or path)
+    line = frame.lineno
+    if lines is not None and Path(frame.filename).resolve() == Path(path).resolve():
+        line = lines.get(line, line)
+    return SyncpassError(f"{what}: {_describe(error)}", f"{frame.filename}:{line}")

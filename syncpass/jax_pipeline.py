@@ -123,6 +123,16 @@ class Pipeline:
                 leaves[index] = placed
         return jax.tree_util.tree_unflatten(self.weights_tree, leaves)
 
+    @property
+    def owners(self) -> dict[int, Any]:
+        """Weight leaf index -> the device of the first stage that reads it (its owner), for
+        every leaf some stage reads."""
+        found: dict[int, Any] = {}
+        for stage in self.stages:
+            for index in stage.weights:
+                found.setdefault(index, stage.device)
+        return found
+
 
 def _on(value: Any, device: Any) -> Any:
     """``value`` on ``device``: itself when it is a concrete array already there."""
@@ -143,7 +153,9 @@ def read_value(env: dict[Any, Any], atom: Any) -> Any:
 
 
 def _is_transfer(equation: Any) -> bool:
-    """A ``jax.device_put`` to a named device: a sync point."""
+    """A ``jax.device_put`` to a named device: a sync point. Without a device
+    (``jax.device_put(x)``) it moves nothing between stages, and the analysis
+    reads it as an ordinary op too."""
     if equation.primitive.name != "device_put":
         return False
     devices = equation.params.get("devices", ())
@@ -348,6 +360,7 @@ class GPipe:
             saved.append((env, inputs_of))
         losses = []
         grads: list[Any] = [None] * staged.num_weights
+        owners = staged.owners
         last = len(staged.stages) - 1
         for (env, inputs_of), (_, target) in zip(saved, batches, strict=True):
             outputs = [_on(read_value(env, var), self.loss_device) for var in staged.outvars]
@@ -381,11 +394,10 @@ class GPipe:
                     if index is None:
                         self._add(cotangents, var, cotangent)
                         continue
+                    # Summed on the weight's owner, where staged.params has it.
+                    cotangent = _on(cotangent, owners[index])
                     home = grads[index]
-                    if home is None:
-                        grads[index] = cotangent
-                    else:
-                        grads[index] = home + _on(cotangent, _device(home))
+                    grads[index] = cotangent if home is None else home + cotangent
         scale = 1 / len(batches)
         leaves = [
             jax.numpy.zeros_like(weight) if grad is None else grad * scale
@@ -413,11 +425,6 @@ class GPipe:
         device = self.staged.stages[self.staged.producers[var]].device
         cotangent = _on(cotangent, device)
         cotangents[var] = cotangents[var] + cotangent if var in cotangents else cotangent
-
-
-def _device(array: Any) -> Any:
-    (device,) = array.devices()
-    return device
 
 
 def nbytes(avals: Sequence[Any]) -> int:

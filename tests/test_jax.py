@@ -8,14 +8,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import libcst as cst
 import pytest
 
 from syncpass.config import SyncConfig
 from syncpass.costs import Costs, parse_costs
+from syncpass.errors import SyncpassError
 from syncpass.frontend.jax_analysis import analyse_jax_model
+from syncpass.frontend.numbers import JAX_RULES, host_values
 from syncpass.frontend.source import parse_source
+from syncpass.graph import OpGraph
+from syncpass.jax_example import line_map
 from syncpass.plan import PlanRequest
 from syncpass.rewrite_jax import rewrite_jax_source, strip_jax_sync_points
+from syncpass.transformers.jax_transfer import retarget_device_puts
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -302,6 +308,11 @@ for key in params:
     got = jax.device_put(result.grads[key], jax.devices()[0])
     assert jnp.allclose(got, total[key] / M, rtol=1e-5, atol=1e-6), key
 assert result.grads["w2"].devices() == {jax.devices()[1]}
+# w1, read by stages 0 and 1, has its gradient where staged.params has it: on its owner.
+for key, weight in staged.params.items():
+    assert result.grads[key].devices() == weight.devices(), key
+assert result.grads["w1"].devices() == {jax.devices()[0]}
+updated = jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, staged.params, result.grads)
 # Called with the weights it was built with, the staged function moves no weight.
 moved = []
 original = jax_pipeline.jax.device_put
@@ -340,3 +351,321 @@ def test_run_refuses_a_schedule_jax_does_not_have(tmp_path: Path) -> None:
         ["run", str(model), "--backend", "jax", "--stages", "2", "--schedule", "1f1b"]
     )
     assert status == 2
+
+
+# --- host values, hand-written transfers, errors -------------------------------------------
+
+SHAPES = """\
+import jax
+import jax.numpy as jnp
+
+
+def forward(params, x):
+    b, t, d = x.shape
+    h = jnp.tanh(x @ params["w1"])
+    h = jnp.tanh(h @ params["w2"])
+    h = h.reshape(b, t * d)
+    return h @ params["w3"]
+
+
+def example():
+    ks = jax.random.split(jax.random.key(0), 4)
+    params = {"w1": jax.random.normal(ks[0], (8, 8)), "w2": jax.random.normal(ks[1], (8, 8)),
+              "w3": jax.random.normal(ks[2], (32, 4))}
+    return forward, params, (jax.random.normal(ks[3], (8, 4, 8)),)
+"""
+
+FLAX_OBJECTS = """\
+import jax
+import flax.linen as nn
+
+
+class Net(nn.Module):
+    @nn.compact
+    def __call__(self, x, train: bool = False, mode="sum"):
+        act = nn.relu
+        drop = nn.Dropout(0.5, deterministic=not train)
+        h = nn.Dense(16)(x)
+        h = act(h)
+        h = drop(h)
+        h = nn.Dense(16)(h)
+        return nn.Dense(4)(h)
+
+
+def example():
+    model = Net()
+    x = jax.random.normal(jax.random.key(1), (8, 8))
+    return model, model.init(jax.random.key(0), x), (x,)
+"""
+
+PINNED = """\
+import jax
+import jax.numpy as jnp
+
+
+def forward(params, x):
+    h = jnp.tanh(x @ params["w1"])
+    h = jnp.tanh(h @ params["w2"])
+    h = jax.device_put(h, jax.devices()[1])
+    h = jnp.tanh(h @ params["w3"])
+    return h @ params["w4"]
+
+
+def example():
+    ks = jax.random.split(jax.random.key(0), 5)
+    params = {f"w{i}": jax.random.normal(ks[i - 1], (8, 8)) for i in range(1, 5)}
+    return forward, params, (jax.random.normal(ks[4], (8, 8)),)
+"""
+
+TRACE_ERROR = """\
+import jax.numpy as jnp
+from jax import random
+
+
+def forward(params, x):
+    h = jnp.tanh(x @ params["w1"])
+    if h.sum() > 0:  # a traced value as a Python bool
+        h = h * 2
+    return h @ params["w2"]
+
+
+def example():
+    ks = random.split(random.key(0), 3)
+    params = {"w1": random.normal(ks[0], (8, 8)), "w2": random.normal(ks[1], (8, 4))}
+    return forward, params, (random.normal(ks[2], (8, 8)),)
+"""
+
+
+def graph_of(text: str, name: str | None = None) -> OpGraph:
+    return analyse_jax_model(parse_source(text, "m.py"), "m.py", name, text=text)
+
+
+def test_sizes_never_cross_a_sync_point() -> None:
+    graph = graph_of(SHAPES)
+    assert [(cut.after, cut.live) for cut in graph.cuts] == [
+        ("stmt@L6", ("x",)),  # b, t, d are Python ints in the trace
+        ("w1", ("h",)),
+        ("w2", ("h",)),
+        ("h.reshape@L9", ("h",)),
+    ]
+
+
+def test_flax_settings_submodules_and_functions_never_cross_a_sync_point() -> None:
+    graph = graph_of(FLAX_OBJECTS)
+    assert graph.inputs == ("x", "train", "mode")
+    assert {cut.live for cut in graph.cuts} == {("x",), ("h",)}
+
+
+def test_a_cut_with_only_host_values_live_is_no_sync_point() -> None:
+    text = (
+        "import jax.numpy as jnp\n\n\n"
+        "def forward(params, x):\n"
+        "    n = x.shape[0]\n"
+        "    k = n * 2\n"
+        '    h = jnp.ones((k, 4)) @ params["w"]\n'
+        '    return h @ params["v"]\n'
+    )
+    graph = graph_of(text)
+    assert [op.id for op in graph.ops] == ["stmt@L5", "operator.mul@L6", "w", "v"]
+    assert [(cut.after, cut.live) for cut in graph.cuts] == [("w", ("h",))]
+
+
+def test_the_rewrite_moves_only_arrays() -> None:
+    text = SHAPES.replace("b, t, d = x.shape", "b, t, d = x.shape  # syncpass: sync")
+    out = rewrite(text, "m.py", None, 2)
+    assert (
+        "    b, t, d = x.shape  # syncpass: sync\n"
+        "    x = jax.device_put(x, jax.devices()[1])  # syncpass sync 1/1:"
+    ) in out
+    assert strip_jax_sync_points(out, "m.py") == text
+
+
+def test_host_value_rules() -> None:
+    function = cst.ensure_type(
+        cst.parse_statement(
+            "def f(x, n: int, name: str, scale=2.0, label='a', mask=None):\n"
+            "    b, t = x.shape\n"
+            "    size = len(x) + x.ndim\n"
+            "    layer = nn.Dense(4)\n"
+            "    key = jax.random.PRNGKey(0)\n"
+            "    act = jax.nn.gelu\n"
+            "    square = lambda z: z * z\n"
+            "    part = functools.partial(act, approximate=True)\n"
+            "    h = layer(x)\n"
+            "    m = b\n"
+            "    m = h\n"
+            "    def helper(z):\n"
+            "        return z\n"
+        ),
+        cst.FunctionDef,
+    )
+    module = parse_source("import functools\nimport jax\nimport flax.linen as nn\n", "m.py")
+    jax_names = host_values(function, module, rules=JAX_RULES).names
+    expected = {"n", "name", "scale", "label", "b", "t", "size", "layer", "act", "square"}
+    assert jax_names == expected | {"part", "helper"}
+    numbers = host_values(function, module).names  # the lint's rules: numbers only
+    assert numbers == {"n", "scale", "b", "t", "size"}
+
+
+def test_device_put_without_a_device_is_no_sync_point() -> None:
+    def graph_with(line: str) -> OpGraph:
+        return graph_of(
+            "import jax\n\n\n"
+            "def forward(params, x):\n"
+            '    h = x @ params["a"]\n'
+            f"    {line}\n"
+            '    return h @ params["b"]\n'
+        )
+
+    for line in ("h = jax.device_put(h)", "h = jax.device_put(h, device=None)"):
+        graph = graph_with(line)
+        assert [op.id for op in graph.ops] == ["a", "jax.device_put@L6", "b"], line
+        assert not graph.written and not any(cut.pinned for cut in graph.cuts), line
+    for line in (
+        "h = jax.device_put(h, jax.devices()[1])",
+        "h = jax.device_put(h, device=jax.devices()[1])",
+    ):
+        graph = graph_with(line)
+        assert [op.id for op in graph.ops] == ["a", "b"], line
+        assert graph.written == ("a",) and graph.cuts[0].pinned, line
+
+
+def test_the_pipeline_splits_only_at_a_device_put_to_a_device() -> None:
+    import jax
+    import jax.numpy as jnp
+
+    from syncpass.jax_pipeline import pipeline
+
+    def forward(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
+        h = jax.device_put(x @ params["a"])  # no device: no stage boundary
+        h = jax.device_put(h, device=None)
+        h = jax.device_put(jnp.tanh(h), jax.devices()[0])  # a stage boundary
+        return h @ params["b"]
+
+    params = {"a": jnp.ones((4, 4)), "b": jnp.ones((4, 2))}
+    assert len(pipeline(forward, params, jnp.ones((2, 4))).stages) == 2
+
+
+def test_retarget_points_every_transfer_at_one_device() -> None:
+    before = (
+        "from jax import device_put, devices\n\n\n"
+        "def forward(params, x):\n"
+        '    h = x @ params["a"]\n'
+        "    h = device_put(h, devices()[2])  # mine\n"
+        "    h = device_put(h, device=devices()[1])\n"
+        "    h = device_put(h)\n"
+        '    return h @ params["b"]\n'
+    )
+    after = (
+        "from jax import device_put, devices\n"
+        "import jax\n\n\n"
+        "def forward(params, x):\n"
+        '    h = x @ params["a"]\n'
+        "    h = device_put(h, jax.devices()[0])  # mine\n"
+        "    h = device_put(h, device=jax.devices()[0])\n"
+        "    h = device_put(h)\n"
+        '    return h @ params["b"]\n'
+    )
+    module = parse_source(before, "m.py")
+    assert retarget_device_puts(module, "forward", True, 0, "m.py").code == after
+
+
+def test_line_map_reads_a_probed_copy_back_to_the_file() -> None:
+    original = "a\nfor b in s:\n    h = b(h)\nreturn h\n"
+    copy = "a\nfor b in s[:2]:\n    h = b(h)\nprobe\nfor b in s[2:]:\n    h = b(h)\nreturn h\n"
+    assert line_map(copy, original) == {1: 1, 2: 2, 3: 3, 4: 2, 5: 2, 6: 3, 7: 4}
+
+
+def profile(tmp_path: Path, text: str) -> Costs:
+    from syncpass.profiling.jax_command import measure_jax_file
+
+    model = tmp_path / "model.py"
+    model.write_text(text)
+    return measure_jax_file(model, text, "example", None, repeats=1, warmup=0)
+
+
+@pytest.mark.parametrize("text", [SHAPES, FLAX_OBJECTS], ids=["shapes", "flax"])
+def test_profile_probes_only_arrays(text: str, tmp_path: Path) -> None:
+    costs = profile(tmp_path, text)
+    graph = graph_of(text)
+    assert [op.id for op in costs.ops] == [op.id for op in graph.ops]
+    assert [cut.after for cut in costs.cuts] == [cut.after for cut in graph.cuts]
+    assert all(cut.live_bytes > 0 for cut in costs.cuts)
+
+
+def test_profile_a_model_with_a_hand_written_transfer_on_one_device(tmp_path: Path) -> None:
+    costs = profile(tmp_path, PINNED)
+    assert [op.id for op in costs.ops] == ["w1", "w2", "w3", "w4"]
+    assert [(cut.after, cut.live_bytes, cut.pinned) for cut in costs.cuts] == [
+        ("w1", 256, False),
+        ("w2", 256, True),  # what the user's transfer moves
+        ("w3", 256, False),
+    ]
+
+
+def test_profile_reports_a_model_error_at_the_files_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from syncpass.cli import main
+
+    model = tmp_path / "model.py"
+    model.write_text(TRACE_ERROR)  # no `import jax`: the probed copy gets one, lines shift
+    status = main(["profile", "--backend", "jax", str(model), "-o", str(tmp_path / "c.json")])
+    assert status == 2
+    error = capsys.readouterr().err
+    assert f"{model}:7: tracing the model failed: TracerBoolConversionError" in error
+
+
+def test_run_child_refuses_a_file_with_more_stages_before_tracing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from syncpass.runtime import jax_run
+
+    model = tmp_path / "model.py"
+    model.write_text(PINNED.replace("jax.devices()[1])", "jax.devices()[1])\n    h = h * 1\n"
+                                    "    h = jax.device_put(h, jax.devices()[2])"))  # fmt: skip
+    status = jax_run.main([str(model), f"{model}:example", "2", "1", "0", "1e-5", "1e-6", "0"])
+    assert status == 2
+    report = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert report == {
+        "error": "the file has 2 sync point(s), so 3 stage(s), not 2; rewrite it with "
+        "--stages 2, or run it with --stages 3",
+        "location": str(model),
+    }
+
+
+def test_run_reports_a_model_error_at_the_files_line(tmp_path: Path) -> None:
+    from syncpass.runtime.jax_run import run_jax
+
+    model = tmp_path / "model.py"
+    model.write_text(TRACE_ERROR)
+    with pytest.raises(SyncpassError) as raised:
+        run_jax(str(model), f"{model}:example", 1, steps=1)
+    assert raised.value.location == f"{model}:7"
+    assert raised.value.message.startswith(
+        "the JAX run failed: TracerBoolConversionError: Attempted boolean conversion"
+    )
+
+
+@pytest.mark.slow
+def test_host_values_stay_out_of_a_three_stage_run(tmp_path: Path) -> None:
+    """Sizes unpacked before a sync point, a Flax `train` flag, submodules and functions built
+    in `__call__`: rewritten for 3 stages, run and verified against the unsplit model."""
+    from syncpass.costs import costs_to_json
+
+    pinned = SHAPES.replace("b, t, d = x.shape", "b, t, d = x.shape  # syncpass: sync")
+    for name, text in (("shapes.py", pinned), ("flax_objects.py", FLAX_OBJECTS)):
+        model, costs, out = tmp_path / name, tmp_path / f"{name}.json", tmp_path / f"s_{name}"
+        model.write_text(text)
+        costs.write_text(json.dumps(costs_to_json(estimated_costs(text, name, None))))
+        for args in (
+            ["rewrite", "--backend", "jax", str(model), "--costs", str(costs), "--stages", "3",
+             "--threshold", "inf", "-o", str(out)],
+            ["run", "--backend", "jax", "--stages", "3", "--verify", "--microbatches", "2",
+             "--steps", "1", str(out), "--example", f"{model}:example"],
+        ):  # fmt: skip
+            done = subprocess.run([sys.executable, "-m", "syncpass", *args], capture_output=True,
+                                  text=True, cwd=tmp_path, check=False)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+        assert "verify: ok" in done.stdout
+    assert "    x = jax.device_put(x, jax.devices()[1])" in (tmp_path / "s_shapes.py").read_text()

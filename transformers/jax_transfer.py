@@ -25,6 +25,10 @@ original does, its later ops running on the device their inputs were moved to.
 their ``# syncpass sync`` comment, and the ``import jax`` it marked. Hand-written
 ``jax.device_put`` lines and a user's own ``import jax`` (even one that only
 those lines use) stay.
+
+:class:`RetargetDevicePutsCommand` points every transfer to a device in the
+model at one device (``jax.devices()[0]``): the profiler's copy of a file
+traces on one device, hand-written transfers included.
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ from collections.abc import Sequence
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod import CodemodContext
+from libcst.codemod import Codemod, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
+from syncpass.frontend.jax_analysis import names_a_device
 from syncpass.transformers.torch_pipeline import (
     _SYNC_COMMENT,
     SYNC_COMMENT_PREFIX,
@@ -172,6 +177,69 @@ class RemoveDevicePutsCommand(RemovePipeSplitsCommand):
             return _drop_added_import(tree)
         tree = _replace_body(tree, self.name, self.is_function, self.merge(statements))
         return _drop_added_import(tree)
+
+
+class _RetargetCallsTransformer(cst.CSTTransformer):
+    """Replace the device of every ``device_put(value, device)`` call with ``device``."""
+
+    def __init__(self, device: cst.BaseExpression) -> None:
+        super().__init__()
+        self.device = device
+        self.changed = 0
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        transfer = m.Attribute(attr=m.Name("device_put")) | m.Name("device_put")
+        if not m.matches(updated_node.func, transfer) or not names_a_device(updated_node):
+            return updated_node
+        args = list(updated_node.args)
+        keyword = [
+            index
+            for index, arg in enumerate(args)
+            if arg.keyword is not None and arg.keyword.value == "device"
+        ]
+        positional = [
+            index for index, arg in enumerate(args) if arg.keyword is None and not arg.star
+        ]
+        index = keyword[0] if keyword else positional[1]
+        args[index] = args[index].with_changes(value=self.device)
+        self.changed += 1
+        return updated_node.with_changes(args=args)
+
+
+class RetargetDevicePutsCommand(Codemod):
+    """Point every ``jax.device_put`` to a device in the model at stage ``stage``'s device."""
+
+    DESCRIPTION = "Make every jax.device_put in a JAX model transfer to one device."
+
+    def __init__(self, context: CodemodContext, name: str, is_function: bool, stage: int) -> None:
+        super().__init__(context)
+        self.name = name
+        self.is_function = is_function
+        self.stage = stage
+
+    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
+        found = _find_function(tree, self.name, self.is_function)
+        if found is None or not isinstance(found[2].body, cst.IndentedBlock):
+            return tree
+        device = cst.parse_expression(device_expression(self.stage))
+        retarget = _RetargetCallsTransformer(device)
+        function = found[2].visit(retarget)
+        if not retarget.changed:
+            return tree
+        assert isinstance(function, cst.FunctionDef)
+        assert isinstance(function.body, cst.IndentedBlock)
+        tree = _replace_body(tree, self.name, self.is_function, function.body.body)
+        return tree if _imports_jax(tree) else _with_import(tree, self.context, JAX_IMPORT)
+
+
+def retarget_device_puts(
+    module: cst.Module, name: str, is_function: bool, stage: int, filename: str
+) -> cst.Module:
+    """Carry out :class:`RetargetDevicePutsCommand`."""
+    context = CodemodContext(filename=filename)
+    return RetargetDevicePutsCommand(context, name, is_function, stage).transform_module_impl(
+        module
+    )
 
 
 def _is_added_import(statement: cst.CSTNode) -> bool:

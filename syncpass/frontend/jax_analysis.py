@@ -19,8 +19,16 @@ Two forms of model are read, both statically (nothing runs):
 
 The op graph is :class:`syncpass.graph.OpGraph`, with the same ids, edges and
 cuts as for torch, so cost files, plan files, strategies and the optimiser
-work unchanged. A hand-written ``x = jax.device_put(x, ...)`` statement in the
-body is a sync point the user placed (pinned), as ``pipe_split()`` is for torch.
+work unchanged. A hand-written ``x = jax.device_put(x, device)`` statement in
+the body (a device given: a second argument or ``device=``) is a sync point the
+user placed (pinned), as ``pipe_split()`` is for torch.
+
+Only arrays cross a sync point. A value the trace keeps as a Python value (a
+size such as ``b, t, d = x.shape``, a ``train: bool`` argument, a submodule
+built inline, a function; see :mod:`syncpass.frontend.numbers`) is left out
+of the cuts' live values: moved with ``jax.device_put`` it would become an
+array and break the trace. A cut across which no array is live is no sync
+point (its transfer would have nothing to move), unless the user pinned it.
 
 The example convention of the JAX commands (``syncpass profile/rewrite/run
 --backend jax``): ``--example`` names a zero-argument function returning
@@ -35,6 +43,8 @@ This module imports libcst, never jax.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import libcst as cst
 import libcst.matchers as m
@@ -52,6 +62,7 @@ from syncpass.frontend.analysis import (
     find_forward,
     match_container_loop,
 )
+from syncpass.frontend.numbers import JAX_RULES, host_values, module_numbers
 from syncpass.graph import OpGraph
 
 #: The method of a Flax module that computes the model.
@@ -156,14 +167,45 @@ def _weights_key(params: str) -> StatementLabel:
 
 
 def is_device_put_sync(statement: cst.BaseStatement, facts: StatementFacts) -> bool:
-    """A statement ``names = jax.device_put(...)`` (or a bare call): a hand-written sync point."""
+    """A statement ``names = jax.device_put(values, device)`` (or a bare call): a hand-written
+    sync point. Without a device (``jax.device_put(x)``) it moves nothing between stages."""
     if not m.matches(
         statement,
         m.SimpleStatementLine(body=[m.Assign(value=m.Call()) | m.Expr(value=m.Call())]),
     ):
         return False
     outermost = [call for call in facts.calls if call.depth == 0]
-    return len(outermost) == 1 and outermost[0].function == DEVICE_PUT
+    if len(outermost) != 1 or outermost[0].function != DEVICE_PUT:
+        return False
+    assert isinstance(statement, cst.SimpleStatementLine)
+    small = statement.body[0]
+    assert isinstance(small, (cst.Assign, cst.Expr)) and isinstance(small.value, cst.Call)
+    return names_a_device(small.value)
+
+
+def names_a_device(call: cst.Call) -> bool:
+    """Whether a ``jax.device_put`` call gives a device: a second positional argument or
+    ``device=``, other than ``None``."""
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    given = [arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "device"]
+    device = given[0] if given else positional[1] if len(positional) > 1 else None
+    return device is not None and not m.matches(device.value, m.Name("None"))
+
+
+def _array_cuts(graph: OpGraph, host: frozenset[str]) -> OpGraph:
+    """``graph`` with host values out of the cuts' live values, and without the cuts across
+    which no array is live (a pinned one stays)."""
+    cuts = []
+    for cut in graph.cuts:
+        live = tuple(name for name in cut.live if name not in host)
+        if live or cut.pinned:
+            cuts.append(dataclasses.replace(cut, live=live))
+    return dataclasses.replace(graph, cuts=tuple(cuts))
+
+
+def host_names(module: cst.Module, function: cst.FunctionDef) -> frozenset[str]:
+    """The names of ``function`` that hold Python values in a trace, never arrays."""
+    return host_values(function, module, module_numbers(module), rules=JAX_RULES).names
 
 
 def analyse_jax_model(
@@ -181,9 +223,11 @@ def analyse_jax_model(
     """
     name, is_function = resolve_jax_model(module, name, path)
     if not is_function:
-        return analyse_method(
+        graph = analyse_method(
             module, path, name, sizes, text, method=FLAX_METHOD, sync_point=is_device_put_sync
         )
+        call = find_forward(module, name, path, FLAX_METHOD).forward
+        return _array_cuts(graph, host_names(module, call))
     function = _functions(module)[name]
     parameters = [*function.params.posonly_params, *function.params.params]
     if len(parameters) < 2:
@@ -209,7 +253,7 @@ def analyse_jax_model(
         sync_point=is_device_put_sync,
         label=_weights_key(weights),
     )
-    return build_op_graph(site, sizes)
+    return _array_cuts(build_op_graph(site, sizes), host_names(module, function))
 
 
 def jax_loop_containers(module: cst.Module, name: str | None, path: str) -> tuple[str, ...]:

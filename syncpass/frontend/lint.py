@@ -23,7 +23,8 @@ literals, ``len(...)``, sizes (``x.shape[0]``, ``x.size(1)``, ``x.ndim``,
 ``x.numel()``), parameters annotated ``int``/``float``/``bool`` (or defaulting
 to a number), attributes set in ``__init__`` from such values or from
 attributes of its arguments (``config.eps``), and local names assigned only
-from them are numbers; everything else may be a tensor.
+from them are numbers; everything else may be a tensor (the rules are
+:mod:`syncpass.frontend.numbers`, shared with the JAX analysis).
 
 A finding is suppressed by ``# noqa: SP101`` on its line (several codes with
 commas), or by a bare ``# noqa``, as flake8 reads them.
@@ -41,7 +42,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from syncpass.frontend.analysis import ImportAliases
+from syncpass.frontend.numbers import HostValues, host_values, module_numbers, qualified_name
 from syncpass.frontend.source import parse_source
 
 #: Rule codes and what each finds.
@@ -69,18 +70,6 @@ _SYNCHRONIZE = (
     "torch.mps.synchronize",
     "torch.xpu.synchronize",
 )
-#: Attributes and methods of a tensor that are Python values known on the host.
-_HOST_ATTRIBUTES = frozenset(
-    {"shape", "ndim", "training", "requires_grad", "is_cuda", "is_leaf", "itemsize", "dtype"}
-)
-_HOST_METHODS = frozenset(
-    {"size", "dim", "ndimension", "numel", "nelement", "element_size", "get_device", "stride"}
-)
-_NUMBER_FUNCTIONS = frozenset(
-    {"builtins.len", "builtins.int", "builtins.float", "builtins.bool", "builtins.round"}
-    | {"builtins.abs", "builtins.min", "builtins.max", "builtins.range"}
-)
-_NUMBER_TYPES = frozenset({"int", "float", "bool"})
 
 
 @dataclass(frozen=True)
@@ -156,246 +145,7 @@ def _suppressed(finding: Finding, noqa: dict[int, frozenset[str] | None]) -> boo
     return codes is None or finding.code in codes
 
 
-# --- what is plainly a Python number ------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Numbers:
-    """What is known to hold a Python number (or another host value) in one method."""
-
-    names: frozenset[str]
-    attributes: frozenset[str]  # of self
-    imports: ImportAliases
-    #: In ``__init__``, attributes of the arguments are settings: ``config.eps`` is a
-    #: number (an argument itself is one only when annotated or defaulting to one).
-    settings: frozenset[str] = frozenset()
-
-    def holds(self, node: cst.BaseExpression) -> bool:
-        """Whether ``node`` is plainly a host value: reading it never waits for a device."""
-        if isinstance(node, (cst.Integer, cst.Float, cst.Imaginary, cst.BaseString)):
-            return True
-        if isinstance(node, cst.Name):
-            return node.value in self.names or node.value in ("True", "False", "None")
-        if isinstance(node, cst.Attribute):
-            if node.attr.value in _HOST_ATTRIBUTES:
-                return True
-            if _self_attribute(node) in self.attributes:
-                return True
-            return self._setting(node.value)
-        if isinstance(node, cst.Subscript):  # x.shape[0], sizes[1:]
-            return self.holds(node.value)
-        if isinstance(node, cst.Call):
-            return self._call_holds(node)
-        if isinstance(node, cst.UnaryOperation):
-            return self.holds(node.expression)
-        if isinstance(node, (cst.BinaryOperation, cst.BooleanOperation)):
-            return self.holds(node.left) and self.holds(node.right)
-        if isinstance(node, cst.Comparison):
-            return self.holds(node.left) and all(
-                self.holds(target.comparator) for target in node.comparisons
-            )
-        if isinstance(node, cst.IfExp):
-            return self.holds(node.body) and self.holds(node.orelse)
-        if isinstance(node, (cst.Tuple, cst.List)):
-            return all(
-                isinstance(element, cst.Element) and self.holds(element.value)
-                for element in node.elements
-            )
-        return False
-
-    def _setting(self, node: cst.BaseExpression) -> bool:
-        """``config`` of ``config.eps`` (or ``config.attn`` of ``config.attn.eps``) in
-        ``__init__``: an argument, or an attribute chain of one."""
-        if isinstance(node, cst.Name):
-            return node.value in self.settings
-        return isinstance(node, cst.Attribute) and self._setting(node.value)
-
-    def _call_holds(self, node: cst.Call) -> bool:
-        if isinstance(node.func, cst.Attribute) and node.func.attr.value in _HOST_METHODS:
-            return True  # x.size(0), x.numel(): known on the host
-        qualified = _qualified(node.func, self.imports)
-        if qualified is None:
-            return False
-        if qualified.startswith("math."):
-            return all(self.holds(arg.value) for arg in node.args)
-        return qualified in _NUMBER_FUNCTIONS and (
-            qualified == "builtins.len" or all(self.holds(arg.value) for arg in node.args)
-        )
-
-
-def _dotted(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        base = _dotted(node.value)
-        return None if base is None else f"{base}.{node.attr.value}"
-    return None
-
-
-def _qualified(node: cst.BaseExpression, imports: ImportAliases) -> str | None:
-    """What a called name stands for (``T.cuda.synchronize`` -> ``torch.cuda.synchronize``);
-    ``None`` for what is not a dotted name, or starts with a local variable."""
-    name = _dotted(node)
-    if name is None or name.partition(".")[0] in imports.local_names:
-        return None
-    return imports.qualify(name)
-
-
-def _self_attribute(node: cst.BaseExpression) -> str | None:
-    """``name`` for ``self.name``, else ``None``."""
-    if (
-        isinstance(node, cst.Attribute)
-        and isinstance(node.value, cst.Name)
-        and node.value.value == "self"
-    ):
-        return node.attr.value
-    return None
-
-
-def _number_parameters(function: cst.FunctionDef) -> set[str]:
-    """Parameters annotated ``int``/``float``/``bool``, or defaulting to a number."""
-    names = set()
-    params = function.params
-    for param in (*params.posonly_params, *params.params, *params.kwonly_params):
-        annotation = param.annotation.annotation if param.annotation is not None else None
-        if (isinstance(annotation, cst.Name) and annotation.value in _NUMBER_TYPES) or (
-            annotation is None
-            and param.default is not None
-            and m.matches(param.default, m.Integer() | m.Float() | m.Name("True") | m.Name("False"))
-        ):
-            names.add(param.name.value)
-    return names
-
-
-def _parameters(function: cst.FunctionDef) -> set[str]:
-    params = function.params
-    names = {
-        param.name.value
-        for param in (*params.posonly_params, *params.params, *params.kwonly_params)
-    }
-    for star in (params.star_arg, params.star_kwarg):
-        if isinstance(star, cst.Param):
-            names.add(star.name.value)
-    return names
-
-
-class _GatherAssignmentsVisitor(cst.CSTVisitor):
-    """Every binding of a name (or of ``self.attr``) in a method, with the value bound.
-
-    A value of ``None`` is a binding the analysis cannot see the value of (a
-    ``for`` target over anything but ``range``, ``with ... as``, an augmented
-    assignment, unpacking of something that is not a size).
-    """
-
-    def __init__(self) -> None:
-        self.bindings: list[tuple[str, cst.BaseExpression | None]] = []
-
-    def _bind(self, target: cst.BaseExpression, value: cst.BaseExpression | None) -> None:
-        if isinstance(target, cst.Name):
-            self.bindings.append((target.value, value))
-        elif (attribute := _self_attribute(target)) is not None:
-            self.bindings.append((f"self.{attribute}", value))
-        elif isinstance(target, (cst.Tuple, cst.List)):
-            # `b, t, c = x.shape`: each is a size; `a, b = f(x)`: unknown.
-            sizes = value is not None and _is_size_tuple(value)
-            for element in target.elements:
-                inner = element.value
-                self._bind(inner, value if sizes else None)
-        elif isinstance(target, cst.StarredElement):
-            self._bind(target.value, None)
-
-    def visit_Assign(self, node: cst.Assign) -> None:
-        for target in node.targets:
-            self._bind(target.target, node.value)
-
-    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
-        annotation = node.annotation.annotation
-        if isinstance(annotation, cst.Name) and annotation.value in _NUMBER_TYPES:
-            self._bind(node.target, cst.Integer("0"))  # declared a number
-        else:
-            self._bind(node.target, node.value)
-
-    def visit_AugAssign(self, node: cst.AugAssign) -> None:
-        # n += x.size(0) keeps a number a number; n += t makes it a tensor.
-        self._bind(node.target, cst.BinaryOperation(node.target, cst.Add(), node.value))
-
-    def visit_For(self, node: cst.For) -> None:
-        ranged = m.matches(node.iter, m.Call(func=m.Name("range")))
-        self._bind(node.target, cst.Integer("0") if ranged else None)
-
-    def visit_WithItem(self, node: cst.WithItem) -> None:
-        if node.asname is not None:
-            self._bind(node.asname.name, None)
-
-    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
-        self._bind(node.target, node.value)
-
-    def visit_CompFor(self, node: cst.CompFor) -> None:
-        self._bind(node.target, None)
-
-
-def _is_size_tuple(node: cst.BaseExpression) -> bool:
-    """``x.shape``, ``x.size()``, ``x.shape[1:]``: a tuple of sizes."""
-    if isinstance(node, cst.Subscript):
-        return _is_size_tuple(node.value)
-    if isinstance(node, cst.Attribute):
-        return node.attr.value == "shape"
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute):
-        return node.func.attr.value in ("size", "stride")
-    return False
-
-
-def _numbers_in(
-    function: cst.FunctionDef,
-    module: cst.Module,
-    known: frozenset[str],
-    attributes: frozenset[str],
-    settings: bool = False,
-) -> _Numbers:
-    """What holds a number in ``function``: its names bound only ever to numbers.
-
-    ``known``: module-level numbers; ``attributes``: number attributes of
-    ``self``; ``settings``: the arguments are settings (``__init__``), whose
-    attributes are numbers. Start from every name assumed a number and drop,
-    until nothing changes, each name with a binding that is not one; what
-    remains is consistent. A parameter that is not plainly a number stays out
-    even when the body rebinds it to one (``if t is None: t = 1.0``).
-    """
-    gather = _GatherAssignmentsVisitor()
-    function.body.visit(gather)
-    parameters = _parameters(function)
-    numeric_parameters = _number_parameters(function)
-    bound = {name for name, _ in gather.bindings}
-    names = (set(known) - parameters) | numeric_parameters | (bound - parameters)
-    imports = ImportAliases.of(module, parameters | {n for n in bound if "." not in n})
-    roots = frozenset(parameters - {"self"}) if settings else frozenset()
-    while True:
-        numbers = _Numbers(frozenset(names), attributes, imports, roots)
-        dropped = {
-            name
-            for name, value in gather.bindings
-            if name in names and (value is None or not numbers.holds(value))
-        }
-        if not dropped:
-            return numbers
-        names -= dropped
-
-
-def _module_numbers(module: cst.Module) -> frozenset[str]:
-    """Module-level names assigned a literal number (``EPS = 1e-6``)."""
-    names = set()
-    for statement in module.body:
-        if not isinstance(statement, cst.SimpleStatementLine):
-            continue
-        for small in statement.body:
-            if (
-                isinstance(small, cst.Assign)
-                and len(small.targets) == 1
-                and isinstance(small.targets[0].target, cst.Name)
-                and isinstance(small.value, (cst.Integer, cst.Float))
-            ):
-                names.add(small.targets[0].target.value)
-    return frozenset(names)
+# --- the methods read -----------------------------------------------------------
 
 
 def _method(classdef: cst.ClassDef, name: str) -> cst.FunctionDef | None:
@@ -417,10 +167,10 @@ class GatherHostSyncVisitor(cst.CSTVisitor):
         super().__init__()
         self.path = path
         self.findings: list[Finding] = []
-        self._module_numbers = _module_numbers(module)
+        self._module_numbers = module_numbers(module)
         self._module = module
-        self._forwards: dict[cst.FunctionDef, _Numbers] = {}
-        self._stack: list[_Numbers] = []
+        self._forwards: dict[cst.FunctionDef, HostValues] = {}
+        self._stack: list[HostValues] = []
 
     # Which methods are read, and what is known to be a number in each.
 
@@ -431,11 +181,11 @@ class GatherHostSyncVisitor(cst.CSTVisitor):
         init = _method(node, "__init__")
         attributes: frozenset[str] = frozenset()
         if init is not None:
-            in_init = _numbers_in(init, self._module, self._module_numbers, frozenset(), True)
+            in_init = host_values(init, self._module, self._module_numbers, frozenset(), True)
             attributes = frozenset(
                 name.removeprefix("self.") for name in in_init.names if name.startswith("self.")
             )
-        self._forwards[forward] = _numbers_in(
+        self._forwards[forward] = host_values(
             forward, self._module, self._module_numbers, attributes
         )
 
@@ -456,7 +206,7 @@ class GatherHostSyncVisitor(cst.CSTVisitor):
         for code, message in self._check_call(node, numbers):
             self._report(node, code, message)
 
-    def _check_call(self, node: cst.Call, numbers: _Numbers) -> Iterator[tuple[str, str]]:
+    def _check_call(self, node: cst.Call, numbers: HostValues) -> Iterator[tuple[str, str]]:
         func = node.func
         if isinstance(func, cst.Attribute):
             method = func.attr.value
@@ -464,7 +214,7 @@ class GatherHostSyncVisitor(cst.CSTVisitor):
                 yield _METHODS[method]
             elif method == "to" and _moves_to_cpu(node):
                 yield "SP103", f'`.to("cpu")` copies a tensor to host memory {_WHY}'
-        qualified = _qualified(func, numbers.imports)
+        qualified = qualified_name(func, numbers.imports)
         if qualified is None:
             return
         if qualified in _CONVERSIONS and len(node.args) == 1 and not node.args[0].keyword:
@@ -508,7 +258,7 @@ def _moves_to_cpu(node: cst.Call) -> bool:
     return False
 
 
-def _prints_plainly(node: cst.BaseExpression, numbers: _Numbers) -> bool:
+def _prints_plainly(node: cst.BaseExpression, numbers: HostValues) -> bool:
     """A ``print`` argument that formats no tensor: text, numbers, f-strings of those."""
     if isinstance(node, cst.FormattedString):
         return all(

@@ -3,10 +3,14 @@
 The op graph comes from the source (:func:`~syncpass.frontend.jax_analysis.analyse_jax_model`).
 A copy of the file gets a probe after every op: a transfer of the values live
 there to the first device (``x = jax.device_put(x, jax.devices()[0])``, written
-by the same transformer as the real sync points). The copy's model is traced
-and split at the probes by :func:`syncpass.jax_pipeline.pipeline`, so each piece
-is exactly one op (or the ops up to the next probe, when nothing is live to
-probe), with the op ids of the analysis. Per piece:
+by the same transformer as the real sync points), but where the user wrote a
+transfer: that one ends the piece, pointed at the first device in the copy so
+that the copy traces on one device. The copy's model is traced and split at
+these transfers by :func:`syncpass.jax_pipeline.pipeline`, so each piece is
+exactly one op (or the ops up to the next transfer, where there is no cut),
+with the op ids of the analysis. An error the model raises while traced or
+measured is a :class:`SyncpassError` at the line of the user's file (the
+copy's lines mapped back). Per piece:
 
 * ``compute_s``: wall time of the jitted piece, median of ``repeats`` after ``warmup``;
 * ``backward_s``: wall time of its jitted ``jax.vjp`` pull-back (which recomputes
@@ -20,7 +24,7 @@ forward time and FLOPs of the jitted ``loss_fn(output, target)`` are added to
 its ``compute_s`` and ``flops``, and the time the loss's gradient (jitted
 ``jax.value_and_grad``) adds to its ``backward_s``, as the torch profiler does.
 
-A cut's ``live_bytes`` are the bytes its probe moves. The user's file is
+A cut's ``live_bytes`` are the bytes its probe (or the user's transfer) moves. The user's file is
 never modified. This module imports jax.
 """
 
@@ -41,20 +45,28 @@ from syncpass.frontend.jax_analysis import analyse_jax_model, jax_loop_container
 from syncpass.frontend.source import parse_source
 from syncpass.graph import OpGraph
 from syncpass.hardware import load_profile
-from syncpass.jax_example import JaxExample, apply_of, model_from_source
+from syncpass.jax_example import (
+    JaxExample,
+    apply_of,
+    line_map,
+    model_failure,
+    model_from_source,
+)
 from syncpass.jax_pipeline import nbytes, pipeline, read_value
 from syncpass.rewrite_jax import strip_jax_sync_points
-from syncpass.transformers.jax_transfer import insert_device_puts
+from syncpass.transformers.jax_transfer import insert_device_puts, retarget_device_puts
 from syncpass.transformers.torch_pipeline import SyncSite
 
 TRAINING_MEMORY_MULTIPLIER = 4
 
 
 def _probe_sites(graph: OpGraph) -> tuple[list[SyncSite], list[int]]:
-    """A probe at every admissible cut with something live across it; the op each follows.
+    """A probe at every admissible cut but those the user's own transfer already marks
+    (``graph.written``); the op each piece of the probed trace ends with.
 
-    Ops without a probe after them (no admissible cut, nothing live) are
-    measured together with the ops up to the next probe.
+    The trace splits at the probes and at the user's transfers alike, so both
+    end a piece. Every cut of a JAX graph has an array live across it, which
+    its probe moves (the analysis leaves out cuts with nothing to move).
     """
     last_iteration: dict[int, int] = {}
     for op in graph.ops:
@@ -63,9 +75,12 @@ def _probe_sites(graph: OpGraph) -> tuple[list[SyncSite], list[int]]:
     position_of = {op.id: position for position, op in enumerate(graph.ops)}
     sites, after = [], []
     for cut in graph.cuts:
+        position = position_of[cut.after]
+        if cut.after in graph.written:
+            after.append(position)  # the user's jax.device_put splits the trace here
+            continue
         if not cut.live:
             continue
-        position = position_of[cut.after]
         op = graph.ops[position]
         inside = op.loop is not None and op.loop.index != last_iteration[op.statement]
         sites.append(
@@ -134,12 +149,19 @@ def profile_jax_costs(
     probed, warnings = insert_device_puts(module, model_name, example.is_function, sites, path)
     if warnings:
         raise SyncpassError("could not probe the model: " + "; ".join(warnings), path)
-    model = model_from_source(example, probed.code, path, "probed")
-    staged = pipeline(apply_of(model, example.is_function), example.params, *example.args)
-    if len(staged.stages) != len(sites) + 1:
+    # The user's own transfers go to the probes' device: the copy is traced on one device.
+    probed_text = retarget_device_puts(probed, model_name, example.is_function, 0, path).code
+    lines = line_map(probed_text, text)
+    model = model_from_source(example, probed_text, path, "probed")
+    try:
+        staged = pipeline(apply_of(model, example.is_function), example.params, *example.args)
+    except Exception as error:
+        raise model_failure(error, path, "tracing the model failed", lines) from None
+    if len(staged.stages) != len(after) + 1:
         raise SyncpassError(
             f"the probed model split into {len(staged.stages)} pieces, expected "
-            f"{len(sites) + 1}; a jax.device_put in the model confuses the probes",
+            f"{len(after) + 1}; a jax.device_put to a device outside the model's top-level "
+            "statements confuses the probes",
             path,
         )
     # Values of every traced variable, piece by piece, to time each piece on real inputs.
@@ -153,10 +175,16 @@ def profile_jax_costs(
     for piece, stage in enumerate(staged.stages):
         last_op = after[piece] if piece < len(after) else len(graph.ops) - 1
         values = [env[var] for var in stage.inputs]
-        outputs = stage.function(*values)
+        try:
+            outputs = stage.function(*values)
+            forward_s, backward_s = _time_piece(stage.function, values, outputs, repeats, warmup)
+            flops = _flops(stage.function, values)
+        except Exception as error:
+            where = graph.ops[last_op]
+            raise model_failure(
+                error, path, f"measuring {where.id} failed", lines, str(where.location)
+            ) from None
         env.update(zip(stage.outputs, outputs, strict=True))
-        forward_s, backward_s = _time_piece(stage.function, values, outputs, repeats, warmup)
-        flops = _flops(stage.function, values)
         weights = [var for var in stage.inputs if var in weight_vars and var not in counted]
         counted.update(weights)
         param_bytes = nbytes([var.aval for var in weights])
@@ -181,7 +209,10 @@ def profile_jax_costs(
     output = jax.tree_util.tree_unflatten(
         staged.out_tree, [read_value(env, var) for var in staged.outvars]
     )
-    ops[-1] = _with_loss(ops[-1], example, output, repeats, warmup)
+    try:
+        ops[-1] = _with_loss(ops[-1], example, output, repeats, warmup)
+    except Exception as error:
+        raise model_failure(error, path, "the loss failed", fallback=example.origin) from None
     moved = {
         graph.ops[position].id: nbytes([var.aval for var in transfer])
         for position, transfer in zip(after, staged.transfers, strict=True)

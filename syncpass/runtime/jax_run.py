@@ -14,7 +14,12 @@ compares each micro-batch's loss and every gradient leaf: ``|pipeline -
 reference| <= atol + rtol * |reference|``, with the float32 defaults of the
 torch check (rtol 1e-5, atol 1e-6).
 
-The child prints one JSON document on stdout; the parent renders it.
+The child prints one JSON document on stdout; the parent renders it. A
+failure is a document too, ``{"error": ..., "location": ...}``: the type and
+message of what was raised and the user's ``file:line`` it came from, which
+the parent raises as a :class:`SyncpassError`. Before it traces anything, the
+child counts the transfers the file's model states and refuses a file written
+for more stages than ``--stages``.
 """
 
 from __future__ import annotations
@@ -133,10 +138,12 @@ def run_jax(
         raise SyncpassError(
             f"the JAX run took longer than {timeout_s:g} s; stopped it", file
         ) from None
-    if done.returncode != 0:
+    data = _document(done.stdout)
+    if data is not None and "error" in data:
+        raise SyncpassError(data["error"], data["location"])
+    if done.returncode != 0 or data is None:
         lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
         raise SyncpassError(lines[-1] if lines else f"the JAX run failed ({done.returncode})")
-    data = json.loads(done.stdout.strip().splitlines()[-1])
     references = data["reference_losses"]
     return JaxRunResult(
         stages=data["stages"],
@@ -156,6 +163,18 @@ def run_jax(
         rtol=data["rtol"],
         atol=data["atol"],
     )
+
+
+def _document(stdout: str) -> dict[str, Any] | None:
+    """The child's JSON document: its last line of output, if that is one."""
+    lines = stdout.strip().splitlines()
+    if not lines:
+        return None
+    try:
+        data = json.loads(lines[-1])
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def render_jax_run(result: JaxRunResult, file: str = "", example: str = "") -> str:
@@ -286,16 +305,26 @@ def _child(
     import jax
     import jax.numpy as jnp
 
-    from syncpass.jax_example import apply_of, load_jax_example, model_from_source
+    from syncpass.jax_example import (
+        apply_of,
+        line_map,
+        load_jax_example,
+        model_failure,
+        model_from_source,
+    )
     from syncpass.jax_pipeline import GPipe, pipeline
     from syncpass.profiling.jax_measure import batch_size
     from syncpass.rewrite_jax import strip_jax_sync_points
 
+    example = load_jax_example(spec)
+    text = Path(file).read_text(encoding="utf-8")
+    stated = _stated_transfers(text, file, example.name)
+    if stated > stages - 1:  # tracing would index a device JAX does not have
+        raise SyncpassError(_stage_count_message(stated, stages), file)
     if len(jax.devices()) < stages:
         raise SyncpassError(
             f"{stages} stage(s) need {stages} devices; JAX sees {len(jax.devices())}"
         )
-    example = load_jax_example(spec)
     batch = batch_size(example)
     count = microbatches or default_microbatches(batch, stages)
     args = _split(example.args, count, "an input")
@@ -303,16 +332,11 @@ def _child(
         [None] * count if example.target is None else _split(example.target, count, "the target")
     )
     batches = list(zip(args, targets, strict=True))
-    text = Path(file).read_text(encoding="utf-8")
     rewritten = model_from_source(example, text, file, "rewritten")
     # Traced at the shape of one micro-batch; weights placed on their stages here, once.
     staged = pipeline(apply_of(rewritten, example.is_function), example.params, *args[0])
     if len(staged.stages) != stages:
-        raise SyncpassError(
-            f"the file has {len(staged.stages) - 1} sync point(s), so {len(staged.stages)} "
-            f"stage(s), not {stages}; rewrite it with --stages {stages}",
-            file,
-        )
+        raise SyncpassError(_stage_count_message(len(staged.stages) - 1, stages), file)
     step = GPipe(staged, example.loss_fn)
     _ready(step(batches).grads)  # warm-up: compiles every stage
     times = []
@@ -348,9 +372,8 @@ def _child(
     }
     if not verify:
         return report
-    original = model_from_source(
-        example, strip_jax_sync_points(text, file, example.name), file, "original"
-    )
+    stripped = strip_jax_sync_points(text, file, example.name)
+    original = model_from_source(example, stripped, file, "original")
     apply = apply_of(original, example.is_function)
     whole = jax.jit(
         jax.value_and_grad(
@@ -360,7 +383,12 @@ def _child(
     # The unsplit model on the same micro-batches, gradients summed in the same order.
     reference_losses, reference = [], None
     for micro_args, target in batches:
-        loss, gradient = whole(example.params, micro_args, target)
+        try:  # the stripped copy runs under the file's name, with its own line numbers
+            loss, gradient = whole(example.params, micro_args, target)
+        except Exception as error:
+            raise model_failure(
+                error, file, "the unsplit reference failed", line_map(stripped, text)
+            ) from None
         reference_losses.append(float(loss))
         reference = (
             gradient if reference is None else jax.tree_util.tree_map(jnp.add, reference, gradient)
@@ -387,6 +415,27 @@ def _child(
     return report
 
 
+def _stated_transfers(text: str, file: str, name: str) -> int:
+    """How many transfers the model's top-level statements state: a lower bound of the
+    pipeline's sync points (a helper the model calls may hold more); 0 if the file cannot
+    be analysed."""
+    from syncpass.frontend.jax_analysis import analyse_jax_model
+    from syncpass.frontend.source import parse_source
+
+    try:
+        graph = analyse_jax_model(parse_source(text, file), file, name, text=text)
+    except SyncpassError:
+        return 0
+    return len(graph.written)
+
+
+def _stage_count_message(sync_points: int, stages: int) -> str:
+    return (
+        f"the file has {sync_points} sync point(s), so {sync_points + 1} stage(s), not "
+        f"{stages}; rewrite it with --stages {stages}, or run it with --stages {sync_points + 1}"
+    )
+
+
 def _ready(tree: Any) -> None:
     """Wait until every array of ``tree`` is computed (JAX dispatches asynchronously)."""
     import jax
@@ -400,6 +449,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("file", "example", "stages", "steps", "verify", "rtol", "atol", "microbatches"):
         parser.add_argument(name)
     args = parser.parse_args(argv)
+    from syncpass.jax_example import model_failure
+
     try:
         result = _child(
             args.file,
@@ -412,10 +463,18 @@ def main(argv: list[str] | None = None) -> int:
             int(args.microbatches),
         )
     except SyncpassError as error:
-        print(str(error), file=sys.stderr)
-        return 2
+        return _failed(error)
+    except Exception as error:  # the model's, or JAX's: reported at the user's line
+        return _failed(model_failure(error, args.file, "the JAX run failed"))
     print(json.dumps(result))
     return 0
+
+
+def _failed(error: SyncpassError) -> int:
+    """Report ``error`` to the parent (a JSON document) and to a person reading stderr."""
+    print(str(error), file=sys.stderr)
+    print(json.dumps({"error": error.message, "location": error.location}))
+    return 2
 
 
 if __name__ == "__main__":
