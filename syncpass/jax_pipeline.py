@@ -228,6 +228,12 @@ def pipeline(model: Callable[..., Any], params: Any, *args: Any) -> Pipeline:
             outvars=list(outputs),
             eqns=group,
             effects=jaxpr.effects,
+            debug_info=jcore.DebugInfo(
+                "syncpass pipeline stage",
+                f"stage {position}",
+                tuple(f"in{index}" for index in range(len(inputs))),
+                tuple(f"out{index}" for index in range(len(outputs))),
+            ),
         )
         traced = jcore.jaxpr_as_fun(jcore.ClosedJaxpr(piece, []))
         weight_positions = tuple(i for i, var in enumerate(inputs) if var in weight_index)
