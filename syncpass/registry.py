@@ -84,11 +84,23 @@ class Backend(Protocol):
 StrategyFunction = Callable[["Problem", int, "Costs"], Sequence[int]]
 
 
-class _BuiltinBackend:
-    """A backend of syncpass itself; its module is imported when it first rewrites."""
+class _LoadedBackend:
+    """A backend by name: its ``rewrite`` is found when it first rewrites.
 
-    def __init__(self, module: str, function: str, description: str) -> None:
-        self.module, self.function, self.description = module, function, description
+    A backend of an installed package (``checked``) is held to what syncpass
+    promises of its own: an exception of its own becomes a :class:`SyncpassError`
+    naming it, and output that does not parse is refused before anything is
+    written.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        find: Callable[[], Callable[..., RewriteResult]],
+        description: str,
+        checked: bool = False,
+    ) -> None:
+        self.name, self.find, self.description, self.checked = name, find, description, checked
 
     def rewrite(
         self,
@@ -99,20 +111,40 @@ class _BuiltinBackend:
         class_name: str | None = None,
         max_stages: int | None = None,
     ) -> RewriteResult:
-        rewrite_source = getattr(importlib.import_module(self.module), self.function)
-        result: RewriteResult = rewrite_source(text, path, costs, request, class_name, max_stages)
+        rewrite = self.find()
+        if not self.checked:
+            return rewrite(text, path, costs, request, class_name, max_stages)
+        from syncpass.rewrite import ensure_parses
+
+        try:
+            result = rewrite(text, path, costs, request, class_name, max_stages)
+        except SyncpassError:
+            raise
+        except Exception as error:
+            raise SyncpassError(
+                f"backend {self.name!r} failed: {type(error).__name__}: {error}", path
+            ) from None
+        ensure_parses(result.rewritten, path)
         return result
 
 
+def _function(module: str, name: str) -> Callable[[], Callable[..., RewriteResult]]:
+    def find() -> Callable[..., RewriteResult]:
+        found: Callable[..., RewriteResult] = getattr(importlib.import_module(module), name)
+        return found
+
+    return find
+
+
 _BUILTIN: dict[str, Backend] = {
-    "torch": _BuiltinBackend(
-        "syncpass.rewrite",
-        "rewrite_source",
+    "torch": _LoadedBackend(
+        "torch",
+        _function("syncpass.rewrite", "rewrite_source"),
         "pipe_split() calls in an nn.Module's forward (torch.distributed.pipelining)",
     ),
-    "jax": _BuiltinBackend(
-        "syncpass.rewrite_jax",
-        "rewrite_jax_source",
+    "jax": _LoadedBackend(
+        "jax",
+        _function("syncpass.rewrite_jax", "rewrite_jax_source"),
         "jax.device_put transfers in a JAX function or a Flax module (docs/jax.md)",
     ),
 }
@@ -153,39 +185,8 @@ def load_backend(name: str) -> Backend:
             f"backend {name!r} ({point.value}) has no rewrite() method; see the protocol in "
             "syncpass.registry"
         )
-    return _CheckedBackend(name, backend)
-
-
-class _CheckedBackend:
-    """An installed backend whose output must parse before anything writes it."""
-
-    def __init__(self, name: str, backend: Any) -> None:
-        self.name, self.backend = name, backend
-        self.description = str(getattr(backend, "description", ""))
-
-    def rewrite(
-        self,
-        text: str,
-        path: str,
-        costs: Costs,
-        request: PlanRequest,
-        class_name: str | None = None,
-        max_stages: int | None = None,
-    ) -> RewriteResult:
-        from syncpass.rewrite import ensure_parses
-
-        try:
-            result: RewriteResult = self.backend.rewrite(
-                text, path, costs, request, class_name, max_stages
-            )
-        except SyncpassError:
-            raise
-        except Exception as error:
-            raise SyncpassError(
-                f"backend {self.name!r} failed: {type(error).__name__}: {error}", path
-            ) from None
-        ensure_parses(result.rewritten, path)
-        return result
+    description = str(getattr(backend, "description", ""))
+    return _LoadedBackend(name, lambda: backend.rewrite, description, checked=True)
 
 
 def load_strategy(name: str) -> StrategyFunction:
