@@ -145,7 +145,8 @@ class Profile:
             return  # the run failed: its error is what matters, not a half profile
         mine = self._figures(elapsed)
         self.report = self._gather(mine)
-        if self.report is not None and self.output is not None:
+        # Only rank 0 holds every rank's figures; the others must not overwrite its files.
+        if self.output is not None and mine.rank == 0:
             self.write(self.report, self.output)
 
     # --- recording -----------------------------------------------------------------
@@ -207,7 +208,7 @@ class Profile:
             spans=tuple(self._spans),
         )
 
-    def _gather(self, mine: RankFigures) -> ProfileReport | None:
+    def _gather(self, mine: RankFigures) -> ProfileReport:
         import torch.distributed as dist
 
         if not (dist.is_available() and dist.is_initialized()):
