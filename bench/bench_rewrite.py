@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 import libcst as cst
 
-from syncpass.config import SyncConfig
-from syncpass.costs import Costs, parse_costs
+from syncpass.contracts.config import SyncConfig
+from syncpass.contracts.costs import Costs, parse_costs
 from syncpass.frontend import analyse_model, loop_containers, parse_source
-from syncpass.plan import PlanRequest
-from syncpass.rewrite import rewrite_source
+from syncpass.plan.planner import PlanRequest
+from syncpass.rewrite.driver import rewrite_source
 
 TARGET_RATIO = 3.0
 LAYERS = 48

@@ -25,12 +25,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from syncpass.config import SyncConfig
-from syncpass.costs import Costs, parse_costs
-from syncpass.errors import SyncpassError
-from syncpass.hardware import load_profile, retarget_hardware
-from syncpass.plan import Plan, PlanRequest, make_plan
-from syncpass.units import seconds
+from syncpass.contracts.config import SyncConfig
+from syncpass.contracts.costs import Costs, parse_costs
+from syncpass.contracts.hardware import load_profile, retarget_hardware
+from syncpass.core.errors import SyncpassError
+from syncpass.core.units import seconds
+from syncpass.plan.planner import Plan, PlanRequest, make_plan
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
@@ -89,7 +89,7 @@ def example_model(
     name: str, constants: dict[str, int], shape: str, depth: int, profile: str
 ) -> Costs:
     """A bundled example with its size constants set, estimated from its source."""
-    from syncpass.profiling.static import estimate_file
+    from syncpass.backends.torch.static import estimate_file
 
     text = (EXAMPLES / f"{name}.py").read_text()
     for constant, value in constants.items():

@@ -30,11 +30,11 @@ from typing import Any
 
 import libcst as cst
 
-from syncpass.config import SyncConfig, sync_config_from_mapping
-from syncpass.costs import Costs, load_costs
-from syncpass.errors import SyncpassError
-from syncpass.plan import Plan, PlanRequest
-from syncpass.rewrite import rewrite_source as _rewrite_text
+from syncpass.contracts.config import SyncConfig, sync_config_from_mapping
+from syncpass.contracts.costs import Costs, load_costs
+from syncpass.core.errors import SyncpassError
+from syncpass.plan.planner import Plan, PlanRequest
+from syncpass.rewrite.driver import rewrite_source as _rewrite_text
 
 
 @dataclass(frozen=True)

@@ -17,19 +17,19 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from syncpass import __version__
-from syncpass.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
-from syncpass.config import SCHEDULES, SyncConfig
-from syncpass.costs import Costs, load_costs
-from syncpass.errors import SyncpassError
-from syncpass.fileio import write_atomically
-from syncpass.hardware import load_profile, profile_names, retarget_hardware
-from syncpass.plan import Plan, PlanRequest, best_stage_count, compare_baselines, make_plan
-from syncpass.planfile import dumps_plan, plan_to_json
-from syncpass.project_config import find_project_config, load_project_config
-from syncpass.registry import backend_names, strategy_names
-from syncpass.report import render_plan, render_sweep
-from syncpass.retarget import retarget_batch, sweep_batch, sweep_to_json
-from syncpass.units import seconds
+from syncpass.backends.registry import backend_names, strategy_names
+from syncpass.commands.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
+from syncpass.contracts.config import SCHEDULES, SyncConfig
+from syncpass.contracts.costs import Costs, load_costs
+from syncpass.contracts.hardware import load_profile, profile_names, retarget_hardware
+from syncpass.core.errors import SyncpassError
+from syncpass.core.fileio import write_atomically
+from syncpass.core.units import seconds
+from syncpass.plan.planfile import dumps_plan, plan_to_json
+from syncpass.plan.planner import Plan, PlanRequest, best_stage_count, compare_baselines, make_plan
+from syncpass.plan.report import render_plan, render_sweep
+from syncpass.plan.retarget import retarget_batch, sweep_batch, sweep_to_json
+from syncpass.settings.project import find_project_config, load_project_config
 
 
 def _stages(text: str) -> int | str:
@@ -214,10 +214,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Imported here, not at the top: `plan` must start without them (they add
     # subcommands only; torch is imported when a command runs).
-    from syncpass.calibrate import register as register_calibrate
-    from syncpass.check import register as register_check
-    from syncpass.profiling.command import register as register_profile
-    from syncpass.runtime.command import register as register_run
+    from syncpass.backends.torch.calibrate import register as register_calibrate
+    from syncpass.commands.check import register as register_check
+    from syncpass.commands.profile import register as register_profile
+    from syncpass.commands.run import register as register_run
 
     register_profile(commands)
     register_run(commands)
@@ -346,7 +346,7 @@ def _rewrite_costs(args: argparse.Namespace, text: str) -> Costs:
     if args.input_shape is not None:
         if args.backend != "torch":
             raise SyncpassError("--input-shape estimates torch models only; give --costs")
-        from syncpass.profiling.static import estimate_file
+        from syncpass.backends.torch.static import estimate_file
 
         # Estimated for --hardware directly: there is nothing to re-target from.
         estimated = estimate_file(
@@ -366,7 +366,7 @@ def _rewrite_costs(args: argparse.Namespace, text: str) -> Costs:
     if args.file == "-":
         raise SyncpassError("--example needs the model file itself, not stdin")
     if args.backend == "jax":
-        from syncpass.profiling.jax_command import measure_jax_file
+        from syncpass.backends.jax.profile import measure_jax_file
 
         return _retargeted(args, measure_jax_file(Path(args.file), text, args.example, args.model))
     if args.backend != "torch":
@@ -374,15 +374,15 @@ def _rewrite_costs(args: argparse.Namespace, text: str) -> Costs:
             f"the {args.backend} backend has no profiler in syncpass; give its cost file "
             "with --costs"
         )
-    from syncpass.profiling.command import measure_file
+    from syncpass.commands.profile import measure_file
 
     measured = measure_file(Path(args.file), text, args.example, args.model, depth=args.depth)
     return _retargeted(args, measured)
 
 
 def _run_rewrite(args: argparse.Namespace) -> int:
-    from syncpass.registry import load_backend
-    from syncpass.rewrite_report import analysis_to_json
+    from syncpass.backends.registry import load_backend
+    from syncpass.rewrite.report import analysis_to_json
 
     if args.diff and (args.in_place or args.output not in (None, "-")):
         raise SyncpassError("--diff prints the change instead of writing it; drop -o/--in-place")

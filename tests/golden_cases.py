@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from syncpass.config import SyncConfig
-from syncpass.costs import Costs, costs_to_json, load_costs, parse_costs
+from syncpass.contracts.config import SyncConfig
+from syncpass.contracts.costs import Costs, costs_to_json, load_costs, parse_costs
 from syncpass.frontend import analyse_model, loop_containers, parse_source, sequential_calls
-from syncpass.plan import PlanRequest
-from syncpass.planfile import plan_to_json
-from syncpass.rewrite import RewriteResult, rewrite_source
+from syncpass.plan.planfile import plan_to_json
+from syncpass.plan.planner import PlanRequest
+from syncpass.rewrite.driver import RewriteResult, rewrite_source
 
 GOLDEN = Path(__file__).parent / "golden" / "rewrite"
 MARKER = "# output:\n"

@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from syncpass.errors import SyncpassError
+from syncpass.contracts.graph import OpGraph
+from syncpass.core.errors import SyncpassError
 from syncpass.frontend import analyse_model, parse_source
-from syncpass.graph import OpGraph
 
 
 def graph_of(source: str, sizes: dict[str, int] | None = None, model: str | None = None) -> OpGraph:

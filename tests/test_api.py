@@ -12,7 +12,7 @@ import pytest
 from golden_cases import GOLDEN, read_case
 
 from syncpass.api import rewrite_module, rewrite_source
-from syncpass.costs import load_costs
+from syncpass.contracts.costs import load_costs
 
 CASE = read_case(GOLDEN / "container_loop.py")
 

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import EXAMPLE_COSTS
 
-from syncpass.calibrate import (
+from syncpass.backends.torch.calibrate import (
     DEFAULT_SIZES,
     CalibrateRequest,
     LinkFit,
@@ -35,9 +35,9 @@ from syncpass.calibrate import (
     render_calibration,
 )
 from syncpass.cli import main as cli_main
-from syncpass.errors import SyncpassError
-from syncpass.fileio import write_atomically
-from syncpass.hardware import load_profile
+from syncpass.contracts.hardware import load_profile
+from syncpass.core.errors import SyncpassError
+from syncpass.core.fileio import write_atomically
 
 WHEN = datetime(2026, 3, 4, 5, 6, tzinfo=timezone.utc)
 SIZES = [float(size) for size in DEFAULT_SIZES]
@@ -175,7 +175,7 @@ def test_nccl_without_a_gpu_per_process_is_refused(tmp_path: Path) -> None:
 
 
 def test_importing_the_module_does_not_import_torch() -> None:
-    code = "import sys, syncpass.calibrate; sys.exit('torch' in sys.modules)"
+    code = "import sys, syncpass.backends.torch.calibrate; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from syncpass.check import CheckRequest, run_check
 from syncpass.cli import main
+from syncpass.commands.check import CheckRequest, run_check
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -283,7 +283,7 @@ def test_manual_with_stages_auto_and_baselines_that_cannot_follow_the_pins(
 
 
 def test_unlimited_threshold_round_trips_through_json(tmp_path: Path) -> None:
-    from syncpass.costs import costs_to_json, parse_costs
+    from syncpass.contracts.costs import costs_to_json, parse_costs
 
     data = cost_dict([1, 1], [0], config={"communication_cost_threshold": None})
     costs = parse_costs(data)

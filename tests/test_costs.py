@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from costbuilder import cost_dict
 
-from syncpass.config import SyncConfig, default_sync_config, load_config_file
-from syncpass.costs import costs_to_json, load_costs, parse_costs
-from syncpass.errors import SyncpassError
+from syncpass.contracts.config import SyncConfig, default_sync_config, load_config_file
+from syncpass.contracts.costs import costs_to_json, load_costs, parse_costs
+from syncpass.core.errors import SyncpassError
 
 ISSUE_EXAMPLE = {
     "version": 1,

@@ -12,8 +12,8 @@ import pytest
 from conftest import REPO
 
 from syncpass.cli import main
-from syncpass.costs import load_costs
-from syncpass.planfile import parse_plan
+from syncpass.contracts.costs import load_costs
+from syncpass.plan.planfile import parse_plan
 
 EXAMPLES = ("transformer_lm", "resnet", "unet", "uneven_mlp")
 

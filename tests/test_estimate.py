@@ -13,21 +13,21 @@ import pytest
 import torch
 from conftest import REPO
 
-from syncpass.config import default_sync_config
-from syncpass.costs import Costs, Hardware, costs_to_json, parse_costs
-from syncpass.errors import SyncpassError
-from syncpass.frontend.estimate import (
+from syncpass.backends.torch.estimate import (
     DEFAULT_FLOPS_PER_S,
     StaticEstimate,
     estimate_costs,
     parse_input_shapes,
 )
-from syncpass.graph import OpGraph
-from syncpass.hardware import load_profile
-from syncpass.plan import PlanRequest
-from syncpass.profiling.measure import build_graph, parameter_bytes, profile_costs
-from syncpass.rewrite import rewrite_source
-from syncpass.userexample import Example, load_example
+from syncpass.backends.torch.measure import build_graph, parameter_bytes, profile_costs
+from syncpass.contracts.config import default_sync_config
+from syncpass.contracts.costs import Costs, Hardware, costs_to_json, parse_costs
+from syncpass.contracts.graph import OpGraph
+from syncpass.contracts.hardware import load_profile
+from syncpass.core.errors import SyncpassError
+from syncpass.plan.planner import PlanRequest
+from syncpass.rewrite.driver import rewrite_source
+from syncpass.runtime.example import Example, load_example
 
 HARDWARE = load_profile("cpu-gloo-loopback").hardware
 EXAMPLES = REPO / "examples"
@@ -378,7 +378,7 @@ def test_the_model_class_defaults_to_the_one_no_other_class_builds() -> None:
 
 
 def test_importing_the_estimate_does_not_import_torch() -> None:
-    code = "import syncpass.frontend.estimate, sys; assert 'torch' not in sys.modules, 'torch imported'"
+    code = "import syncpass.backends.torch.estimate, sys; assert 'torch' not in sys.modules, 'torch imported'"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=False
     )
@@ -388,8 +388,8 @@ def test_importing_the_estimate_does_not_import_torch() -> None:
 def test_estimating_does_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "from syncpass.frontend.estimate import estimate_costs\n"
-        "from syncpass.hardware import load_profile\n"
+        "from syncpass.backends.torch.estimate import estimate_costs\n"
+        "from syncpass.contracts.hardware import load_profile\n"
         f"path = {str(EXAMPLES / 'unet.py')!r}\n"
         "hardware = load_profile('cpu-gloo-loopback').hardware\n"
         "estimate_costs(open(path).read(), path, 'UNet', [(8, 3, 32, 32)], hardware)\n"
@@ -404,7 +404,7 @@ def test_estimating_does_not_import_torch() -> None:
 def test_torch_is_only_the_tests_concern() -> None:
     assert torch.__version__  # the estimate itself never needs it (tests above)
     assert (
-        Path(REPO / "syncpass" / "frontend" / "estimate.py").read_text().count("import torch") == 0
+        Path(REPO / "syncpass" / "backends" / "torch" / "estimate.py").read_text().count("import torch") == 0
     )
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from syncpass.errors import SyncpassError
-from syncpass.fileio import write_atomically
+from syncpass.core.errors import SyncpassError
+from syncpass.core.fileio import write_atomically
 
 
 def test_replaces_a_regular_file_keeping_its_mode(tmp_path: Path) -> None:

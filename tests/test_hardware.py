@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from costbuilder import cost_dict
 
-from syncpass.costs import parse_costs
-from syncpass.errors import SyncpassError
-from syncpass.hardware import load_profile, profile_names, retarget_hardware
+from syncpass.contracts.costs import parse_costs
+from syncpass.contracts.hardware import load_profile, profile_names, retarget_hardware
+from syncpass.core.errors import SyncpassError
 
 
 def test_every_shipped_profile_loads_and_says_where_its_figures_come_from() -> None:

@@ -11,16 +11,16 @@ from pathlib import Path
 import libcst as cst
 import pytest
 
-from syncpass.config import SyncConfig
-from syncpass.costs import Costs, parse_costs
-from syncpass.errors import SyncpassError
-from syncpass.frontend.jax_analysis import analyse_jax_model
+from syncpass.backends.jax.analysis import analyse_jax_model
+from syncpass.backends.jax.example import line_map
+from syncpass.backends.jax.rewrite import rewrite_jax_source, strip_jax_sync_points
+from syncpass.contracts.config import SyncConfig
+from syncpass.contracts.costs import Costs, parse_costs
+from syncpass.contracts.graph import OpGraph
+from syncpass.core.errors import SyncpassError
 from syncpass.frontend.numbers import JAX_RULES, host_values
 from syncpass.frontend.source import parse_source
-from syncpass.graph import OpGraph
-from syncpass.jax_example import line_map
-from syncpass.plan import PlanRequest
-from syncpass.rewrite_jax import rewrite_jax_source, strip_jax_sync_points
+from syncpass.plan.planner import PlanRequest
 from syncpass.transformers.jax_transfer import retarget_device_puts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,7 +164,7 @@ def test_strip_keeps_an_import_jax_only_hand_written_transfers_use() -> None:
 
 def test_cli_rewrite_backend_jax_check(tmp_path: Path) -> None:
     from syncpass.cli import main
-    from syncpass.costs import costs_to_json
+    from syncpass.contracts.costs import costs_to_json
 
     model = tmp_path / "mlp.py"
     model.write_text((EXAMPLES / "jax_mlp.py").read_text())
@@ -179,7 +179,7 @@ def test_cli_rewrite_backend_jax_check(tmp_path: Path) -> None:
 
 def test_importing_syncpass_does_not_import_jax() -> None:
     code = (
-        "import sys, syncpass, syncpass.cli, syncpass.rewrite_jax, syncpass.frontend.jax_analysis\n"
+        "import sys, syncpass, syncpass.cli, syncpass.backends.jax.rewrite, syncpass.backends.jax.analysis\n"
         "syncpass.cli.build_parser()\n"
         "assert 'jax' not in sys.modules, 'jax imported'\n"
     )
@@ -270,8 +270,8 @@ def test_compact_flax_profile_rewrite_run_verify(tmp_path: Path) -> None:
 
 GPIPE_CHECK = """
 import jax, jax.numpy as jnp
-from syncpass import jax_pipeline
-from syncpass.jax_pipeline import GPipe, pipeline
+from syncpass.backends.jax import pipeline as jax_pipeline
+from syncpass.backends.jax.pipeline import GPipe, pipeline
 
 def forward(params, x, ids):
     h = jnp.tanh(x @ params["w1"])                       # stage 0
@@ -536,7 +536,7 @@ def test_the_pipeline_splits_only_at_a_device_put_to_a_device() -> None:
     import jax
     import jax.numpy as jnp
 
-    from syncpass.jax_pipeline import pipeline
+    from syncpass.backends.jax.pipeline import pipeline
 
     def forward(params: dict[str, jax.Array], x: jax.Array) -> jax.Array:
         h = jax.device_put(x @ params["a"])  # no device: no stage boundary
@@ -579,7 +579,7 @@ def test_line_map_reads_a_probed_copy_back_to_the_file() -> None:
 
 
 def profile(tmp_path: Path, text: str) -> Costs:
-    from syncpass.profiling.jax_command import measure_jax_file
+    from syncpass.backends.jax.profile import measure_jax_file
 
     model = tmp_path / "model.py"
     model.write_text(text)
@@ -621,7 +621,7 @@ def test_profile_reports_a_model_error_at_the_files_line(
 def test_run_child_refuses_a_file_with_more_stages_before_tracing(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from syncpass.runtime import jax_run
+    from syncpass.backends.jax import run as jax_run
 
     model = tmp_path / "model.py"
     model.write_text(PINNED.replace("jax.devices()[1])", "jax.devices()[1])\n    h = h * 1\n"
@@ -637,7 +637,7 @@ def test_run_child_refuses_a_file_with_more_stages_before_tracing(
 
 
 def test_run_reports_a_model_error_at_the_files_line(tmp_path: Path) -> None:
-    from syncpass.runtime.jax_run import run_jax
+    from syncpass.backends.jax.run import run_jax
 
     model = tmp_path / "model.py"
     model.write_text(TRACE_ERROR)
@@ -653,7 +653,7 @@ def test_run_reports_a_model_error_at_the_files_line(tmp_path: Path) -> None:
 def test_host_values_stay_out_of_a_three_stage_run(tmp_path: Path) -> None:
     """Sizes unpacked before a sync point, a Flax `train` flag, submodules and functions built
     in `__call__`: rewritten for 3 stages, run and verified against the unsplit model."""
-    from syncpass.costs import costs_to_json
+    from syncpass.contracts.costs import costs_to_json
 
     pinned = SHAPES.replace("b, t, d = x.shape", "b, t, d = x.shape  # syncpass: sync")
     for name, text in (("shapes.py", pinned), ("flax_objects.py", FLAX_OBJECTS)):

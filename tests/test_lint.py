@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from syncpass.errors import SyncpassError
+from syncpass.core.errors import SyncpassError
 from syncpass.frontend.lint import RULES, Finding, lint_source, noqa_lines
 
 MODEL = """\

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncpass.optimizer import (
+from syncpass.plan.optimizer import (
     Infeasible,
     Problem,
     Solution,

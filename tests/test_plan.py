@@ -9,11 +9,11 @@ from costbuilder import cost_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncpass.config import SyncConfig
-from syncpass.costs import load_costs, parse_costs
-from syncpass.errors import InfeasibleError, SyncpassError
-from syncpass.plan import PlanRequest, best_stage_count, compare_baselines, make_plan
-from syncpass.planfile import parse_plan, plan_to_json
+from syncpass.contracts.config import SyncConfig
+from syncpass.contracts.costs import load_costs, parse_costs
+from syncpass.core.errors import InfeasibleError, SyncpassError
+from syncpass.plan.planfile import parse_plan, plan_to_json
+from syncpass.plan.planner import PlanRequest, best_stage_count, compare_baselines, make_plan
 
 
 def request(stages: int | None, **config: object) -> PlanRequest:
@@ -213,7 +213,7 @@ def test_manual_plans_that_skip_a_stage_are_flagged() -> None:
 def test_errors_cross_process_boundaries_whole() -> None:
     import pickle
 
-    from syncpass.errors import InfeasibleError, SyncpassError
+    from syncpass.core.errors import InfeasibleError, SyncpassError
 
     error = InfeasibleError("too many stages", "stages", "model.py:3")
     copy = pickle.loads(pickle.dumps(error))
@@ -228,7 +228,7 @@ def error_fields(error: object) -> tuple[str, str, str]:
 
 
 def test_default_microbatches_divide_the_batch_as_runs_cut_it() -> None:
-    from syncpass.plan import default_microbatches
+    from syncpass.plan.planner import default_microbatches
 
     assert default_microbatches(2, 12) == 6  # not 8: 12 rows do not cut into 8 equal ones
     assert default_microbatches(4, 8) == 8

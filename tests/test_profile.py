@@ -18,13 +18,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from syncpass.costs import Costs, OpCost, costs_to_json, load_costs, parse_costs
-from syncpass.errors import SyncpassError
-from syncpass.graph import OpGraph
-from syncpass.hardware import load_profile
-from syncpass.plan import PlanRequest
-from syncpass.profiling.command import register
-from syncpass.profiling.measure import (
+from syncpass.backends.torch.measure import (
     _backward_spans,
     _forward_spans,
     build_graph,
@@ -32,9 +26,15 @@ from syncpass.profiling.measure import (
     profile_costs,
     tensor_bytes,
 )
-from syncpass.rewrite import rewrite_source
+from syncpass.commands.profile import register
+from syncpass.contracts.costs import Costs, OpCost, costs_to_json, load_costs, parse_costs
+from syncpass.contracts.graph import OpGraph
+from syncpass.contracts.hardware import load_profile
+from syncpass.core.errors import SyncpassError
+from syncpass.plan.planner import PlanRequest
+from syncpass.rewrite.driver import rewrite_source
+from syncpass.runtime.example import load_example
 from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
-from syncpass.userexample import load_example
 
 BATCH, IN, WIDTH, OUT = 4, 8, 16, 3
 SEQ, HEADS = 6, 2

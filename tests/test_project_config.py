@@ -9,9 +9,9 @@ import pytest
 from costbuilder import cost_dict
 
 from syncpass.cli import main
-from syncpass.config import SyncConfig, load_config_file
-from syncpass.errors import SyncpassError
-from syncpass.project_config import (
+from syncpass.contracts.config import SyncConfig, load_config_file
+from syncpass.core.errors import SyncpassError
+from syncpass.settings.project import (
     ModelEntry,
     ProjectConfig,
     find_project_config,

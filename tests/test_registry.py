@@ -25,7 +25,7 @@ PLUGIN = '''
 import os
 from pathlib import Path
 
-from syncpass.rewrite import rewrite_source
+from syncpass.rewrite.driver import rewrite_source
 
 
 def last_cuts(problem, stages, costs):

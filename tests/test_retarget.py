@@ -8,11 +8,11 @@ import math
 import pytest
 from costbuilder import cost_dict
 
-from syncpass.config import SyncConfig
-from syncpass.costs import parse_costs
-from syncpass.errors import SyncpassError
-from syncpass.plan import PlanRequest, make_plan
-from syncpass.retarget import retarget_batch, sweep_batch
+from syncpass.contracts.config import SyncConfig
+from syncpass.contracts.costs import parse_costs
+from syncpass.core.errors import SyncpassError
+from syncpass.plan.planner import PlanRequest, make_plan
+from syncpass.plan.retarget import retarget_batch, sweep_batch
 
 
 def test_compute_and_bytes_scale_parameters_and_latency_do_not() -> None:

@@ -9,8 +9,8 @@ from golden_cases import Case, cases, run_case
 from libcst.codemod import CodemodTest
 
 from syncpass.frontend import parse_source
-from syncpass.planfile import plan_to_json
-from syncpass.rewrite import strip_sync_points
+from syncpass.plan.planfile import plan_to_json
+from syncpass.rewrite.driver import strip_sync_points
 from syncpass.transformers.torch_pipeline import (
     InsertPipeSplitsCommand,
     RemovePipeSplitsCommand,

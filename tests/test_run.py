@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO
 
 from syncpass.cli import main
-from syncpass.runtime.command import register, request_from_args
+from syncpass.commands.run import register, request_from_args
 from syncpass.runtime.contracts import (
     LossCheck,
     ParamCheck,

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncpass.schedule import Link, StageLoad, simulate, stage_order
+from syncpass.plan.schedule import Link, StageLoad, simulate, stage_order
 
 
 def free_links(stages: int) -> tuple[Link, ...]:

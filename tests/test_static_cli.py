@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO
 
 from syncpass.cli import main
-from syncpass.costs import load_costs
+from syncpass.contracts.costs import load_costs
 
 EXAMPLES = REPO / "examples"
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from conftest import REPO
 
-from syncpass.errors import SyncpassError
-from syncpass.userexample import default_loss, load_example, private_module_name
+from syncpass.core.errors import SyncpassError
+from syncpass.runtime.example import default_loss, load_example, private_module_name
 
 MODEL = """\
 import torch
@@ -135,7 +135,7 @@ def test_default_loss_sums_over_tuple_outputs() -> None:
 
 
 def test_importing_the_module_does_not_import_torch() -> None:
-    code = "import sys, syncpass.userexample; assert 'torch' not in sys.modules"
+    code = "import sys, syncpass.runtime.example; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

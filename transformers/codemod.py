@@ -29,11 +29,11 @@ import libcst as cst
 from libcst.codemod import CodemodCommand, CodemodContext, SkipFile
 
 from syncpass.api import rewrite_module
-from syncpass.config import STRATEGIES, SyncConfig
-from syncpass.costs import Costs, load_costs
-from syncpass.errors import SyncpassError
-from syncpass.hardware import load_profile, retarget_hardware
-from syncpass.project_config import find_project_config, load_project_config
+from syncpass.contracts.config import STRATEGIES, SyncConfig
+from syncpass.contracts.costs import Costs, load_costs
+from syncpass.contracts.hardware import load_profile, retarget_hardware
+from syncpass.core.errors import SyncpassError
+from syncpass.settings.project import find_project_config, load_project_config
 
 DEFAULT_COSTS = "{dir}/{stem}.costs.json"
 

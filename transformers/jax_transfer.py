@@ -16,7 +16,7 @@ when the file lacks it, marked as syncpass's own::
 
 The weights are not moved here: each stage's weights are placed on its device
 once, and each stage is compiled with ``jax.jit``, by
-:func:`syncpass.jax_pipeline.pipeline`, which splits the traced computation at
+:func:`syncpass.backends.jax.pipeline.pipeline`, which splits the traced computation at
 these transfers (as ``torch.distributed.pipelining`` builds its stages from
 ``pipe_split()`` calls). Run eagerly, the rewritten function computes what the
 original does, its later ops running on the device their inputs were moved to.
@@ -40,7 +40,7 @@ import libcst.matchers as m
 from libcst.codemod import Codemod, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
-from syncpass.frontend.jax_analysis import names_a_device
+from syncpass.backends.jax.analysis import names_a_device
 from syncpass.transformers.torch_pipeline import (
     _SYNC_COMMENT,
     SYNC_COMMENT_PREFIX,

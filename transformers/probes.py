@@ -2,7 +2,7 @@
 
 :class:`InsertProbesCommand` rewrites ``class_name.forward`` so that it calls a
 probe object (a global named :data:`PROBE`) at every op boundary of the op
-graph (:mod:`syncpass.graph`):
+graph (:mod:`syncpass.contracts.graph`):
 
 * ``PROBE.begin()`` as the first statement;
 * after every top-level statement that is an op (a simple statement or a

@@ -23,8 +23,17 @@ from libcst.metadata import (
     PositionProvider,
 )
 
-from syncpass.errors import SyncpassError
-from syncpass.graph import INPUT, OUTPUT, Cut, LoopIteration, Op, OpGraph, Region, SourceLocation
+from syncpass.contracts.graph import (
+    INPUT,
+    OUTPUT,
+    Cut,
+    LoopIteration,
+    Op,
+    OpGraph,
+    Region,
+    SourceLocation,
+)
+from syncpass.core.errors import SyncpassError
 
 #: Length of each layer container of the model, by attribute path ("blocks").
 ContainerSizes = Mapping[str, int]
@@ -625,7 +634,7 @@ def analyse_model(
     text: str | None = None,
     expand: ContainerSizes | None = None,
 ) -> OpGraph:
-    """The op graph of ``class_name``'s forward (see :mod:`syncpass.graph`).
+    """The op graph of ``class_name``'s forward (see :mod:`syncpass.contracts.graph`).
 
     ``expand`` gives the length of sequential containers whose calls
     (``h = self.layer1(x)``) are planned per child (``--depth 2``).
@@ -715,7 +724,7 @@ def build_op_graph(
     sizes: ContainerSizes | None = None,
     expand: ContainerSizes | None = None,
 ) -> OpGraph:
-    """The op graph of the body of ``site.function`` (see :mod:`syncpass.graph`)."""
+    """The op graph of the body of ``site.function`` (see :mod:`syncpass.contracts.graph`)."""
     sizes = sizes or {}
     expand = expand or {}
     module, path, forward, offset = site.module, site.path, site.function, site.offset

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from syncpass.errors import SyncpassError
+from syncpass.core.errors import SyncpassError
 
 
 def decode_source(data: bytes, name: str) -> str:

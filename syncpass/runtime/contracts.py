@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from syncpass.plan import default_microbatches as plan_microbatches
+from syncpass.plan.planner import default_microbatches as plan_microbatches
 
 SCHEDULES = ("gpipe", "1f1b")
 DEVICES = ("auto", "cpu", "cuda")
@@ -26,9 +26,9 @@ class RunRequest:
     ``microbatches`` is ``None`` for the default (the largest divisor of the
     batch that is at most four per stage). ``rtol``/``atol`` are ``None`` for
     the defaults of the parameter's dtype and device (see
-    :func:`syncpass.runtime.verify.tolerances`). ``timeline``, when set, is
+    :func:`syncpass.backends.torch.verify.tolerances`). ``timeline``, when set, is
     where the timed steps' profile goes (``.json`` and ``.png``, by
-    :class:`syncpass.profiler.Profile`).
+    :class:`syncpass.backends.torch.profiler.Profile`).
     """
 
     file: str

@@ -7,8 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from syncpass.core.units import percent, seconds
 from syncpass.runtime.contracts import ParamCheck, RunResult
-from syncpass.units import percent, seconds
 
 REPORT_VERSION = 1
 MISMATCHES_SHOWN = 10

@@ -1,0 +1,1 @@
+"""The torch backend: pipe_split() sync points, torch.distributed.pipelining runs, profiling and static estimates."""

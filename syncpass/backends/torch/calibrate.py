@@ -1,0 +1,809 @@
+"""``syncpass calibrate``: measure the link and the device, and write a hardware profile.
+
+``syncpass calibrate --backend gloo --procs 2 -o PROFILE.toml`` starts ``--procs``
+local processes joined in one process group (gloo on the CPU, or NCCL with one
+GPU per process) and measures, in this order:
+
+- **send/recv** between rank 0 and rank 1 as a ping-pong: rank 0 sends a
+  message, rank 1 receives it and sends it back. The one-way time is half the
+  round trip, the median of ``--repeats`` round trips after ``--warmup`` ones.
+  Timing a round trip on one clock needs no clock agreement between processes.
+- **all-reduce** (sum of a float32 tensor) over every process, for the same
+  sizes. Each repetition starts behind a barrier; the ranks leave the barrier
+  at slightly different moments, and every rank but the last one to arrive
+  also times its wait for that one, so a repetition's time is the least of the
+  ranks' times (the collective itself), and the figure is the median of those.
+- **matmul FLOP/s**: every process at once multiplies float32 square matrices
+  sized so that one measurement takes about 0.2 s, with ``--threads`` threads
+  per process; each process reports the median of a few measurements and the
+  profile takes the median over the processes.
+
+The send/recv times are fitted with ``t = alpha + bytes / beta`` (see
+:func:`fit_link`) and written as a hardware profile in the format of
+:func:`syncpass.contracts.hardware.load_profile`, for ``syncpass plan --hardware PROFILE.toml``.
+
+:func:`register` adds the ``calibrate`` subcommand to an argparse subparsers
+object; its handler, :func:`calibrate_command`, returns the exit status (0).
+Bad input and failed processes raise :class:`~syncpass.core.errors.SyncpassError`,
+which the caller prints and turns into status 2. The processes come from the
+launcher of ``syncpass run`` (:mod:`syncpass.backends.torch.launch`). Importing this
+module does not import torch; the handler and the processes do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import socket
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta, timezone
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from syncpass.backends.torch.launch import (
+    free_port,
+    run_local,
+    wait_for_reports,
+)
+from syncpass.commands.cliargs import EXIT_OK, count, positive_float, positive_int
+from syncpass.contracts.costs import Hardware
+from syncpass.core.errors import SyncpassError
+from syncpass.core.fileio import write_atomically
+from syncpass.core.units import num_bytes, seconds
+from syncpass.runtime.contracts import WorkerDone, WorkerFailed
+
+if TYPE_CHECKING:
+    import torch
+
+BACKENDS = ("gloo", "nccl")
+#: Message sizes by default: 4 B to 64 MiB in powers of 4.
+DEFAULT_SIZES = tuple(4**k for k in range(1, 14))
+DEFAULT_REPEATS = 20
+DEFAULT_WARMUP = 2
+DEFAULT_TIMEOUT_S = 120.0
+#: Every message is a float32 tensor (all-reduce sums numbers), so sizes are whole float32s.
+ELEMENT_BYTES = 4
+#: One matmul measurement takes about this long (a few of them, after a warm-up one).
+MATMUL_TARGET_S = 0.2
+MATMUL_REPEATS = 5
+#: The largest matmul side: 3 float32 matrices of 8192 x 8192 are 768 MiB per process.
+MATMUL_MAX_N = 8192
+#: The pipeline whose runtime overhead is timed: a linear layer per process, small
+#: enough that the layer's own time is a fraction of the runtime's.
+OVERHEAD_WIDTH = 64
+OVERHEAD_ROWS = 4
+OVERHEAD_MICROBATCHES = 8
+OVERHEAD_STEPS = 10
+
+
+@dataclass(frozen=True)
+class CalibrateRequest:
+    """One ``syncpass calibrate``: which processes to start and what to time.
+
+    ``sizes`` are message sizes in bytes, ascending, each a whole number of
+    float32 elements. ``port`` 0 picks a free localhost port when launching.
+    """
+
+    backend: str = "gloo"
+    procs: int = 2
+    sizes: tuple[int, ...] = DEFAULT_SIZES
+    repeats: int = DEFAULT_REPEATS
+    warmup: int = DEFAULT_WARMUP
+    threads: int = 1
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    port: int = 0
+
+
+@dataclass(frozen=True)
+class SizeTimes:
+    """The median times of one message size: one-way send/recv and all-reduce."""
+
+    size_bytes: int
+    send_recv_s: float
+    all_reduce_s: float
+
+
+@dataclass(frozen=True)
+class MatmulRate:
+    """What one process's matmul achieved: ``repeat`` products of ``n x n`` per measurement."""
+
+    rank: int
+    n: int
+    repeat: int
+    flops_per_s: float
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """Everything the processes measured, as rank 0 gathered it.
+
+    ``device_memory_bytes`` is the least GPU memory of the processes with NCCL,
+    ``None`` on the CPU (host memory is shared, and no limit is assumed).
+    """
+
+    request: CalibrateRequest
+    device: str
+    host: str
+    torch_version: str
+    times: tuple[SizeTimes, ...]
+    matmul: tuple[MatmulRate, ...]
+    device_memory_bytes: int | None = None
+    stage_overhead_s: float = 0.0  # the pipeline runtime's own time per micro-batch action
+
+    @property
+    def flops_per_s(self) -> float:
+        """The median over the processes of each one's median matmul FLOP/s."""
+        return statistics.median(rate.flops_per_s for rate in self.matmul)
+
+
+@dataclass(frozen=True)
+class LinkFit:
+    """``t = alpha_s + bytes / beta_bytes_per_s`` fitted to one-way times.
+
+    ``alpha_clamped``: the best unconstrained intercept was negative (the small
+    messages were faster than a straight line through the large ones allows),
+    so the fit was redone with ``alpha_s = 0``.
+    """
+
+    alpha_s: float
+    beta_bytes_per_s: float
+    alpha_clamped: bool = False
+
+    def predict_s(self, size_bytes: float) -> float:
+        """The fitted one-way time of a message of ``size_bytes``."""
+        return self.alpha_s + size_bytes / self.beta_bytes_per_s
+
+
+def fit_link(sizes: Sequence[float], times_s: Sequence[float]) -> LinkFit:
+    """Least-squares fit of ``t = alpha + bytes / beta`` that weighs every size alike.
+
+    The residuals are relative: the fit minimises ``sum((fitted_i - t_i) / t_i) ** 2``,
+    i.e. weighted least squares with weights ``1 / t_i ** 2``. Plain least squares
+    on the times is ruled by the largest messages (a 64 MiB message takes ten
+    thousand times as long as a 4 B one), leaves ``alpha`` to the noise of a
+    handful of huge residuals and can even make it negative; with relative
+    residuals a 20% miss costs the same at 4 B as at 64 MiB, so the latency is
+    fitted to the small messages and the bandwidth to the large ones.
+
+    The problem is linear in ``(alpha, 1 / beta)``: each row ``(1 / t_i,
+    bytes_i / t_i)`` should give 1. It is solved by ``numpy.linalg.lstsq`` on
+    columns scaled to unit length (their raw scales differ by orders of
+    magnitude). Exact data ``t_i = alpha + bytes_i / beta`` gives back alpha and
+    beta to rounding. A negative intercept is refitted as ``alpha = 0``; times
+    that do not grow with the size have no bandwidth to fit, an error.
+    """
+    if len(sizes) != len(times_s):
+        raise ValueError("one time per size")
+    if len(set(sizes)) < 2:
+        raise SyncpassError(
+            "fitting latency and bandwidth needs at least two different message sizes (--sizes)"
+        )
+    for size, time_s in zip(sizes, times_s, strict=True):
+        if not (math.isfinite(time_s) and time_s > 0) or not size > 0:
+            raise SyncpassError(f"cannot fit a time of {time_s!r} s for {size!r} bytes")
+    size_array = np.asarray(sizes, dtype=np.float64)
+    time_array = np.asarray(times_s, dtype=np.float64)
+    rows = np.column_stack([1.0 / time_array, size_array / time_array])
+    norms = np.linalg.norm(rows, axis=0)
+    scaled, *_ = np.linalg.lstsq(rows / norms, np.ones_like(time_array), rcond=None)
+    alpha, inverse_beta = (float(value) for value in scaled / norms)
+    clamped = False
+    if alpha < 0:
+        # With alpha = 0 the one remaining column has a closed-form least-squares slope.
+        # An intercept of rounding size (exact data with no latency) is no clamp worth a word.
+        clamped = alpha < -1e-9 * float(time_array.min())
+        column = rows[:, 1]
+        alpha, inverse_beta = 0.0, float(column.sum() / (column @ column))
+    if not inverse_beta > 0:
+        raise SyncpassError(
+            "the measured times do not grow with the message size, so there is no bandwidth "
+            "to fit; include larger messages (--sizes up to a few MiB at least)"
+        )
+    return LinkFit(alpha, 1.0 / inverse_beta, clamped)
+
+
+def relative_error(fitted: float, measured: float) -> float:
+    """``(fitted - measured) / measured``: how far the fit is off, signed."""
+    return (fitted - measured) / measured
+
+
+def parse_sizes(text: str) -> tuple[int, ...]:
+    """``--sizes``: comma-separated byte counts, each a whole number of float32s; sorted, unique."""
+    try:
+        sizes = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise SyncpassError(
+            f"--sizes takes whole numbers of bytes separated by commas, got {text!r}"
+        ) from None
+    bad = [size for size in sizes if size < ELEMENT_BYTES or size % ELEMENT_BYTES]
+    if bad:
+        raise SyncpassError(
+            f"--sizes: {', '.join(map(str, bad))} is not a positive multiple of {ELEMENT_BYTES} "
+            f"bytes (messages are float32 tensors, {ELEMENT_BYTES} bytes per element)"
+        )
+    unique = tuple(sorted(set(sizes)))
+    if len(unique) < 2:
+        raise SyncpassError(
+            "--sizes needs at least two different sizes to fit latency and bandwidth"
+        )
+    return unique
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``calibrate`` to ``subparsers`` (from ``ArgumentParser.add_subparsers``); its parser.
+
+    The parser's ``handler`` default is :func:`calibrate_command`.
+    """
+    parser = subparsers.add_parser(
+        "calibrate",
+        help="measure the link and the device of local processes and write a hardware profile",
+        description="Start local processes, time send/recv between rank 0 and rank 1 and an "
+        "all-reduce over all of them at each message size, fit latency (alpha) and bandwidth "
+        "(beta) to the send/recv times, measure matmul FLOP/s, and write a hardware profile "
+        "for `syncpass plan --hardware PROFILE.toml`. The table goes to stdout, progress to "
+        "stderr.",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="gloo",
+        help="gloo: processes on the CPU; nccl: one GPU per process (default gloo)",
+    )
+    parser.add_argument(
+        "--procs",
+        type=positive_int,
+        default=2,
+        metavar="N",
+        help="processes to start, at least 2 (default 2)",
+    )
+    parser.add_argument(
+        "-o",
+        "--output",
+        required=True,
+        type=Path,
+        metavar="PROFILE.toml",
+        help="the hardware profile to write",
+    )
+    parser.add_argument(
+        "--sizes",
+        metavar="B[,B...]",
+        help="message sizes in bytes, multiples of 4 (default: 4 B to 64 MiB in powers of 4)",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=positive_int,
+        default=DEFAULT_REPEATS,
+        metavar="N",
+        help=f"timed repetitions per size; the median counts (default {DEFAULT_REPEATS})",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=count,
+        default=DEFAULT_WARMUP,
+        metavar="K",
+        help=f"untimed repetitions per size first (default {DEFAULT_WARMUP})",
+    )
+    parser.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        metavar="T",
+        help="CPU threads per process, for the matmul (default 1)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"stop every process and fail after S seconds (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    parser.set_defaults(handler=calibrate_command)
+    return parser  # type: ignore[no-any-return]
+
+
+def calibrate_command(args: argparse.Namespace) -> int:
+    """The handler of ``syncpass calibrate``: measure, fit, print the table, write the profile."""
+    request = request_from_args(args)
+    output: Path = args.output
+    _check_output(output)
+    if request.backend == "nccl":
+        _check_gpus(request.procs)
+    print(
+        f"syncpass calibrate: starting {request.procs} processes ({request.backend}), "
+        f"{len(request.sizes)} sizes x {request.repeats} repeats",
+        file=sys.stderr,
+    )
+    measurements = measure(request)
+    fit = fit_link(
+        [entry.size_bytes for entry in measurements.times],
+        [entry.send_recv_s for entry in measurements.times],
+    )
+    when = datetime.now(timezone.utc)
+    text = profile_toml(measurements, fit, when)
+    sys.stdout.write(render_calibration(measurements, fit))
+    write_atomically(output, text)
+    print(
+        f"wrote {output}; plan with it: syncpass plan --costs C --stages S --hardware "
+        f"{_hardware_argument(output)}"
+    )
+    return EXIT_OK
+
+
+def request_from_args(args: argparse.Namespace) -> CalibrateRequest:
+    """The CalibrateRequest of parsed ``syncpass calibrate`` arguments."""
+    if args.procs < 2:
+        raise SyncpassError(
+            f"--procs must be at least 2 (send/recv is timed between rank 0 and rank 1), "
+            f"got {args.procs}"
+        )
+    sizes = DEFAULT_SIZES if args.sizes is None else parse_sizes(args.sizes)
+    return CalibrateRequest(
+        backend=args.backend,
+        procs=args.procs,
+        sizes=sizes,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        threads=args.threads,
+        timeout_s=args.timeout,
+    )
+
+
+def _check_output(output: Path) -> None:
+    """Fail before measuring, not after, when the profile could not be written."""
+    if output.is_dir():
+        raise SyncpassError("is a folder; give a file name for the profile (-o)", str(output))
+    if not output.parent.is_dir():
+        raise SyncpassError(f"no such folder {output.parent}; create it first", str(output))
+
+
+def _check_gpus(procs: int) -> None:
+    """NCCL needs a GPU of its own per process; say so before starting any."""
+    import torch
+    import torch.distributed as dist
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus < procs:
+        raise SyncpassError(
+            f"--backend nccl needs a GPU per process: {procs} process(es), {gpus} GPU(s) "
+            "visible; use --backend gloo to calibrate processes on the CPU"
+        )
+    if not dist.is_nccl_available():
+        raise SyncpassError("--backend nccl: this torch build has no NCCL; use --backend gloo")
+
+
+def _hardware_argument(output: Path) -> str:
+    """``output`` as ``--hardware`` reads it: a path needs a ``/`` or the ``.toml`` suffix."""
+    text = str(output)
+    return text if text.endswith(".toml") or "/" in text else f"./{text}"
+
+
+# --- launching ------------------------------------------------------------------------------
+
+
+def measure(request: CalibrateRequest) -> Measurements:
+    """Run ``request`` on ``request.procs`` local processes and return what they measured.
+
+    Raises SyncpassError when a process fails (bad input, a crash, a process
+    that died) or when ``request.timeout_s`` passes; every process is stopped first.
+    """
+    if request.port == 0:
+        request = replace(request, port=free_port())
+    ready = request
+    return run_local(
+        _worker_entry,
+        ready,
+        ready.procs,
+        "syncpass-calibrate",
+        lambda processes, messages: _collect(ready, processes, messages),
+    )
+
+
+def _collect(
+    request: CalibrateRequest, processes: list[BaseProcess], messages: Any
+) -> Measurements:
+    """Wait for every process's report; rank 0 sends the measurements before its own."""
+    gathered: list[Measurements] = []
+    wait_for_reports(processes, messages, request.timeout_s, gathered.append)
+    if not gathered:
+        raise SyncpassError("rank 0 finished without the gathered measurements")
+    return gathered[0]
+
+
+def _worker_entry(request: CalibrateRequest, rank: int, messages: Any) -> None:
+    """One process: measure, then report a WorkerDone or a WorkerFailed; never raises."""
+    # Imported here, in the process: both import torch.
+    import torch.distributed as dist
+
+    from syncpass.backends.torch.worker import _crash
+
+    message: WorkerDone | WorkerFailed
+    try:
+        result = _measure(request, rank)
+        if result is not None:
+            messages.put(result)
+        message = WorkerDone(rank)
+    except SyncpassError as error:
+        message = WorkerFailed(rank, error.message, error.location, user_error=True)
+    except BaseException as error:
+        message = _crash(rank, error)
+    # Report first, and wait until the report is in the pipe: tearing the group down
+    # closes the connections, and the peers' "connection closed" must not overtake it.
+    messages.put(message)
+    messages.close()
+    messages.join_thread()
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+# --- measuring (in the processes) -------------------------------------------------------------
+
+
+def _measure(request: CalibrateRequest, rank: int) -> Measurements | None:
+    """This rank's part of the calibration; rank 0 returns everything, the others None."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(request.threads)
+    if request.backend == "nccl":
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if gpus < request.procs:
+            raise SyncpassError(
+                f"--backend nccl needs a GPU per process: {request.procs} process(es), "
+                f"{gpus} GPU(s) visible"
+            )
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(
+        request.backend,
+        init_method=f"tcp://127.0.0.1:{request.port}",
+        rank=rank,
+        world_size=request.procs,
+        timeout=timedelta(seconds=request.timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+
+    def sync() -> None:
+        # CUDA work is queued: a time is only taken once the device has finished it.
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    send_recv = _ping_pong(request, rank, device, sync)
+    all_reduce = _all_reduce(request, device, sync)
+    dist.barrier()
+    matmul = _matmul_rate(rank, device, sync)
+    dist.barrier()
+    overhead = _stage_overhead(request, rank, device, sync)
+    memory = (
+        torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
+    )
+    gathered: list[Any] | None = [None] * request.procs if rank == 0 else None
+    dist.gather_object((all_reduce, matmul, memory, overhead), gathered, dst=0)
+    if gathered is None:
+        return None
+    # Per repetition the rank that entered last timed only the collective (see the module doc).
+    reduce_medians = [
+        statistics.median(min(samples) for samples in zip(*per_rank, strict=True))
+        for per_rank in zip(*(entry[0] for entry in gathered), strict=True)
+    ]
+    memories = [entry[2] for entry in gathered if entry[2] is not None]
+    return Measurements(
+        request=request,
+        device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
+        host=socket.gethostname(),
+        torch_version=str(torch.__version__),
+        times=tuple(
+            SizeTimes(size, one_way, reduce)
+            for size, one_way, reduce in zip(request.sizes, send_recv, reduce_medians, strict=True)
+        ),
+        matmul=tuple(entry[1] for entry in gathered),
+        device_memory_bytes=min(memories) if memories else None,
+        stage_overhead_s=statistics.median(entry[3] for entry in gathered),
+    )
+
+
+def _ping_pong(
+    request: CalibrateRequest, rank: int, device: torch.device, sync: Callable[[], None]
+) -> list[float]:
+    """Median one-way send/recv time per size on rank 0 (round trip / 2); empty elsewhere.
+
+    The sizes take turns, one round trip each per pass, rather than all repetitions of
+    one size in a row: a burst of other load on the machine then spoils one sample of
+    many sizes, which the medians absorb, not every sample of one size.
+    """
+    import torch
+    import torch.distributed as dist
+
+    messages = [
+        torch.ones(size // ELEMENT_BYTES, dtype=torch.float32, device=device)
+        for size in request.sizes
+    ]
+    samples: list[list[float]] = [[] for _ in request.sizes]
+    dist.barrier()
+    for index in range(request.warmup + request.repeats):
+        for message, size_samples in zip(messages, samples, strict=True):
+            if rank == 0:
+                start = time.perf_counter()
+                dist.send(message, dst=1)
+                dist.recv(message, src=1)
+                sync()
+                if index >= request.warmup:
+                    size_samples.append((time.perf_counter() - start) / 2)
+            elif rank == 1:
+                dist.recv(message, src=0)
+                dist.send(message, dst=0)
+    return [statistics.median(size_samples) for size_samples in samples] if rank == 0 else []
+
+
+def _all_reduce(
+    request: CalibrateRequest, device: torch.device, sync: Callable[[], None]
+) -> list[list[float]]:
+    """This rank's all-reduce times per size (timed repetitions only), sizes taking turns."""
+    import torch
+    import torch.distributed as dist
+
+    tensors = [
+        torch.ones(size // ELEMENT_BYTES, dtype=torch.float32, device=device)
+        for size in request.sizes
+    ]
+    samples: list[list[float]] = [[] for _ in request.sizes]
+    for index in range(request.warmup + request.repeats):
+        for tensor, size_samples in zip(tensors, samples, strict=True):
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            sync()
+            if index >= request.warmup:
+                size_samples.append(time.perf_counter() - start)
+    return samples
+
+
+def _stage_overhead(
+    request: CalibrateRequest, rank: int, device: torch.device, sync: Callable[[], None]
+) -> float:
+    """This rank's pipeline runtime time per micro-batch forward or backward.
+
+    Every process holds one stage of a real ``torch.distributed.pipelining``
+    pipeline of small linear layers run under 1F1B; the time inside the
+    stage's forward and backward calls, less what the same layer takes for
+    the same micro-batches run directly, spread over the actions, is what the
+    runtime adds to each (input checks, autograd bookkeeping, posting the
+    transfers). Median over the timed steps.
+    """
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    # 1F1B needs at least as many micro-batches as stages.
+    width, rows = OVERHEAD_WIDTH, OVERHEAD_ROWS
+    microbatches = max(OVERHEAD_MICROBATCHES, request.procs)
+    layer = torch.nn.Linear(width, width).to(device)
+    stage = PipelineStage(layer, rank, request.procs, device)
+    inside = [0.0]
+
+    def timed(call: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return call(*args, **kwargs)
+            finally:
+                sync()
+                inside[0] += time.perf_counter() - start
+
+        return run
+
+    stage.forward_one_chunk = timed(stage.forward_one_chunk)  # type: ignore[method-assign]
+    stage.backward_one_chunk = timed(stage.backward_one_chunk)  # type: ignore[method-assign]
+
+    def loss(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return ((output - target) ** 2).mean()
+
+    schedule = Schedule1F1B(stage, n_microbatches=microbatches, loss_fn=loss)
+    batch = torch.randn(microbatches * rows, width, device=device)
+    target = torch.randn(microbatches * rows, width, device=device)
+    chunk = batch[:rows].clone().requires_grad_()
+
+    def direct() -> float:
+        start = time.perf_counter()
+        for _ in range(microbatches):
+            layer(chunk).sum().backward()
+        sync()
+        return time.perf_counter() - start
+
+    samples = []
+    for index in range(request.warmup + OVERHEAD_STEPS):
+        dist.barrier()
+        inside[0] = 0.0
+        if rank == 0:
+            schedule.step(batch)
+        elif rank == request.procs - 1:
+            schedule.step(target=target)
+        else:
+            schedule.step()
+        if index >= request.warmup:
+            samples.append(max(0.0, inside[0] - direct()) / (2 * microbatches))
+    return statistics.median(samples)
+
+
+def _matmul_rate(rank: int, device: torch.device, sync: Callable[[], None]) -> MatmulRate:
+    """This process's float32 matmul FLOP/s: median of a few ~0.2 s measurements."""
+    import torch
+
+    def timed(n: int, repeat: int) -> float:
+        left = torch.rand(n, n, dtype=torch.float32, device=device)
+        right = torch.rand(n, n, dtype=torch.float32, device=device)
+        product = torch.empty(n, n, dtype=torch.float32, device=device)
+        torch.matmul(left, right, out=product)  # first touch of the memory, kernel choice
+        sync()
+        start = time.perf_counter()
+        for _ in range(repeat):
+            torch.matmul(left, right, out=product)
+        sync()
+        return time.perf_counter() - start
+
+    # Grow a probe until it is long enough to time, then scale the side by the cube root
+    # of what is missing: the work of a matmul grows as n ** 3.
+    n = 256
+    elapsed = timed(n, 1)
+    while elapsed < 0.01 and n < MATMUL_MAX_N:
+        n *= 2
+        elapsed = timed(n, 1)
+    side = (MATMUL_TARGET_S / elapsed) ** (1 / 3) * n
+    best = max(64, min(MATMUL_MAX_N, 64 * round(side / 64)))
+    expected = elapsed * (best / n) ** 3
+    # A fast device may finish even the largest matmul quickly: repeat it within a measurement.
+    repeat = max(1, round(MATMUL_TARGET_S / expected))
+    samples = [timed(best, repeat) for _ in range(MATMUL_REPEATS)]
+    return MatmulRate(rank, best, repeat, 2 * best**3 * repeat / statistics.median(samples))
+
+
+# --- report and profile ---------------------------------------------------------------------
+
+
+def render_calibration(measurements: Measurements, fit: LinkFit) -> str:
+    """The table of measured and fitted times, the fit, and the matmul rate."""
+    request = measurements.request
+    lines = [
+        f"syncpass calibrate: {request.procs} processes on {measurements.host}, "
+        f"{request.backend} on {measurements.device}; median of {request.repeats} after "
+        f"{request.warmup} warm-up",
+        "",
+    ]
+    header = (
+        "size",
+        "send/recv one-way",
+        "fitted",
+        "error",
+        f"all-reduce ({request.procs} procs)",
+    )
+    rows = [
+        (
+            num_bytes(entry.size_bytes),
+            seconds(entry.send_recv_s),
+            seconds(fit.predict_s(entry.size_bytes)),
+            f"{100 * relative_error(fit.predict_s(entry.size_bytes), entry.send_recv_s):+.1f}%",
+            seconds(entry.all_reduce_s),
+        )
+        for entry in measurements.times
+    ]
+    widths = [max(len(row[column]) for row in (header, *rows)) for column in range(len(header))]
+    for row in (header, *rows):
+        lines.append("  ".join(cell.rjust(width) for cell, width in zip(row, widths, strict=True)))
+    errors = [
+        abs(relative_error(fit.predict_s(entry.size_bytes), entry.send_recv_s))
+        for entry in measurements.times
+    ]
+    clamped = " (clamped: the best intercept was negative)" if fit.alpha_clamped else ""
+    lines += [
+        "",
+        f"fit t = alpha + bytes / beta (least squares on relative error): alpha "
+        f"{seconds(fit.alpha_s)}{clamped}, beta {_rate(fit.beta_bytes_per_s, 'B/s')}; "
+        f"|error| max {100 * max(errors):.1f}%, median {100 * statistics.median(errors):.1f}%",
+        _describe_matmul(measurements),
+        f"pipeline runtime overhead per micro-batch forward or backward (1F1B, "
+        f"{OVERHEAD_MICROBATCHES} micro-batches): {seconds(measurements.stage_overhead_s)}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _describe_matmul(measurements: Measurements) -> str:
+    rates = ", ".join(_rate(rate.flops_per_s, "FLOP/s") for rate in measurements.matmul)
+    first = measurements.matmul[0]
+    times = f" x{first.repeat}" if first.repeat > 1 else ""
+    return (
+        f"matmul float32 {first.n}x{first.n}{times}, {measurements.request.threads} thread(s) "
+        f"per process: {_rate(measurements.flops_per_s, 'FLOP/s')} (median of the processes: "
+        f"{rates})"
+    )
+
+
+def _rate(value: float, unit: str) -> str:
+    """``1.5e9, "B/s"`` -> ``"1.5 GB/s"`` (decimal prefixes, as bandwidths are quoted)."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> str:
+    """The hardware profile (see :func:`syncpass.contracts.hardware.load_profile`) of a calibration.
+
+    ``source`` says what was measured, when, on how many processes and over which
+    backend; comment lines keep the measured table, which no field holds.
+    """
+    request = measurements.request
+    hardware = Hardware(
+        alpha_s=_round(fit.alpha_s),
+        beta_bytes_per_s=_round(fit.beta_bytes_per_s),
+        device_memory_bytes=measurements.device_memory_bytes,
+        name=f"{request.procs} local processes over {request.backend} on {measurements.host} "
+        "(calibrated)",
+        flops_per_s=_round(measurements.flops_per_s),
+        stage_overhead_s=_round(measurements.stage_overhead_s),
+    )
+    first, last = measurements.times[0].size_bytes, measurements.times[-1].size_bytes
+    errors = [
+        abs(relative_error(fit.predict_s(entry.size_bytes), entry.send_recv_s))
+        for entry in measurements.times
+    ]
+    matmul = measurements.matmul[0]
+    source = (
+        f"syncpass calibrate, {when:%Y-%m-%d %H:%M} UTC, torch {measurements.torch_version}: "
+        f"{request.procs} local processes on {measurements.host}, backend {request.backend} on "
+        f"{measurements.device}; alpha_s and beta_bytes_per_s fitted (least squares on relative "
+        f"error, max {100 * max(errors):.1f}%) to send/recv ping-pong between rank 0 and rank 1 "
+        f"(one-way = round trip / 2, median of {request.repeats} after {request.warmup} "
+        f"warm-up) at {len(measurements.times)} sizes from {num_bytes(first)} to "
+        f"{num_bytes(last)}; flops_per_s: float32 matmul {matmul.n}x{matmul.n}, "
+        f"{request.threads} thread(s) per process, median of {MATMUL_REPEATS}, median of the "
+        f"{request.procs} processes measured at once; stage_overhead_s: a real 1F1B pipeline "
+        f"of one {OVERHEAD_WIDTH}-wide linear layer per process, {OVERHEAD_MICROBATCHES} "
+        f"micro-batches, time inside the stage's forward and backward calls less the same "
+        f"layer's, per action, median of {OVERHEAD_STEPS} steps and of the processes"
+    )
+    lines = [
+        f"# Measured by syncpass calibrate on {when:%Y-%m-%d %H:%M} UTC.",
+        "# size_bytes  send_recv_one_way_s  fitted_s  all_reduce_s",
+        *(
+            f"# {entry.size_bytes}  {entry.send_recv_s:.4g}  "
+            f"{fit.predict_s(entry.size_bytes):.4g}  {entry.all_reduce_s:.4g}"
+            for entry in measurements.times
+        ),
+        f"name = {_toml_string(hardware.name or '')}",
+        f"source = {_toml_string(source)}",
+        f"alpha_s = {hardware.alpha_s!r}",
+        f"beta_bytes_per_s = {hardware.beta_bytes_per_s!r}",
+    ]
+    if hardware.device_memory_bytes is not None:
+        lines.append(f"device_memory_bytes = {int(hardware.device_memory_bytes)}")
+    lines.append(f"flops_per_s = {hardware.flops_per_s!r}")
+    lines.append(f"stage_overhead_s = {hardware.stage_overhead_s!r}")
+    return "\n".join(lines) + "\n"
+
+
+def _round(value: float) -> float:
+    """Four significant digits: as many as a measurement supports."""
+    return float(f"{value:.4g}")
+
+
+def _toml_string(text: str) -> str:
+    """A TOML basic string: backslash, quote and control characters escaped."""
+    escaped = []
+    for char in text:
+        if char in '"\\':
+            escaped.append("\\" + char)
+        elif ord(char) < 0x20 or ord(char) == 0x7F:
+            escaped.append(f"\\u{ord(char):04x}")
+        else:
+            escaped.append(char)
+    return '"' + "".join(escaped) + '"'

@@ -1,0 +1,234 @@
+"""Starting, watching and stopping the stage processes of ``syncpass run``.
+
+One process per stage, rendezvous on a free localhost port. Processes come
+from a fork server that has imported torch and the worker module once
+(seconds of imports that every stage would otherwise repeat); where there is
+no fork server (Windows) they are spawned. This module itself never imports
+torch.
+
+Nothing may hang: each stage reports success or its failure on a queue; the
+first failure (or a process that dies without a word, or the deadline) stops
+the others, and the failure is raised as a :class:`SyncpassError` naming the
+rank.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import queue
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
+from typing import Any, TypeVar
+
+from syncpass.core.errors import SyncpassError
+from syncpass.runtime.contracts import RunRequest, RunResult, WorkerDone, WorkerFailed
+
+ResultT = TypeVar("ResultT")
+
+# The worker module imports torch and torch.distributed.pipelining; aot_autograd is what
+# the first trace would otherwise import in every stage.
+PRELOAD = ["syncpass.backends.torch.worker", "torch._functorch.aot_autograd"]
+POLL_S = 0.1
+# After the first failure, how long to wait for the other ranks' reports
+# (they usually fail at once with a lost connection) before stopping them.
+GRACE_S = 1.0
+JOIN_S = 5.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _context() -> BaseContext:
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        context = multiprocessing.get_context("forkserver")
+        # Takes effect when the fork server starts, i.e. on the first run in this process.
+        context.set_forkserver_preload(PRELOAD)
+        return context
+    return multiprocessing.get_context("spawn")
+
+
+def _worker_entry(request: RunRequest, rank: int, messages: Any) -> None:
+    # Imported here, in the stage process: the worker module imports torch.
+    from syncpass.backends.torch.worker import run_worker
+
+    run_worker(request, rank, messages)
+
+
+def launch(request: RunRequest) -> RunResult:
+    """Run ``request`` on ``request.stages`` local processes and return rank 0's result.
+
+    Raises SyncpassError when a stage fails (bad input, a crash, a process that
+    died) or when ``request.timeout_s`` passes; every process is stopped first.
+    """
+    if request.port == 0:
+        request = replace(request, port=free_port())
+    ready = request
+    return run_local(
+        _worker_entry,
+        ready,
+        ready.stages,
+        "syncpass-stage",
+        lambda processes, messages: _collect(ready, processes, messages),
+    )
+
+
+def run_local(
+    entry: Callable[[Any, int, Any], None],
+    request: Any,
+    count: int,
+    name: str,
+    collect: Callable[[list[BaseProcess], Any], ResultT],
+) -> ResultT:
+    """Start ``count`` processes running ``entry(request, rank, messages)``, gather what
+    ``collect`` reads from their queue, and stop them all, whatever happens."""
+    context = _context()
+    messages = context.Queue()
+    processes: list[BaseProcess] = [
+        context.Process(  # type: ignore[attr-defined]
+            target=entry,
+            args=(request, rank, messages),
+            name=f"{name}-{rank}",
+            daemon=True,
+        )
+        for rank in range(count)
+    ]
+    try:
+        for process in processes:
+            process.start()
+        result = collect(processes, messages)
+    except BaseException:
+        _stop(processes, grace_s=0.0)
+        raise
+    else:
+        _stop(processes, grace_s=JOIN_S)
+    finally:
+        messages.close()
+        messages.cancel_join_thread()
+    return result
+
+
+def _collect(request: RunRequest, processes: list[BaseProcess], messages: Any) -> RunResult:
+    done = wait_for_reports(processes, messages, request.timeout_s)
+    result = done[0].result
+    if result is None:
+        raise SyncpassError("rank 0 finished without the gathered figures")
+    return result
+
+
+def wait_for_reports(
+    processes: list[BaseProcess],
+    messages: Any,
+    timeout_s: float,
+    other: Callable[[Any], None] | None = None,
+) -> dict[int, WorkerDone]:
+    """Every process's WorkerDone, by rank; messages of other kinds go to ``other``.
+
+    Raises SyncpassError for the most telling failure once every process has
+    reported or a grace period after the first failure has passed, and when
+    ``timeout_s`` passes first.
+    """
+    deadline = time.monotonic() + timeout_s
+    done: dict[int, WorkerDone] = {}
+    failures: dict[int, WorkerFailed] = {}
+    first_failure_at: float | None = None
+    silent: set[int] = set()
+    while len(done) + len(failures) < len(processes):
+        now = time.monotonic()
+        if first_failure_at is not None and now - first_failure_at > GRACE_S:
+            break
+        if now > deadline:
+            running = [rank for rank in range(len(processes)) if rank not in done]
+            raise SyncpassError(
+                f"timed out after {timeout_s:g} s (--timeout) with rank(s) "
+                f"{', '.join(map(str, running))} still running"
+            )
+        try:
+            message = messages.get(timeout=POLL_S)
+        except queue.Empty:
+            _note_silent_deaths(processes, done, failures, silent)
+            if failures and first_failure_at is None:
+                first_failure_at = time.monotonic()
+            continue
+        if isinstance(message, WorkerDone):
+            done[message.rank] = message
+        elif isinstance(message, WorkerFailed):
+            failures.setdefault(message.rank, message)
+            if first_failure_at is None:
+                first_failure_at = time.monotonic()
+        elif other is not None:
+            other(message)
+    if failures:
+        raise _failure(failures, len(processes))
+    return done
+
+
+def _note_silent_deaths(
+    processes: list[BaseProcess],
+    done: dict[int, WorkerDone],
+    failures: dict[int, WorkerFailed],
+    silent: set[int],
+) -> None:
+    """Record processes that exited without a report (killed, out of memory, a crash in C).
+
+    A process is declared silent only when a whole poll after it was first seen
+    dead brought no report: its last message may still have been in the pipe.
+    """
+    for rank, process in enumerate(processes):
+        if rank in done or rank in failures or process.exitcode is None:
+            continue
+        if rank not in silent:
+            silent.add(rank)
+            continue
+        failures[rank] = WorkerFailed(
+            rank,
+            f"the process exited with status {process.exitcode} before reporting "
+            "(its own error output, if any, is above)",
+        )
+
+
+def _failure(failures: dict[int, WorkerFailed], world: int) -> SyncpassError:
+    """The failure to show: bad input, then crashes, then lost connections; the earliest first."""
+    arrival = {rank: index for index, rank in enumerate(failures)}
+    ordered = sorted(
+        failures.values(), key=lambda f: (not f.user_error, f.peer_lost, arrival[f.rank])
+    )
+    first = ordered[0]
+    others = ordered[1:]
+    if not others:
+        suffix = ""
+    elif len(failures) == world and all(f.message == first.message for f in others):
+        first = min(ordered, key=lambda f: f.rank)  # whichever arrived first: name rank 0
+        suffix = f" (the same on all {world} ranks)"
+    else:
+        suffix = f" ({len(others)} other rank(s) of {world} failed too)"
+    return SyncpassError(f"rank {first.rank}: {first.message}{suffix}", first.location)
+
+
+def _stop(processes: list[BaseProcess], grace_s: float) -> None:
+    """Wait up to ``grace_s`` for the processes to end; terminate, then kill, the rest."""
+    deadline = time.monotonic() + grace_s
+    for process in processes:
+        if process.pid is None:
+            continue
+        process.join(timeout=max(0.0, deadline - time.monotonic()))
+    for process in processes:
+        if process.pid is not None and process.is_alive():
+            process.terminate()
+    for process in processes:
+        if process.pid is None:
+            continue
+        process.join(timeout=1.0)
+        if process.is_alive():
+            process.kill()
+            with contextlib.suppress(Exception):
+                process.join(timeout=1.0)

@@ -1,0 +1,933 @@
+"""Measure a model's per-op costs by running an instrumented copy of its forward.
+
+:func:`profile_costs` builds the op graph of the model's forward
+(:mod:`syncpass.contracts.graph`), instruments a copy of the forward with a probe at
+every op boundary (:mod:`syncpass.transformers.probes`), binds that copy to the
+live model and runs forward, loss and backward. The user's file and class are
+left untouched: the copy is executed in a copy of the module's namespace and
+bound to the one model instance for the duration of the measurement.
+
+What each op gets:
+
+* ``compute_s``: forward wall time between the probe before the op and the
+  probe after it (the probes' own time excluded), median over the timed runs.
+  The last op also carries what follows it: the ``return`` expression and the
+  loss, which a pipeline's last stage computes.
+* ``backward_s``: see :class:`_Boundary`. The gradient of the loss and the
+  backward of the ``return`` expression go to the last op.
+* ``fixed_s`` and ``backward_fixed_s``: the part of each time that does not
+  shrink with the batch (dispatch, kernel launches, Python), from a second
+  set of timed runs on a smaller batch (:data:`SMALL_BATCH_DIVISOR`) taken in
+  turn with the full-batch runs: with ``t(b) = fixed + b * per_sample``
+  through the two medians, clamped to ``0 <= fixed <= min(t(small), t(full))``.
+  A pipeline runs micro-batches, and on small ops this part is most of the time.
+* ``flops``: forward FLOPs from :class:`torch.utils.flop_counter.FlopCounterMode`
+  (a separate run, since counting slows ops down), with a formula for the CPU
+  flash-attention kernel, which torch's table lacks.
+* ``param_bytes``: bytes of the parameters of the submodules the op calls; a
+  parameter several ops share counts once, at its first use.
+* ``out_bytes``: bytes of the tensors the op writes, after it ran.
+
+A cut's ``live_bytes`` are the bytes of the tensors held by the names live
+across it (:func:`tensor_bytes`). The hardware is a placeholder
+(:data:`PLACEHOLDER_HARDWARE`) until calibration exists.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import itertools
+import statistics
+import sysconfig
+import time
+import traceback
+import types
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
+
+import syncpass
+from syncpass.contracts.costs import Costs, CutCost, OpCost
+from syncpass.contracts.graph import OpGraph
+from syncpass.contracts.hardware import load_profile
+from syncpass.core.errors import SyncpassError
+from syncpass.frontend import (
+    analyse_model,
+    find_forward,
+    loop_containers,
+    parse_source,
+    sequential_calls,
+)
+from syncpass.rewrite.driver import strip_sync_points
+from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
+
+#: Until link calibration exists: a gloo link between local processes, roughly.
+PLACEHOLDER_HARDWARE = load_profile("cpu-gloo-loopback").hardware
+#: The second, smaller batch timed to split each op's time into its fixed part and
+#: its per-sample part: a quarter of the example's batch (one micro-batch of four).
+SMALL_BATCH_DIVISOR = 4
+#: Weights, gradients and two Adam moments per parameter byte.
+TRAINING_MEMORY_MULTIPLIER = 4
+
+#: Receives one line per phase of a measurement ("timed run 2/5").
+Progress = Callable[[str], None]
+#: Maps the model's output to the scalar loss whose backward is measured.
+LossFn = Callable[[Any], torch.Tensor]
+
+_Key = tuple[int, int | None]
+
+
+def _sdpa_cpu_flops(
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    value_shape: Sequence[int],
+    *args: Any,
+    out_shape: Any = None,
+    **kwargs: Any,
+) -> int:
+    """FLOPs of ``aten._scaled_dot_product_flash_attention_for_cpu``: as torch counts SDPA."""
+    flops: int = sdpa_flop_count(query_shape, key_shape, value_shape)  # type: ignore[no-untyped-call]
+    return flops
+
+
+#: FlopCounterMode's table lacks the CPU flash-attention kernel that
+#: F.scaled_dot_product_attention dispatches to on CPU, so without this entry
+#: attention counts as zero FLOPs there.
+CPU_FLOP_FORMULAS: dict[Any, Any] = {
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu: _sdpa_cpu_flops,
+}
+
+
+# --- the op graph of the live model ------------------------------------------------
+
+
+def _resolve(root: object, dotted: str) -> object | None:
+    """``root.a.b`` for ``"a.b"`` (``"blocks.3"`` indexes a ModuleList); None if missing."""
+    value = root
+    for part in dotted.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            return None
+    return value
+
+
+def _forward_class(model: torch.nn.Module) -> type:
+    """The class whose ``forward`` the model runs."""
+    for cls in type(model).__mro__:
+        if "forward" in vars(cls):
+            return cls
+    raise AssertionError("every nn.Module has a forward")
+
+
+def build_graph(
+    text: str, path: str, model: torch.nn.Module, class_name: str | None = None, depth: int = 1
+) -> OpGraph:
+    """The op graph of ``model``'s forward, as written in ``text``.
+
+    ``class_name`` defaults to the model's class name. The length of each
+    layer container the forward loops over is read off the live model, so
+    each iteration becomes an op; a container that has no length stays a
+    region. With ``depth`` 2, a statement calling an ``nn.Sequential``
+    submodule (``h = self.layer1(x)``) is planned per child. Raises
+    :class:`SyncpassError` when the class is not in ``text`` or is not the
+    class whose forward the model runs.
+    """
+    module = parse_source(text, path)
+    name = class_name or type(model).__name__
+    find_forward(module, name, path)  # the class must be in the file, before anything else
+    defining = _forward_class(model)
+    if defining.__name__ != name:
+        runs = (
+            f"{type(model).__name__}"
+            if defining is type(model)
+            else f"{type(model).__name__} (forward of {defining.__name__})"
+        )
+        raise SyncpassError(
+            f"the example's model is a {runs}, not a {name}; profile the class the example "
+            "builds, or change --model",
+            path,
+        )
+    sizes: dict[str, int] = {}
+    for container in loop_containers(module, name, path):
+        value = _resolve(model, container)
+        try:
+            sizes[container] = len(value)  # type: ignore[arg-type]
+        except TypeError:
+            continue  # no length: the analysis keeps the loop as a region
+    expand: dict[str, int] = {}
+    if depth >= 2:
+        for container in sequential_calls(module, name, path):
+            value = _resolve(model, container)
+            if isinstance(value, torch.nn.Sequential):
+                expand[container] = len(value)
+    return analyse_model(module, path, name, sizes, text, expand)
+
+
+def boundary_names(graph: OpGraph) -> list[tuple[str, ...]]:
+    """Names whose tensors cross the boundary after each op, for timing the backward.
+
+    After an admissible cut these are the cut's live names. Elsewhere (after
+    an op marked no-sync) the graph lists none, so every name defined so far
+    is taken: routing a tensor nothing uses later through the boundary costs
+    a copy but changes no timing. None after the last op, whose backward
+    starts the backward pass.
+    """
+    live = {cut.after: cut.live for cut in graph.cuts}
+    defined: dict[str, None] = dict.fromkeys(graph.inputs)
+    names: list[tuple[str, ...]] = []
+    for position, op in enumerate(graph.ops):
+        defined.update(dict.fromkeys(op.writes))
+        if position == len(graph.ops) - 1:
+            names.append(())
+        else:
+            names.append(live.get(op.id, tuple(defined)))
+    return names
+
+
+def _probe_sites(graph: OpGraph, names: Sequence[tuple[str, ...]]) -> list[ProbeSite]:
+    rebind: dict[int, dict[str, None]] = {}
+    loops: dict[int, bool] = {}
+    for op, op_names in zip(graph.ops, names, strict=True):
+        rebind.setdefault(op.statement, {}).update(dict.fromkeys(op_names))
+        loops[op.statement] = op.loop is not None
+    return [
+        ProbeSite(statement, loops[statement], tuple(rebind[statement])) for statement in rebind
+    ]
+
+
+def _key(graph: OpGraph, position: int) -> _Key:
+    op = graph.ops[position]
+    return (op.statement, None if op.loop is None else op.loop.index)
+
+
+# --- sizes ---------------------------------------------------------------------------
+
+
+def _tensors(value: object, seen: set[int] | None = None) -> Iterator[torch.Tensor]:
+    """Tensors in ``value``, recursing into tuples, lists and dicts."""
+    if isinstance(value, torch.Tensor):
+        yield value
+        return
+    if not isinstance(value, (tuple, list, dict)):
+        return
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return
+    seen.add(id(value))
+    items = value.values() if isinstance(value, dict) else value
+    for item in items:
+        yield from _tensors(item, seen)
+
+
+def tensor_bytes(values: Iterable[object]) -> int:
+    """Bytes of the tensors in ``values`` (tuples, lists and dicts recursed), aliases once.
+
+    Each storage counts once. Tensors that share one (the same tensor under two
+    names, views, the pieces of a ``split``) count the smaller of the bytes of
+    the distinct views and the bytes of the union of the ranges they span: a
+    tensor under two names counts once, a transpose next to its original
+    counts once, and a strided slice counts its own elements, not the gaps
+    between them.
+    """
+    seen: set[int] = set()
+    storages: dict[tuple[str, int], _Storage] = {}
+    total = 0
+    for value in values:
+        for tensor in _tensors(value, seen):
+            if tensor.numel() == 0:
+                continue
+            size = tensor.element_size()
+            try:
+                pointer = tensor.untyped_storage().data_ptr()
+            except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
+                pointer = 0
+            if pointer == 0:
+                total += tensor.numel() * size
+                continue
+            shape = tuple(int(length) for length in tensor.shape)
+            strides = tuple(int(stride) for stride in tensor.stride())
+            offset = int(tensor.storage_offset()) * size
+            extent = 1 + sum(
+                (length - 1) * stride for length, stride in zip(shape, strides, strict=True)
+            )
+            storage = storages.setdefault((str(tensor.device), pointer), _Storage())
+            storage.views[(offset, shape, strides, size)] = tensor.numel() * size
+            storage.ranges.append((offset, offset + extent * size))
+    return total + sum(storage.bytes() for storage in storages.values())
+
+
+@dataclass
+class _Storage:
+    """The views of one storage that :func:`tensor_bytes` met."""
+
+    views: dict[tuple[int, tuple[int, ...], tuple[int, ...], int], int] = field(
+        default_factory=dict
+    )
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+
+    def bytes(self) -> int:
+        spanned = 0
+        ranges = sorted(self.ranges)
+        current_start, current_end = ranges[0]
+        for start, end in ranges[1:]:
+            if start > current_end:
+                spanned += current_end - current_start
+                current_start, current_end = start, end
+            else:
+                current_end = max(current_end, end)
+        spanned += current_end - current_start
+        return min(spanned, sum(self.views.values()))
+
+
+def parameter_bytes(model: torch.nn.Module, graph: OpGraph) -> list[int]:
+    """Bytes of the parameters of the submodules each op calls (``op.calls``).
+
+    A parameter several ops use counts once, at the first op that calls it.
+    Parameters a forward uses without calling a submodule (``x @ self.weight``)
+    are not attributed: the op graph records calls, not attribute reads.
+    """
+    seen: set[int] = set()
+    result = []
+    for op in graph.ops:
+        total = 0
+        for call in op.calls:
+            if not call.startswith("self."):
+                continue
+            target = _resolve(model, call.removeprefix("self."))
+            if not isinstance(target, torch.nn.Module):
+                continue
+            for parameter in target.parameters():
+                if id(parameter) not in seen:
+                    seen.add(id(parameter))
+                    total += parameter.numel() * parameter.element_size()
+        result.append(total)
+    return result
+
+
+def batch_size_of(args: Sequence[object], path: str) -> int:
+    """Size of dimension 0 of the first tensor among the forward's arguments."""
+    for tensor in _tensors(tuple(args)):
+        if tensor.dim() == 0:
+            break
+        return int(tensor.shape[0])
+    raise SyncpassError(
+        "cannot tell the batch size: the example's first tensor argument must have a batch "
+        "dimension (dimension 0)",
+        path,
+    )
+
+
+# --- the probe ---------------------------------------------------------------------------
+
+
+class _Boundary(torch.autograd.Function):
+    """Identity on the live tensors at an op boundary; its backward records the time.
+
+    The backward of this node runs when the gradients of all the tensors that
+    crossed the boundary have arrived: after the backward of every later op
+    that used them. The autograd engine runs ready nodes latest-created first,
+    so between the boundary after op ``j`` and the one before it, it runs
+    mostly the backward of op ``j`` (and the gradient accumulation of its
+    parameters). That is the approximation: backward nodes whose inputs
+    allow it may run early or late, and a boundary no gradient crosses splits
+    nothing (see :func:`_backward_spans`).
+
+    Outputs are copies, not views: user code may modify a live tensor in place
+    (``x += y``, ``ReLU(inplace=True)``), which autograd forbids on a view a
+    custom function returns.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, probe: _Probe, position: int, *tensors: torch.Tensor) -> Any:
+        ctx.probe = probe
+        ctx.position = position
+        ctx.set_materialize_grads(False)
+        return tuple(tensor.clone() for tensor in tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: Any) -> Any:
+        ctx.probe.passed(ctx.position)
+        return (None, None, *grads)
+
+
+def _gradient_tensors(value: object, found: dict[int, torch.Tensor], seen: set[int]) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad:
+            found.setdefault(id(value), value)
+        return
+    if not isinstance(value, (tuple, list, dict)) or id(value) in seen:
+        return
+    seen.add(id(value))
+    for item in value.values() if isinstance(value, dict) else value:
+        _gradient_tensors(item, found, seen)
+
+
+def _substitute(value: Any, swap: Mapping[int, torch.Tensor], seen: set[int]) -> Any:
+    """``value`` with the tensors in ``swap`` replaced.
+
+    Lists and dicts are updated in place, so other references to them see the
+    same values; tuples are rebuilt (named tuples as their own type).
+    """
+    if isinstance(value, torch.Tensor):
+        return swap.get(id(value), value)
+    if not isinstance(value, (tuple, list, dict)) or id(value) in seen:
+        return value
+    seen.add(id(value))
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            new = _substitute(item, swap, seen)
+            if new is not item:
+                value[index] = new
+        return value
+    if isinstance(value, dict):
+        for key, item in list(value.items()):
+            new = _substitute(item, swap, seen)
+            if new is not item:
+                value[key] = new
+        return value
+    items = [_substitute(item, swap, seen) for item in value]
+    if all(new is old for new, old in zip(items, value, strict=True)):
+        return value
+    if hasattr(value, "_make"):
+        return value._make(items)
+    return type(value)(items)
+
+
+class _Probe:
+    """What the instrumented forward calls (:data:`syncpass.transformers.probes.PROBE`).
+
+    ``begin()`` marks the start of the forward; ``boundary(statement, index,
+    locals())`` marks the end of one op (found by its statement and loop
+    index) and returns the live tensors routed through :class:`_Boundary`.
+    """
+
+    def __init__(
+        self,
+        graph: OpGraph,
+        rebind: Sequence[tuple[str, ...]],
+        sync: Callable[[], None],
+    ) -> None:
+        self.graph = graph
+        self.positions = {_key(graph, position): position for position in range(len(graph.ops))}
+        self.rebind = rebind
+        # The names whose bytes each cut's live_bytes are (measured in the measuring step).
+        self.cut_live = {self._position(cut.after): cut.live for cut in graph.cuts}
+        self.sync = sync
+        self.counter: FlopCounterMode | None = None
+        self.measure_bytes = False
+        self.reset()
+
+    def _position(self, op_id: str) -> int:
+        return next(index for index, op in enumerate(self.graph.ops) if op.id == op_id)
+
+    def reset(self) -> None:
+        self.begun: float | None = None
+        self.forward: dict[int, tuple[float, float]] = {}
+        self.backward: dict[int, float] = {}
+        self.flops: dict[int, int] = {}  # running FLOP total at each boundary
+        self.forward_flops = 0  # the total when the forward returned
+        self.live_bytes: dict[int, int] = {}
+        self.out_bytes: dict[int, int] = {}
+        self.last = -1
+
+    def now(self) -> float:
+        """Wall time, after the device has finished what was queued."""
+        self.sync()
+        return time.perf_counter()
+
+    def begin(self) -> None:
+        self.begun = self.now()
+
+    def boundary(
+        self, statement: int, index: int | None, values: Mapping[str, object]
+    ) -> dict[str, object]:
+        entry = self.now()
+        position = self.positions.get((statement, index))
+        if position is None:
+            return {}
+        self.last = position
+        if self.counter is not None:
+            self.flops[position] = self.counter.get_total_flops()
+        if self.measure_bytes:
+            op = self.graph.ops[position]
+            self.out_bytes[position] = tensor_bytes(
+                values[name] for name in op.writes if name in values
+            )
+            if position in self.cut_live:
+                self.live_bytes[position] = tensor_bytes(
+                    values[name] for name in self.cut_live[position] if name in values
+                )
+        replaced = self._route(position, values) if torch.is_grad_enabled() else {}
+        self.forward[position] = (entry, self.now())
+        return replaced
+
+    def _route(self, position: int, values: Mapping[str, object]) -> dict[str, object]:
+        names = [name for name in self.rebind[position] if name in values]
+        found: dict[int, torch.Tensor] = {}
+        seen: set[int] = set()
+        for name in names:
+            _gradient_tensors(values[name], found, seen)
+        if not found:
+            return {}
+        # One node for all of them: its backward runs once every gradient has arrived.
+        outputs = _Boundary.apply(self, position, *found.values())  # type: ignore[no-untyped-call]
+        swap = dict(zip(found, outputs, strict=True))
+        seen = set()
+        return {name: _substitute(values[name], swap, seen) for name in names}
+
+    def passed(self, position: int) -> None:
+        self.backward[position] = self.now()
+
+
+# --- one step ------------------------------------------------------------------------------
+
+
+def _forward_spans(
+    marks: Sequence[tuple[float, float] | None], begin: float, end: float
+) -> list[float]:
+    """Per-op amounts between consecutive probe marks ``(at entry, at exit)``.
+
+    An op's amount runs from the exit of the previous mark to the entry of its
+    own. The rest, up to ``end``, goes to the first op whose mark never came
+    (the forward returned early inside it), else to the last op.
+    """
+    amounts = [0.0] * len(marks)
+    last = begin
+    first_missing: int | None = None
+    for position, mark in enumerate(marks):
+        if mark is None:
+            if first_missing is None:
+                first_missing = position
+            continue
+        amounts[position] = max(0.0, mark[0] - last)
+        last = mark[1]
+    tail = len(marks) - 1 if first_missing is None else first_missing
+    amounts[tail] += max(0.0, end - last)
+    return amounts
+
+
+def _backward_spans(
+    marks: Sequence[float | None], start: float, end: float, forward: Sequence[float]
+) -> list[float]:
+    """Per-op backward time from the times gradients passed each boundary.
+
+    ``marks[j]`` is when the gradient passed the boundary after op ``j`` (None
+    if it never did; the entry for the last op is ignored), ``start`` and
+    ``end`` bound the backward pass. Op ``j`` gets ``marks[j-1] - marks[j]``.
+    Where boundaries were not passed, the ops between two passed ones share
+    the time: all of it to the last of them when no earlier boundary was
+    passed at all (no gradient reached the earlier ops, so they have no
+    backward), else in proportion to their forward times.
+    """
+    count = len(forward)
+    # Break points in op order: (boundary index, time); -1 is the end of backward.
+    points: list[tuple[int, float]] = [(-1, end)]
+    points += [
+        (position, mark) for position, mark in enumerate(marks[: count - 1]) if mark is not None
+    ]
+    points.append((count - 1, start))
+    amounts = [0.0] * count
+    for (low, low_time), (high, high_time) in itertools.pairwise(points):
+        span = max(0.0, low_time - high_time)
+        covered = range(low + 1, high + 1)
+        if low == -1 or len(covered) == 1:
+            amounts[high] += span
+            continue
+        weights = [forward[position] for position in covered]
+        total = sum(weights)
+        for position, weight in zip(covered, weights, strict=True):
+            amounts[position] += span * (weight / total if total > 0 else 1 / len(covered))
+    return amounts
+
+
+@dataclass(frozen=True)
+class _StepTimes:
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+
+
+def _library_folders() -> tuple[Path, ...]:
+    names = ("stdlib", "platstdlib", "purelib", "platlib")
+    folders = {Path(sysconfig.get_paths()[name]).resolve() for name in names}
+    folders.add(Path(torch.__file__).resolve().parent)
+    folders.add(Path(syncpass.__file__).resolve().parent)
+    return tuple(folders)
+
+
+def _user_frame(error: BaseException, prefer: str) -> str | None:
+    """``file:line`` of the deepest frame in ``prefer``, else in any code not a library's."""
+    frames = traceback.extract_tb(error.__traceback__)
+    try:
+        wanted: Path | None = Path(prefer).resolve()
+    except (OSError, ValueError):
+        wanted = None
+    for frame in reversed(frames):
+        if (
+            wanted is not None
+            and not frame.filename.startswith("<")
+            and Path(frame.filename).resolve() == wanted
+        ):
+            return f"{frame.filename}:{frame.lineno}"
+    folders = _library_folders()
+    for frame in reversed(frames):
+        if frame.filename.startswith("<"):
+            continue
+        path = Path(frame.filename).resolve()
+        if not any(path.is_relative_to(folder) for folder in folders):
+            return f"{frame.filename}:{frame.lineno}"
+    return None
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
+class _Session:
+    """The instrumented model, ready to run measured steps."""
+
+    def __init__(
+        self,
+        graph: OpGraph,
+        model: torch.nn.Module,
+        args: tuple[Any, ...],
+        loss_fn: LossFn,
+        probe: _Probe,
+    ) -> None:
+        self.graph = graph
+        self.model = model
+        self.args = args
+        self.loss_fn = loss_fn
+        self.probe = probe
+
+    def step(self, measure: bool) -> _StepTimes:
+        """One forward, loss and backward; with ``measure``, FLOPs and sizes too."""
+        probe = self.probe
+        probe.reset()
+        self.model.zero_grad(set_to_none=True)
+        start = probe.now()
+        probe.measure_bytes = measure
+        try:
+            if measure:
+                counter = FlopCounterMode(display=False, custom_mapping=CPU_FLOP_FORMULAS)
+                probe.counter = counter
+                with counter:
+                    output = self.model(*self.args)
+                probe.forward_flops = counter.get_total_flops()
+            else:
+                output = self.model(*self.args)
+        except Exception as error:
+            raise self._forward_failure(error) from None
+        finally:
+            probe.counter = None
+            probe.measure_bytes = False
+        try:
+            loss = self.loss_fn(output)
+        except Exception as error:
+            raise SyncpassError(
+                f"the loss function failed: {_describe(error)}",
+                _user_frame(error, self.graph.path) or self.graph.path,
+            ) from None
+        loss_end = probe.now()
+        try:
+            loss.backward()  # type: ignore[no-untyped-call]
+        except Exception as error:
+            raise SyncpassError(
+                f"the backward pass failed: {_describe(error)} (the loss must be a scalar "
+                "tensor that depends on the model's parameters)",
+                _user_frame(error, self.graph.path) or self.graph.path,
+            ) from None
+        backward_end = probe.now()
+        count = len(self.graph.ops)
+        forward = _forward_spans(
+            [probe.forward.get(position) for position in range(count)],
+            start if probe.begun is None else probe.begun,
+            loss_end,
+        )
+        backward = _backward_spans(
+            [probe.backward.get(position) for position in range(count)],
+            loss_end,
+            backward_end,
+            forward,
+        )
+        return _StepTimes(tuple(forward), tuple(backward))
+
+    def _forward_failure(self, error: Exception) -> SyncpassError:
+        ops = self.graph.ops
+        failing = self.probe.last + 1
+        where = "after its last op" if failing >= len(ops) else f"in op {ops[failing].id}"
+        fallback = str(ops[min(failing, len(ops) - 1)].location)
+        return SyncpassError(
+            f"{self.graph.model_class}.forward failed {where}: {_describe(error)}",
+            _user_frame(error, self.graph.path) or fallback,
+        )
+
+    def flops(self) -> list[int]:
+        """Per-op forward FLOPs of the last measuring step."""
+        marks: list[tuple[float, float] | None] = []
+        for position in range(len(self.graph.ops)):
+            total = self.probe.flops.get(position)
+            marks.append(None if total is None else (float(total), float(total)))
+        spans = _forward_spans(marks, 0.0, float(self.probe.forward_flops))
+        return [round(span) for span in spans]
+
+
+def _instrument(
+    graph: OpGraph, text: str, model: torch.nn.Module, probe: _Probe
+) -> Callable[..., Any]:
+    """The instrumented forward, compiled in a copy of the model module's namespace."""
+    module = parse_source(text, graph.path)
+    names = probe.rebind
+    source, warnings = probed_forward_source(
+        module, graph.model_class, _probe_sites(graph, names), graph.path
+    )
+    if warnings:
+        raise SyncpassError(
+            "could not instrument the forward: " + "; ".join(warnings), str(graph.forward)
+        )
+    defining = _forward_class(model)
+    original = inspect.unwrap(vars(defining)["forward"])
+    user_globals: dict[str, Any] = getattr(original, "__globals__", {})
+    namespace = dict(user_globals)
+    namespace[PROBE] = probe
+    # Postponed annotations: names imported only for type checking need not exist.
+    code = compile(
+        "from __future__ import annotations\n" + source,
+        f"<syncpass probes: {graph.path}>",
+        "exec",
+        dont_inherit=True,
+    )
+    try:
+        exec(code, namespace)
+    except Exception as error:  # e.g. a decorator of forward that fails outside its module
+        raise SyncpassError(
+            f"could not define the instrumented forward: {_describe(error)}", str(graph.forward)
+        ) from None
+    function: Callable[..., Any] = vars(namespace[graph.model_class])["forward"]
+    # The copy must see the user's globals, not the shell class and the future import.
+    for name in (graph.model_class, "annotations"):
+        if name in user_globals:
+            namespace[name] = user_globals[name]
+        else:
+            del namespace[name]
+    inner = inspect.unwrap(function)
+    code_object = getattr(inner, "__code__", None)
+    closure = getattr(inner, "__closure__", None)
+    if code_object is not None and closure and "__class__" in code_object.co_freevars:
+        # Zero-argument super() inside forward must find the user's class.
+        closure[code_object.co_freevars.index("__class__")].cell_contents = defining
+    return function
+
+
+def _on_gpu(model: torch.nn.Module, args: tuple[Any, ...]) -> bool:
+    tensors = [*model.parameters(), *model.buffers(), *_tensors(args)]
+    return any(tensor.is_cuda for tensor in tensors)
+
+
+def _no_sync() -> None:
+    pass
+
+
+def fixed_part(full_s: float, small_s: float, full_batch: int, small_batch: int) -> float:
+    """The time a call costs whatever its batch, from times at two batch sizes.
+
+    The line ``t(b) = fixed + b * per_sample`` through both points, with the
+    fixed part kept within ``[0, min(small_s, full_s)]`` (noise can put the
+    line's intercept outside it).
+    """
+    if full_batch <= small_batch:
+        raise ValueError("the full batch must be larger than the small one")
+    intercept = (small_s * full_batch - full_s * small_batch) / (full_batch - small_batch)
+    return min(max(intercept, 0.0), small_s, full_s)
+
+
+def _median(values: Iterable[float]) -> float:
+    """The median, to six significant digits: timings are not more precise than that."""
+    return float(f"{statistics.median(values):.6g}")
+
+
+def profile_costs(
+    text: str,
+    path: str,
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    loss_fn: LossFn,
+    class_name: str | None = None,
+    repeats: int = 5,
+    warmup: int = 2,
+    threads: int = 1,
+    progress: Progress | None = None,
+    depth: int = 1,
+    small_batch: tuple[tuple[Any, ...], LossFn] | None = None,
+) -> Costs:
+    """Measure the cost of every op of ``model``'s forward, as written in ``text``.
+
+    ``depth`` 2 plans calls of ``nn.Sequential`` submodules per child.
+
+    ``args`` are the forward's positional inputs for one batch; ``loss_fn``
+    maps the forward's output to the scalar loss whose backward is timed.
+    One measuring step (FLOPs and sizes) and ``warmup`` steps run first, then
+    ``repeats`` timed steps whose per-op median is kept; torch runs on
+    ``threads`` CPU threads. The cost file's op ids are exactly the op
+    graph's, so ``syncpass rewrite --costs`` accepts it for this source.
+
+    ``small_batch`` (the forward's inputs and the loss for a smaller batch)
+    adds a timed run on it after each full-batch one, from which each op's
+    fixed time per call is fitted; without it the fixed parts are 0.
+
+    The model's gradients, its ``forward`` and torch's thread count are as
+    before when this returns. Bad input (class not in ``text``, a forward the
+    analysis cannot plan, an example that fails) raises :class:`SyncpassError`.
+    """
+    if repeats < 1 or warmup < 0 or threads < 1:
+        raise ValueError("need repeats >= 1, warmup >= 0 and threads >= 1")
+    report = progress or (lambda message: None)
+    report("analysing the forward")
+    # A file syncpass rewrote before is measured as the source it came from: its sync
+    # lines do nothing outside a pipeline, and the op ids must be the original's.
+    text = strip_sync_points(text, path)
+    graph = build_graph(text, path, model, class_name, depth)
+    batch_size = batch_size_of(args, path)
+    sync: Callable[[], None] = torch.cuda.synchronize if _on_gpu(model, args) else _no_sync
+    probe = _Probe(graph, boundary_names(graph), sync)
+    function = _instrument(graph, text, model, probe)
+
+    saved_grads = {parameter: parameter.grad for parameter in model.parameters()}
+    had_forward = "forward" in vars(model)
+    saved_forward = vars(model).get("forward")
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    model.forward = types.MethodType(function, model)
+    try:
+        session = _Session(graph, model, args, loss_fn, probe)
+        small = None
+        if small_batch is not None:
+            small = _SmallBatch(_Session(graph, model, small_batch[0], small_batch[1], probe))
+        report("measuring FLOPs and sizes")
+        session.step(measure=True)
+        flops = session.flops()
+        live_bytes = dict(probe.live_bytes)
+        out_bytes = dict(probe.out_bytes)
+        for run in range(warmup):
+            report(f"warm-up run {run + 1}/{warmup}")
+            session.step(measure=False)
+            if small is not None:
+                small.step()
+        steps: list[_StepTimes] = []
+        small_steps: list[_StepTimes] = []
+        for run in range(repeats):
+            report(f"timed run {run + 1}/{repeats}")
+            steps.append(session.step(measure=False))
+            small_times = small.step() if small is not None else None
+            if small_times is not None:
+                small_steps.append(small_times)
+    finally:
+        if had_forward:
+            vars(model)["forward"] = saved_forward
+        else:
+            del vars(model)["forward"]
+        torch.set_num_threads(saved_threads)
+        for parameter, grad in saved_grads.items():
+            parameter.grad = grad
+
+    params = parameter_bytes(model, graph)
+    small_size = batch_size_of(small_batch[0], path) if small_batch is not None else batch_size
+    if small is not None and small.failure is not None:
+        small_steps = []
+    fixed_note = _fixed_note(small_batch is not None, small.failure if small else None)
+    ops = []
+    for position, op in enumerate(graph.ops):
+        forward_s = _median(step.forward_s[position] for step in steps)
+        backward_s = _median(step.backward_s[position] for step in steps)
+        fixed_s = backward_fixed_s = 0.0
+        if small_steps and small_size < batch_size:
+            fixed_s = fixed_part(
+                forward_s,
+                _median(step.forward_s[position] for step in small_steps),
+                batch_size,
+                small_size,
+            )
+            backward_fixed_s = fixed_part(
+                backward_s,
+                _median(step.backward_s[position] for step in small_steps),
+                batch_size,
+                small_size,
+            )
+        ops.append(
+            OpCost(
+                id=op.id,
+                compute_s=forward_s,
+                backward_s=backward_s,
+                param_bytes=params[position],
+                out_bytes=out_bytes.get(position, 0),
+                flops=flops[position],
+                source=str(op.location),
+                fixed_s=fixed_s,
+                backward_fixed_s=backward_fixed_s,
+            )
+        )
+    positions = {op.id: position for position, op in enumerate(graph.ops)}
+    cuts = tuple(
+        CutCost(
+            after=cut.after,
+            live_bytes=live_bytes.get(positions[cut.after], 0),
+            pinned=cut.pinned,
+        )
+        for cut in graph.cuts
+    )
+    # The compute rate the op times reflect, so that --hardware can scale them.
+    forward_flops = sum(op.flops or 0 for op in ops)
+    total_forward_s = sum(op.compute_s for op in ops)
+    achieved = (
+        forward_flops / total_forward_s if forward_flops > 0 and total_forward_s > 0 else None
+    )
+    return Costs(
+        batch_size=batch_size,
+        training=True,
+        memory_multiplier=TRAINING_MEMORY_MULTIPLIER,
+        hardware=dataclasses.replace(PLACEHOLDER_HARDWARE, flops_per_s=achieved),
+        ops=tuple(ops),
+        cuts=cuts,
+        model=graph.model_class,
+        edges=graph.edges,
+        notes=() if fixed_note is None else (fixed_note,),
+    )
+
+
+class _SmallBatch:
+    """The smaller batch's session; a failure there (a batch norm on one sample, a
+    model that hard-codes its batch) only costs the fixed parts, not the profile."""
+
+    def __init__(self, session: _Session) -> None:
+        self.session = session
+        self.failure: SyncpassError | None = None
+
+    def step(self) -> _StepTimes | None:
+        if self.failure is not None:
+            return None
+        try:
+            return self.session.step(measure=False)
+        except SyncpassError as error:
+            self.failure = error
+            return None
+
+
+def _fixed_note(asked: bool, failure: SyncpassError | None) -> str | None:
+    """What the cost file says when the per-call fixed times could not be measured."""
+    if asked and failure is None:
+        return None
+    why = (
+        f"the run on a quarter of the batch failed ({failure})"
+        if failure is not None
+        else "the example's batch could not be cut into a smaller one"
+    )
+    return (
+        f"per-call fixed times not measured: {why}; each micro-batch is costed as its "
+        "share of the batch, which understates small ops"
+    )

@@ -1,0 +1,474 @@
+"""One stage's process of ``syncpass run``: trace, build the stage, train, measure, check.
+
+Each process does what a ``torchrun`` training script would: it builds the
+example (seeded, so every rank has the same weights and batch), traces the
+model with ``torch.distributed.pipelining.pipeline`` at the shape of one
+micro-batch (the tracer cuts at the ``pipe_split()`` calls), builds its own
+stage with ``Pipe.build_stage`` and runs ``ScheduleGPipe`` or ``Schedule1F1B``
+on the example batch. The outcome, or the failure, goes to the parent through
+a queue; nothing here raises out of :func:`run_worker`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+import io
+import logging
+import os
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import Pipe, Schedule1F1B, ScheduleGPipe, pipeline
+from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
+
+from syncpass.backends.torch import verify
+from syncpass.core.errors import SyncpassError
+from syncpass.runtime.contracts import (
+    LossCheck,
+    ParamCheck,
+    RunRequest,
+    RunResult,
+    StageFigures,
+    WorkerDone,
+    WorkerFailed,
+    default_microbatches,
+)
+from syncpass.runtime.example import Example, innermost_user_frame, load_example
+
+SGD_LR = 1e-3
+# What gloo and NCCL say when another rank went away.
+PEER_LOST_SIGNS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "Broken pipe",
+    "NCCL communicator was aborted",
+)
+
+
+class MessageQueue(Protocol):
+    """The part of ``multiprocessing.Queue`` a worker uses."""
+
+    def put(self, obj: Any) -> None: ...
+
+    def close(self) -> None: ...
+
+    def join_thread(self) -> None: ...
+
+
+def run_worker(request: RunRequest, rank: int, queue: MessageQueue) -> None:
+    """Run stage ``rank`` of ``request`` and put a WorkerDone or WorkerFailed on ``queue``."""
+    message: WorkerDone | WorkerFailed
+    try:
+        message = WorkerDone(rank, _run(request, rank))
+    except SyncpassError as error:
+        message = WorkerFailed(rank, error.message, error.location, user_error=True)
+    except BaseException as error:  # SystemExit from user code must not go unreported
+        message = _crash(rank, error)
+    # Report first, and wait until the report is in the pipe: tearing the group
+    # down closes the connections, and the peers' "connection closed" failures
+    # must not overtake this rank's own.
+    queue.put(message)
+    queue.close()
+    queue.join_thread()
+    if dist.is_initialized():
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def _crash(rank: int, error: BaseException) -> WorkerFailed:
+    """The failure message for an unexpected exception: its chain, and the user's line if any."""
+    parts: list[str] = []
+    current: BaseException | None = error
+    while current is not None and len(parts) < 4:
+        text = " ".join(str(current).split())
+        parts.append(f"{type(current).__name__}: {text}" if text else type(current).__name__)
+        current = current.__cause__ or current.__context__
+    frame = innermost_user_frame(error.__traceback__)
+    location = f"{frame.filename}:{frame.lineno}" if frame is not None else ""
+    return WorkerFailed(rank, "; caused by ".join(parts), location, peer_lost=_lost_peer(error))
+
+
+def _lost_peer(error: BaseException) -> bool:
+    """Whether ``error`` is a broken connection to another rank rather than a failure of this one."""
+    if isinstance(error, (dist.DistNetworkError, dist.DistBackendError)):
+        return True
+    text = str(error)
+    return any(sign in text for sign in PEER_LOST_SIGNS)
+
+
+@dataclass
+class Batch:
+    """The example batch, on the stage's device, and its micro-batches."""
+
+    args: tuple[Any, ...]
+    target: torch.Tensor
+    arg_chunks: list[tuple[Any, ...]]
+    target_chunks: list[torch.Tensor]
+    size: int
+
+
+@dataclass
+class ComputeClock:
+    """Adds up the time spent inside the wrapped functions (the stage's own computation)."""
+
+    device: torch.device
+    total: float = 0.0
+    _depth: int = field(default=0, repr=False)
+
+    def _sync(self) -> None:
+        # CUDA kernels run asynchronously: without a sync the host clock would
+        # measure only the launches.
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    @contextlib.contextmanager
+    def measure(self) -> Iterator[None]:
+        """Time the block, unless it runs inside another measured block."""
+        self._depth += 1
+        if self._depth == 1:
+            self._sync()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if self._depth == 0:
+                self._sync()
+                self.total += time.perf_counter() - start
+
+    def wrap(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function``, timed."""
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            with self.measure():
+                return function(*args, **kwargs)
+
+        return timed
+
+
+@dataclass
+class StageRun:
+    """One rank's stage, ready to step: what :func:`_prepare` builds."""
+
+    request: RunRequest
+    rank: int
+    device: torch.device
+    backend: str
+    example: Example
+    batch: Batch
+    pipe: Pipe
+    stage: Any
+    schedule: ScheduleGPipe | Schedule1F1B
+    optimizer: torch.optim.Optimizer | None
+    clock: ComputeClock
+    aliases: dict[str, str]
+    identity: dict[int, str]
+    reference: verify.Reference | None
+
+
+def _run(request: RunRequest, rank: int) -> RunResult | None:
+    run = _prepare(request, rank)
+    # Warm-up step: sets up the stage's communication; its gradients are the ones checked.
+    losses = _step(run, timed=False)
+    checks: tuple[ParamCheck, ...] = ()
+    loss_checks: tuple[LossCheck, ...] = ()
+    if run.reference is not None:
+        checks, loss_checks = _check(run, run.reference, losses)
+    if run.optimizer is not None:
+        run.optimizer.step()
+    if request.timeline is not None:
+        from syncpass.backends.torch.profiler import Profile
+
+        with Profile("syncpass run", run.stage, output=request.timeline):
+            step_times, compute_times = _timed_steps(run)
+    else:
+        step_times, compute_times = _timed_steps(run)
+    figures = StageFigures(
+        stage=rank,
+        rank=rank,
+        parameters=sum(p.numel() for p in run.stage.submod.parameters()),
+        parameter_tensors=len(list(run.stage.submod.parameters())),
+        step_times_s=step_times,
+        compute_times_s=compute_times,
+        checks=checks,
+        loss_checks=loss_checks,
+    )
+    return _gather(run, figures)
+
+
+def _prepare(request: RunRequest, rank: int) -> StageRun:
+    """Load the example, trace it, join the process group and build this rank's stage."""
+    _quiet_torch_warnings()
+    torch.set_num_threads(request.threads)
+    device, backend = _device(request, rank)
+    # As torchrun sets them: an example may read its rank.
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(request.stages),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(request.port),
+    )
+    example = load_example(request.example)
+    batch = _split_batch(example, request, device)
+    model = example.model.to(device)
+    reference_model = copy.deepcopy(model) if request.verify else None
+    # Taken before tracing: the stages hold these very parameter objects.
+    aliases = verify.canonical_names(model)
+    identity = {id(p): aliases[name] for name, p in model.named_parameters(remove_duplicate=False)}
+    pipe = _trace(model, batch, request)
+
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://127.0.0.1:{request.port}",
+        rank=rank,
+        world_size=request.stages,
+        timeout=timedelta(seconds=request.timeout_s),
+        device_id=device if device.type == "cuda" else None,
+    )
+    stage = pipe.build_stage(rank, device)
+    clock = ComputeClock(device)
+    # Instance attributes shadow the methods the schedule calls on the stage.
+    stage.forward_one_chunk = clock.wrap(stage.forward_one_chunk)  # type: ignore[method-assign]
+    stage.backward_one_chunk = clock.wrap(stage.backward_one_chunk)  # type: ignore[method-assign]
+    schedule_type = ScheduleGPipe if request.schedule == "gpipe" else Schedule1F1B
+    schedule = schedule_type(
+        stage,
+        n_microbatches=len(batch.arg_chunks),
+        loss_fn=clock.wrap(example.loss_fn),
+        scale_grads=True,
+    )
+    parameters = list(stage.submod.parameters())
+    reference = None
+    if reference_model is not None:
+        reference = verify.run_reference(
+            reference_model,
+            batch.arg_chunks,
+            batch.target_chunks,
+            example.loss_fn,
+            len(batch.arg_chunks),
+        )
+    return StageRun(
+        request=request,
+        rank=rank,
+        device=device,
+        backend=backend,
+        example=example,
+        batch=batch,
+        pipe=pipe,
+        stage=stage,
+        schedule=schedule,
+        optimizer=torch.optim.SGD(parameters, lr=SGD_LR) if parameters else None,
+        clock=clock,
+        aliases=aliases,
+        identity=identity,
+        reference=reference,
+    )
+
+
+def _timed_steps(run: StageRun) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """``--steps`` training steps, each started together on all ranks: (step, compute) times."""
+    step_times, compute_times = [], []
+    for _ in range(run.request.steps):
+        dist.barrier()
+        run.clock.total = 0.0
+        start = time.perf_counter()
+        _step(run, timed=True)
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        step_times.append(time.perf_counter() - start)
+        compute_times.append(run.clock.total)
+    return tuple(step_times), tuple(compute_times)
+
+
+def _gather(run: StageRun, figures: StageFigures) -> RunResult | None:
+    """Collect every stage's figures on rank 0; rank 0 returns the whole result, others None."""
+    request = run.request
+    gathered: list[StageFigures] | None = [figures] * request.stages if run.rank == 0 else None
+    dist.gather_object(figures, gathered, dst=0)
+    if gathered is None:
+        return None
+    unplaced: tuple[ParamCheck, ...] = ()
+    if run.reference is not None:
+        covered = (check.name for stage_figures in gathered for check in stage_figures.checks)
+        unplaced = verify.check_unplaced(covered, run.aliases, run.reference)
+    return RunResult(
+        request=request,
+        batch=run.batch.size,
+        microbatches=len(run.batch.arg_chunks),
+        backend=run.backend,
+        device=str(run.device),
+        stages=tuple(gathered),
+        model_parameters=len(set(run.aliases.values())),
+        unplaced=unplaced,
+    )
+
+
+def _quiet_torch_warnings() -> None:
+    # Deprecation notices from torch's own internals (pytree specs, export) say
+    # nothing about the user's model and would bury the report; a failed trace
+    # logs the whole graph as a warning, while its cause reaches the user as the error.
+    logging.getLogger("torch").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"torch\..*|copyreg")
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"torch\.distributed\..*")
+
+
+def _device(request: RunRequest, rank: int) -> tuple[torch.device, str]:
+    """CUDA with NCCL when every stage gets a GPU of its own, else the CPU with gloo."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if request.device == "cuda" and gpus < request.stages:
+        raise SyncpassError(
+            f"--device cuda needs a GPU per stage: {request.stages} stage(s), {gpus} GPU(s) visible"
+        )
+    if request.device == "cuda" or (request.device == "auto" and gpus >= request.stages):
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        return device, "nccl"
+    return torch.device("cpu"), "gloo"
+
+
+def _to(value: Any, device: torch.device) -> Any:
+    return value.to(device) if isinstance(value, torch.Tensor) else value
+
+
+def _split_batch(example: Example, request: RunRequest, device: torch.device) -> Batch:
+    """Move the batch to ``device`` and cut it into equal micro-batches along dimension 0."""
+    args = tuple(_to(value, device) for value in example.args)
+    tensors = [
+        (index, value) for index, value in enumerate(args) if isinstance(value, torch.Tensor)
+    ]
+    if not tensors:
+        raise SyncpassError(
+            "the example's args hold no tensor to split into micro-batches", example.origin
+        )
+    first, first_tensor = tensors[0]
+    if first_tensor.dim() == 0 or first_tensor.shape[0] == 0:
+        raise SyncpassError(
+            f"args[{first}] has shape {tuple(first_tensor.shape)}: no batch to split "
+            "into micro-batches along its first dimension",
+            example.origin,
+        )
+    size = first_tensor.shape[0]
+    for index, value in tensors:
+        if value.dim() == 0 or value.shape[0] != size:
+            shape = tuple(value.shape)
+            raise SyncpassError(
+                f"args[{index}] has shape {shape}, but args[{first}] has batch size "
+                f"{size}: every tensor input is split into micro-batches along its first dimension",
+                example.origin,
+            )
+    if example.target is None:
+        # The schedule hands each micro-batch's target to the loss; the default loss ignores it.
+        target = torch.zeros(size, device=device)
+    else:
+        target = example.target.to(device)
+        if target.dim() == 0 or target.shape[0] != size:
+            raise SyncpassError(
+                f"target has shape {tuple(target.shape)}; its first dimension must be the batch "
+                f"size {size}",
+                example.origin,
+            )
+    microbatches = request.microbatches or default_microbatches(size, request.stages)
+    if size % microbatches:
+        raise SyncpassError(
+            f"a batch of {size} does not split into {microbatches} equal micro-batches (the "
+            "pipeline is traced at the shape of one micro-batch); choose --microbatches among "
+            f"{', '.join(str(d) for d in range(1, size + 1) if size % d == 0)}",
+            example.origin,
+        )
+    if request.schedule == "1f1b" and microbatches < request.stages:
+        raise SyncpassError(
+            f"--schedule 1f1b needs at least one micro-batch per stage: {microbatches} "
+            f"micro-batch(es) for {request.stages} stages (use gpipe, or a larger batch)"
+        )
+    arg_chunks, _ = split_args_kwargs_into_chunks(args, None, microbatches)
+    (target_chunks, _) = split_args_kwargs_into_chunks((target,), None, microbatches)
+    return Batch(
+        args=args,
+        target=target,
+        arg_chunks=list(arg_chunks),
+        target_chunks=[chunk[0] for chunk in target_chunks],
+        size=size,
+    )
+
+
+def _trace(model: torch.nn.Module, batch: Batch, request: RunRequest) -> Pipe:
+    """Split ``model`` at its ``pipe_split()`` calls and check the stage count."""
+    # A failed torch.export prints its partial graph to stderr (hundreds of
+    # lines); the cause and the user's line are reported instead.
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            pipe = pipeline(model, mb_args=batch.arg_chunks[0])
+    except Exception as error:
+        cause = error.__cause__ or error
+        frame = innermost_user_frame(cause.__traceback__)
+        location = f"{frame.filename}:{frame.lineno}" if frame is not None else request.file
+        first_line = next((line for line in str(cause).splitlines() if line.strip()), "")
+        raise SyncpassError(
+            f"torch.distributed.pipelining could not trace the model: "
+            f"{type(cause).__name__}: {first_line.strip()}",
+            location,
+        ) from None
+    sys.stderr.write(captured.getvalue())
+    if pipe.num_stages != request.stages:
+        cuts = pipe.num_stages - 1
+        message = (
+            f"the traced forward has {cuts} pipe_split() sync point(s), which make "
+            f"{pipe.num_stages} stage(s); --stages asks for {request.stages}"
+        )
+        source = inspect.getsourcefile(type(model))
+        if source is not None and Path(source).resolve() != Path(request.file).resolve():
+            message += f" (the example's model is defined in {source}, not in this file)"
+        raise SyncpassError(message, request.file)
+    return pipe
+
+
+def _step(run: StageRun, timed: bool) -> list[torch.Tensor]:
+    """One training step; returns the last stage's per-micro-batch losses (else ``[]``).
+
+    The timed steps zero the gradients first and update the weights after; the
+    warm-up step leaves both to the caller, which checks the gradients between.
+    """
+    losses: list[torch.Tensor] = []
+    if timed and run.optimizer is not None:
+        run.optimizer.zero_grad(set_to_none=True)
+    inputs = run.batch.args if run.stage.is_first else ()
+    if run.stage.is_last:
+        run.schedule.step(*inputs, target=run.batch.target, losses=losses)
+    else:
+        run.schedule.step(*inputs)
+    if timed and run.optimizer is not None:
+        with run.clock.measure():
+            run.optimizer.step()
+    return losses
+
+
+def _check(
+    run: StageRun, reference: verify.Reference, losses: list[torch.Tensor]
+) -> tuple[tuple[ParamCheck, ...], tuple[LossCheck, ...]]:
+    """This stage's gradient checks and, on the last stage, the loss checks."""
+    request, stage_module = run.request, run.stage.submod
+    own = next(name for name, child in run.pipe.split_gm.named_children() if child is stage_module)
+    replicated = verify.sum_replicated(
+        run.pipe.replicated_params, own, stage_module, run.aliases, reference, run.device
+    )
+    names = verify.stage_parameter_names(stage_module, run.identity, run.aliases)
+    checks = verify.check_stage(
+        run.rank, stage_module, names, replicated, reference, run.device, request.rtol, request.atol
+    )
+    loss_checks: tuple[LossCheck, ...] = ()
+    if run.stage.is_last:
+        rtol, atol = verify.tolerances(torch.float32, run.device, request.rtol, request.atol)
+        loss_checks = verify.check_losses(losses, reference, rtol, atol)
+    return checks, loss_checks

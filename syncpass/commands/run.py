@@ -1,0 +1,247 @@
+"""``syncpass run``: the command-line entry of the pipeline runtime.
+
+:func:`register` adds the ``run`` subcommand to an argparse subparsers object;
+its handler returns the exit status: 0 done (and, with ``--verify``, every
+loss and gradient matched), 1 ``--verify`` found a mismatch. Bad input and
+failed stages raise :class:`~syncpass.core.errors.SyncpassError`, which the caller
+prints and turns into status 2 (as :func:`main` does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from syncpass.backends.torch.launch import launch
+from syncpass.commands.cliargs import EXIT_FOUND, EXIT_OK, positive_float, positive_int
+from syncpass.core.errors import SyncpassError
+from syncpass.core.fileio import write_atomically
+from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
+from syncpass.runtime.example import example_for_file
+from syncpass.runtime.render import render_run, report_document
+
+DEFAULT_TIMEOUT_S = 300.0
+
+
+def _tolerance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if math.isnan(value) or value < 0:
+        raise argparse.ArgumentTypeError("must be >= 0")
+    return value
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add ``run`` to ``subparsers`` (from ``ArgumentParser.add_subparsers``) and return its parser.
+
+    The parser's ``handler`` default is :func:`run_command`.
+    """
+    run = subparsers.add_parser(
+        "run",
+        help="run a model with pipe_split() sync points as a real pipeline, and check it",
+        description="Start one local process per pipeline stage, build the stages with "
+        "torch.distributed.pipelining from FILE's pipe_split() calls, run a few training steps "
+        "and report each stage's step time and communication wait. With --verify, compare the "
+        "loss and every gradient with the unsplit model (exit 1 on a mismatch).",
+    )
+    run.add_argument("file", type=Path, metavar="FILE", help="model source with pipe_split() calls")
+    run.add_argument(
+        "--example",
+        metavar="SPEC",
+        default="example",
+        help="the example factory: PATH.py:FUNC, package.module:FUNC, or a FUNC in FILE "
+        "(default: example)",
+    )
+    run.add_argument(
+        "--stages", type=positive_int, required=True, metavar="N", help="pipeline stages"
+    )
+    run.add_argument(
+        "--microbatches",
+        type=positive_int,
+        metavar="M",
+        help="micro-batches per step; must divide the batch "
+        "(default: the largest divisor of the batch up to four per stage)",
+    )
+    run.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=None,
+        help="pipeline schedule (default 1f1b; --backend jax runs gpipe only)",
+    )
+    run.add_argument(
+        "--steps",
+        type=positive_int,
+        default=3,
+        metavar="K",
+        help="timed training steps after one warm-up step (default 3)",
+    )
+    run.add_argument(
+        "--verify",
+        action="store_true",
+        help="compare the loss and every gradient with the unsplit model; exit 1 on a mismatch",
+    )
+    run.add_argument("--rtol", type=_tolerance, help="relative tolerance of --verify")
+    run.add_argument("--atol", type=_tolerance, help="absolute tolerance of --verify")
+    run.add_argument(
+        "--json-report", type=Path, metavar="OUT", help="also write the figures as JSON here"
+    )
+    run.add_argument(
+        "--timeline",
+        type=Path,
+        metavar="OUT",
+        help="profile the timed steps: OUT.json (each rank's compute, sync time and wait "
+        "ratio, with spans) and OUT.png (a timeline of stages and transfers)",
+    )
+    run.add_argument(
+        "--threads",
+        type=positive_int,
+        default=1,
+        metavar="T",
+        help="CPU threads per process (default 1)",
+    )
+    run.add_argument(
+        "--device",
+        choices=DEVICES,
+        default="auto",
+        help="auto: one GPU per stage with NCCL when there are enough, else the CPU with gloo",
+    )
+    run.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help=f"stop every process and fail after S seconds (default {DEFAULT_TIMEOUT_S:g})",
+    )
+    run.add_argument(
+        "--costs",
+        type=Path,
+        metavar="FILE",
+        help="the model's cost file: print the cost model's prediction for the sync points "
+        "FILE carries beside the measured run",
+    )
+    run.add_argument(
+        "--backend",
+        choices=("torch", "jax"),
+        default="torch",
+        help="torch: pipe_split() stages over gloo/NCCL processes (default); jax: the "
+        "jax.device_put stages of a JAX function or Flax module, one jax.jit per stage over N "
+        "JAX devices (docs/jax.md)",
+    )
+    run.set_defaults(handler=run_command)
+    return run  # type: ignore[no-any-return]
+
+
+def checked_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
+    """The model file and the ``--json-report`` path, checked before anything starts."""
+    file: Path = args.file
+    if not file.is_file():
+        raise SyncpassError(
+            "no such file (FILE is the model source with its sync points)", str(file)
+        )
+    report: Path | None = args.json_report
+    if report is not None and not report.parent.is_dir():
+        raise SyncpassError("the folder for --json-report does not exist", str(report))
+    timeline: Path | None = getattr(args, "timeline", None)
+    if timeline is not None:
+        if getattr(args, "backend", "torch") != "torch":
+            raise SyncpassError("--timeline profiles torch pipelines only")
+        if not timeline.parent.is_dir():
+            raise SyncpassError("the folder for --timeline does not exist", str(timeline))
+    return file, report
+
+
+def request_from_args(args: argparse.Namespace) -> RunRequest:
+    """The RunRequest of parsed ``syncpass run`` arguments; checks what needs no process."""
+    file, _ = checked_paths(args)
+    schedule = args.schedule or "1f1b"
+    if schedule == "1f1b" and args.microbatches is not None and args.microbatches < args.stages:
+        raise SyncpassError(
+            f"--schedule 1f1b needs --microbatches >= --stages ({args.microbatches} < {args.stages})"
+        )
+    return RunRequest(
+        file=str(file),
+        example=example_for_file(file, args.example),
+        stages=args.stages,
+        microbatches=args.microbatches,
+        schedule=schedule,
+        steps=args.steps,
+        verify=args.verify,
+        threads=args.threads,
+        device=args.device,
+        rtol=args.rtol,
+        atol=args.atol,
+        timeout_s=args.timeout,
+        timeline=None if args.timeline is None else str(args.timeline.resolve()),
+    )
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Handler of ``syncpass run``: launch, print the report, write the JSON, return the status."""
+    if getattr(args, "backend", "torch") == "jax":
+        if args.schedule not in (None, "gpipe"):
+            raise SyncpassError(
+                f"--backend jax runs the gpipe schedule only; drop --schedule {args.schedule}"
+            )
+        return _run_jax_command(args)
+    request = request_from_args(args)
+    costs = None
+    if args.costs is not None:  # read before the run: a bad cost file fails fast
+        from syncpass.contracts.costs import load_costs
+
+        costs = load_costs(args.costs)
+    result = launch(request)
+    if request.timeline is not None:
+        print(
+            f"syncpass: wrote {request.timeline}.json and {request.timeline}.png (the timed steps, "
+            "rank by rank)",
+            file=sys.stderr,
+        )
+    document = report_document(result)
+    text = render_run(result)
+    if costs is not None:
+        from syncpass.backends.torch.prediction import (
+            predict_run,
+            prediction_to_json,
+            render_prediction,
+        )
+
+        source = Path(request.file).read_text(encoding="utf-8")
+        prediction = predict_run(source, request.file, costs, result)
+        document["prediction"] = prediction_to_json(prediction)
+        text += render_prediction(prediction)
+    if args.json_report is not None:
+        write_atomically(args.json_report, json.dumps(document, indent=2) + "\n")
+    sys.stdout.write(text)
+    if request.verify and not result.verified:
+        return EXIT_FOUND
+    return EXIT_OK
+
+
+def _run_jax_command(args: argparse.Namespace) -> int:
+    """``syncpass run --backend jax``: one process, N JAX devices, one jitted stage each."""
+    from syncpass.backends.jax.run import jax_report_document, render_jax_run, run_jax
+
+    file, report = checked_paths(args)
+    example = example_for_file(file, args.example)
+    result = run_jax(
+        str(file),
+        example,
+        args.stages,
+        steps=args.steps,
+        verify=args.verify,
+        rtol=args.rtol,
+        atol=args.atol,
+        timeout_s=args.timeout,
+        microbatches=args.microbatches,
+    )
+    if report is not None:
+        document = jax_report_document(result, str(file), example)
+        write_atomically(report, json.dumps(document, indent=2) + "\n")
+    sys.stdout.write(render_jax_run(result, str(file), example))
+    return EXIT_FOUND if args.verify and not result.verified else EXIT_OK

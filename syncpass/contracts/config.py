@@ -1,0 +1,141 @@
+"""Pass settings: the ``sync_config`` vocabulary and where its values come from.
+
+Settings are resolved in this order, later ones winning: the built-in
+defaults, the ``config`` object of the cost file, a ``--config`` TOML file,
+then command-line flags.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from syncpass.backends.registry import BUILTIN_STRATEGIES, plugin_strategy_names, strategy_names
+from syncpass.core.errors import SyncpassError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+#: Strategies a plan can be made with.
+#: ``adaptive`` and ``fixed`` run the exact optimiser (``adaptive`` raises the
+#: threshold to the smallest value that admits a plan, ``fixed`` fails
+#: instead); the others are the rules people use today, kept for comparison.
+STRATEGIES = BUILTIN_STRATEGIES
+OPTIMISING_STRATEGIES = ("adaptive", "fixed")
+BASELINE_STRATEGIES = ("uniform", "parameters", "time")
+SCHEDULES = ("gpipe", "1f1b")
+
+
+@dataclass(frozen=True)
+class SyncConfig:
+    """How sync points are chosen.
+
+    ``min_sync_interval``: fewest ops a stage holds.
+    ``communication_cost_threshold``: the largest admissible ratio of a sync
+    point's communication time to the compute time of the stage it closes.
+    """
+
+    strategy: str = "adaptive"
+    min_sync_interval: int = 1
+    communication_cost_threshold: float = 0.1
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES and self.strategy not in plugin_strategy_names():
+            raise ValueError(
+                f"strategy must be one of {', '.join(strategy_names())}, got {self.strategy!r}"
+            )
+        if isinstance(self.min_sync_interval, bool) or not isinstance(self.min_sync_interval, int):
+            raise ValueError(
+                f"min_sync_interval must be a whole number of ops, got {self.min_sync_interval!r}"
+            )
+        if self.min_sync_interval < 1:
+            raise ValueError(
+                f"min_sync_interval must be at least 1 (a stage holds at least one op), "
+                f"got {self.min_sync_interval}"
+            )
+        tau = self.communication_cost_threshold
+        if isinstance(tau, bool) or not isinstance(tau, (int, float)) or math.isnan(tau) or tau < 0:
+            raise ValueError(
+                f"communication_cost_threshold must be a number >= 0 "
+                f"(use inf for no limit), got {tau!r}"
+            )
+
+    def replace(self, **changes: Any) -> SyncConfig:
+        """A copy with ``changes`` applied; ``None`` values are ignored."""
+        kept = {key: value for key, value in changes.items() if value is not None}
+        return dataclasses.replace(self, **kept)
+
+
+CONFIG_KEYS = tuple(field.name for field in dataclasses.fields(SyncConfig))
+
+
+def sync_config_from_mapping(
+    data: Mapping[str, Any], location: str, base: SyncConfig
+) -> SyncConfig:
+    """Read ``data`` over ``base``; unknown keys and bad values name ``location``."""
+    unknown = sorted(set(data) - set(CONFIG_KEYS))
+    if unknown:
+        raise SyncpassError(
+            f"unknown setting {', '.join(map(repr, unknown))}; valid settings are "
+            f"{', '.join(CONFIG_KEYS)}",
+            location,
+        )
+    try:
+        return base.replace(**dict(data))
+    except (ValueError, TypeError) as error:
+        raise SyncpassError(str(error), location) from None
+
+
+@cache
+def default_sync_config() -> SyncConfig:
+    """The shipped defaults, from ``configs/defaults.toml``."""
+    text = resources.files("syncpass.configs").joinpath("defaults.toml").read_text("utf-8")
+    return sync_config_from_mapping(
+        tomllib.loads(text), "syncpass/configs/defaults.toml", SyncConfig()
+    )
+
+
+def read_config_table(path: Path) -> tuple[Mapping[str, Any], str, str]:
+    """The syncpass table of a TOML file, its text, and the table's name for messages.
+
+    The settings may stand at the top level (name ``""``) or under
+    ``[tool.syncpass]`` (so a ``pyproject.toml`` can be passed as it is).
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = tomllib.loads(text)
+    except OSError as error:
+        raise SyncpassError(f"cannot read the config file: {error.strerror}", str(path)) from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
+        raise SyncpassError(f"not valid TOML: {error}", str(path)) from None
+    table: Any = data
+    name = ""
+    if "tool" in data or "project" in data:  # a pyproject.toml: read its own table
+        tool = data.get("tool", {})
+        table = tool.get("syncpass", {}) if isinstance(tool, dict) else {}
+        name = "tool.syncpass"
+    if not isinstance(table, Mapping):
+        raise SyncpassError("[tool.syncpass] must be a table", f"{path}:[tool.syncpass]")
+    return table, text, name
+
+
+def load_config_file(path: Path, base: SyncConfig) -> SyncConfig:
+    """The sync settings of a TOML config file over ``base``.
+
+    The whole file is read and checked as a project configuration
+    (:func:`syncpass.settings.project.load_project_config`: settings at the top
+    level or under ``[tool.syncpass]``, plus backend, stages, hardware and
+    model entries); only the settings it sets replace those of ``base``.
+    """
+    from syncpass.settings.project import load_project_config  # it builds on this module
+
+    return load_project_config(path).sync_over(base)

@@ -1,0 +1,582 @@
+"""The cost file (version 1): measured or estimated costs of a model's ops.
+
+A cost file is the contract between profiling and planning. It holds, for one
+batch size, each op's compute time and sizes, the admissible sync points
+("cuts") with the bytes that cross them, the hardware they were measured on
+and the default pass settings. It is plain JSON so it can be committed and
+re-planned from without running any code; the format is documented in
+``docs/formats.md``.
+
+This module imports neither torch nor libcst.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from syncpass.contracts.config import (
+    CONFIG_KEYS,
+    SyncConfig,
+    default_sync_config,
+    sync_config_from_mapping,
+)
+from syncpass.contracts.graph import INPUT, OUTPUT
+from syncpass.core.errors import SyncpassError
+
+COST_FILE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """The link and device a plan is made for.
+
+    Communication of ``b`` bytes takes ``alpha_s + b / beta_bytes_per_s``.
+    ``device_memory_bytes`` of ``None`` means no memory limit.
+    ``stage_overhead_s`` is the pipeline runtime's own time for each micro-batch
+    forward or backward a stage runs (scheduling, autograd bookkeeping, setting
+    up the transfers), on top of the ops' compute.
+    """
+
+    alpha_s: float
+    beta_bytes_per_s: float
+    device_memory_bytes: float | None = None
+    name: str | None = None
+    flops_per_s: float | None = None  # the compute rate the op times reflect, when known
+    stage_overhead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (_is_number(self.alpha_s) and self.alpha_s >= 0):
+            raise ValueError(f"alpha_s must be a number >= 0 seconds, got {self.alpha_s!r}")
+        if not (_is_number(self.beta_bytes_per_s) and self.beta_bytes_per_s > 0):
+            raise ValueError(
+                f"beta_bytes_per_s must be a bandwidth > 0 bytes/s, got {self.beta_bytes_per_s!r}"
+            )
+        if self.device_memory_bytes is not None and not (
+            _is_number(self.device_memory_bytes) and self.device_memory_bytes > 0
+        ):
+            raise ValueError(
+                "device_memory_bytes must be > 0 bytes, or absent for no limit, "
+                f"got {self.device_memory_bytes!r}"
+            )
+
+        if self.flops_per_s is not None and not (
+            _is_number(self.flops_per_s) and self.flops_per_s > 0
+        ):
+            raise ValueError(f"flops_per_s must be > 0, got {self.flops_per_s!r}")
+        if not (_is_number(self.stage_overhead_s) and self.stage_overhead_s >= 0):
+            raise ValueError(
+                f"stage_overhead_s must be a number >= 0 seconds, got {self.stage_overhead_s!r}"
+            )
+
+    def transfer_s(self, num_bytes: float) -> float:
+        """Time to move ``num_bytes`` once, one way."""
+        return self.alpha_s + num_bytes / self.beta_bytes_per_s
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """Costs of one op at the cost file's batch size.
+
+    ``id`` is the op's stable id (its qualified name in the model, with a
+    source position where the name alone is not unique); ``source`` is
+    ``"file:line"`` when known.
+
+    ``fixed_s`` and ``backward_fixed_s`` are the parts of ``compute_s`` and
+    ``backward_s`` that every call costs whatever its batch (dispatch, kernel
+    launches, Python): a micro-batch of ``1/M`` of the batch takes
+    ``fixed_s + (compute_s - fixed_s) / M``, not ``compute_s / M``.
+    """
+
+    id: str
+    compute_s: float
+    backward_s: float = 0.0
+    param_bytes: float = 0
+    out_bytes: float = 0
+    flops: float | None = None
+    source: str | None = None
+    fixed_s: float = 0.0
+    backward_fixed_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("an op id must be a non-empty string")
+        for name in (
+            "compute_s",
+            "backward_s",
+            "param_bytes",
+            "out_bytes",
+            "fixed_s",
+            "backward_fixed_s",
+        ):
+            value = getattr(self, name)
+            if not (_is_number(value) and value >= 0 and math.isfinite(value)):
+                raise ValueError(f"op {self.id!r}: {name} must be a finite number >= 0")
+        if self.fixed_s > self.compute_s or self.backward_fixed_s > self.backward_s:
+            raise ValueError(
+                f"op {self.id!r}: fixed_s and backward_fixed_s cannot exceed "
+                "compute_s and backward_s"
+            )
+
+    def forward_step_s(self, microbatches: int = 1) -> float:
+        """Forward time over one step of ``microbatches`` micro-batches."""
+        return self.compute_s + (microbatches - 1) * self.fixed_s
+
+    def backward_step_s(self, microbatches: int = 1) -> float:
+        """Backward time over one step of ``microbatches`` micro-batches."""
+        return self.backward_s + (microbatches - 1) * self.backward_fixed_s
+
+
+@dataclass(frozen=True)
+class CutCost:
+    """An admissible sync point: a cut right after op ``after``.
+
+    ``live_bytes`` is the size of every value defined at or before the op
+    and used after it, i.e. what crosses the link. ``pinned`` cuts are the
+    user's own sync points: every strategy keeps them, and ``manual`` uses
+    only them.
+    """
+
+    after: str
+    live_bytes: float
+    pinned: bool = False
+
+    def __post_init__(self) -> None:
+        if not (_is_number(self.live_bytes) and self.live_bytes >= 0):
+            raise ValueError(f"cut after {self.after!r}: live_bytes must be a number >= 0")
+
+
+@dataclass(frozen=True)
+class Costs:
+    """A whole cost file: ops in execution order and their admissible cuts."""
+
+    batch_size: int
+    training: bool
+    memory_multiplier: float
+    hardware: Hardware
+    ops: tuple[OpCost, ...]
+    cuts: tuple[CutCost, ...]
+    config: SyncConfig = field(default_factory=SyncConfig)
+    model: str | None = None
+    version: int = COST_FILE_VERSION
+    edges: tuple[tuple[str, str], ...] = ()  # def-use: (producer, consumer), INPUT/OUTPUT too
+    notes: tuple[str, ...] = ()  # what was done to the figures since they were measured
+
+    def __post_init__(self) -> None:
+        if self.version != COST_FILE_VERSION:
+            raise ValueError(f"version must be {COST_FILE_VERSION}, got {self.version!r}")
+        if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int):
+            raise ValueError("batch_size must be a whole number")
+        if self.batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if not (_is_number(self.memory_multiplier) and self.memory_multiplier >= 0):
+            raise ValueError("memory_multiplier must be a number >= 0")
+        if not self.ops:
+            raise ValueError("a cost file needs at least one op")
+        position = self.op_index
+        if len(position) != len(self.ops):
+            ids = [op.id for op in self.ops]
+            duplicate = next(op_id for op_id in ids if ids.count(op_id) > 1)
+            raise ValueError(f"op id {duplicate!r} appears twice; op ids must be unique")
+        last = -1
+        for cut in self.cuts:
+            if cut.after not in position:
+                raise ValueError(f"cut after {cut.after!r} names no op")
+            index = position[cut.after]
+            if index == len(self.ops) - 1:
+                raise ValueError(
+                    f"cut after {cut.after!r}: the last op cannot be followed by a cut"
+                )
+            if index <= last:
+                raise ValueError(
+                    f"cut after {cut.after!r} is out of order or repeated; list cuts in op order"
+                )
+            last = index
+
+        for producer, consumer in self.edges:
+            if producer != INPUT and producer not in position:
+                raise ValueError(f"edge from unknown op {producer!r}")
+            if consumer != OUTPUT and consumer not in position:
+                raise ValueError(f"edge to unknown op {consumer!r}")
+
+    @cached_property
+    def op_index(self) -> dict[str, int]:
+        """Position of each op id in execution order."""
+        return {op.id: index for index, op in enumerate(self.ops)}
+
+    @cached_property
+    def live_bytes_at(self) -> dict[int, float]:
+        """Bytes crossing each admissible cut, by position (the cut after op ``t`` is ``t + 1``)."""
+        return {self.op_index[cut.after] + 1: cut.live_bytes for cut in self.cuts}
+
+    def op_compute_s(self, op: OpCost, microbatches: int = 1) -> float:
+        """Compute one op costs per step of ``microbatches`` micro-batches: forward,
+        plus backward when training (each micro-batch pays the op's fixed part)."""
+        forward = op.forward_step_s(microbatches)
+        return forward + op.backward_step_s(microbatches) if self.training else forward
+
+    def cut_comm_s(self, cut: CutCost, microbatches: int = 1) -> float:
+        """Communication of one cut per step: one transfer per micro-batch (each pays
+        the latency), both directions when training."""
+        hardware = self.hardware
+        one_way = microbatches * hardware.alpha_s + cut.live_bytes / hardware.beta_bytes_per_s
+        return 2.0 * one_way if self.training else one_way
+
+    def op_memory_bytes(self, op: OpCost) -> float:
+        """Device memory one op's stage needs for it."""
+        return self.memory_multiplier * op.param_bytes + op.out_bytes
+
+
+# --- JSON ------------------------------------------------------------------
+
+
+def load_costs(path: str | Path) -> Costs:
+    """Read and validate a cost file; errors name the file and JSON path."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SyncpassError("no such cost file", str(path)) from None
+    except OSError as error:
+        raise SyncpassError(f"cannot read the cost file: {error.strerror}", str(path)) from None
+    except UnicodeDecodeError:
+        raise SyncpassError("not a text file (expected JSON)", str(path)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise SyncpassError(
+            f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}", str(path)
+        ) from None
+    return parse_costs(data, str(path))
+
+
+def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
+    """Build :class:`Costs` from decoded JSON, checking every field by path."""
+    reader = _Reader(origin)
+    top = reader.mapping(data, "$")
+    reader.no_unknown(
+        top,
+        "$",
+        (
+            "version",
+            "batch_size",
+            "training",
+            "memory_multiplier",
+            "hardware",
+            "config",
+            "ops",
+            "cuts",
+            "model",
+            "edges",
+            "notes",
+        ),
+    )
+    version = reader.required(top, "$", "version")
+    if version != COST_FILE_VERSION:
+        raise reader.error(
+            "$.version", f"unsupported version {version!r}; this syncpass reads version 1"
+        )
+    hardware_data = reader.mapping(reader.required(top, "$", "hardware"), "$.hardware")
+    reader.no_unknown(
+        hardware_data,
+        "$.hardware",
+        (
+            "alpha_s",
+            "beta_bytes_per_s",
+            "device_memory_bytes",
+            "name",
+            "flops_per_s",
+            "stage_overhead_s",
+        ),
+    )
+    memory = hardware_data.get("device_memory_bytes")
+    hardware = Hardware(
+        alpha_s=reader.number(hardware_data, "$.hardware", "alpha_s", minimum=0),
+        beta_bytes_per_s=reader.number(
+            hardware_data, "$.hardware", "beta_bytes_per_s", minimum=0, strict=True
+        ),
+        device_memory_bytes=None
+        if memory is None
+        else reader.number(hardware_data, "$.hardware", "device_memory_bytes", 0, strict=True),
+        name=reader.optional_string(hardware_data, "$.hardware", "name"),
+        flops_per_s=None
+        if hardware_data.get("flops_per_s") is None
+        else reader.number(hardware_data, "$.hardware", "flops_per_s", 0, strict=True),
+        stage_overhead_s=reader.number(
+            hardware_data, "$.hardware", "stage_overhead_s", minimum=0, default=0.0
+        ),
+    )
+    config = default_sync_config()
+    if "config" in top:
+        config_data = dict(reader.mapping(top["config"], "$.config"))
+        if config_data.get("communication_cost_threshold", 0) is None:
+            # JSON has no infinity: null is "no limit", as in plan files.
+            config_data["communication_cost_threshold"] = math.inf
+        config = sync_config_from_mapping(config_data, f"{origin}:$.config", config)
+
+    ops_data = reader.sequence(reader.required(top, "$", "ops"), "$.ops")
+    if not ops_data:
+        raise reader.error("$.ops", "needs at least one op")
+    ops = []
+    seen: dict[str, int] = {}
+    for index, item in enumerate(ops_data):
+        where = f"$.ops[{index}]"
+        op = reader.mapping(item, where)
+        reader.no_unknown(
+            op,
+            where,
+            (
+                "id",
+                "compute_s",
+                "backward_s",
+                "param_bytes",
+                "out_bytes",
+                "flops",
+                "source",
+                "fixed_s",
+                "backward_fixed_s",
+            ),
+        )
+        op_id = reader.string(op, where, "id")
+        if op_id in seen:
+            raise reader.error(
+                f"{where}.id", f"op id {op_id!r} already used by $.ops[{seen[op_id]}]"
+            )
+        seen[op_id] = index
+        flops = op.get("flops")
+        compute_s = reader.number(op, where, "compute_s", minimum=0)
+        backward_s = reader.number(op, where, "backward_s", minimum=0, default=0.0)
+        fixed_s = reader.number(op, where, "fixed_s", minimum=0, default=0.0)
+        backward_fixed_s = reader.number(op, where, "backward_fixed_s", minimum=0, default=0.0)
+        if fixed_s > compute_s:
+            raise reader.error(f"{where}.fixed_s", "cannot exceed compute_s")
+        if backward_fixed_s > backward_s:
+            raise reader.error(f"{where}.backward_fixed_s", "cannot exceed backward_s")
+        ops.append(
+            OpCost(
+                id=op_id,
+                compute_s=compute_s,
+                backward_s=backward_s,
+                fixed_s=fixed_s,
+                backward_fixed_s=backward_fixed_s,
+                param_bytes=reader.number(op, where, "param_bytes", minimum=0, default=0),
+                out_bytes=reader.number(op, where, "out_bytes", minimum=0, default=0),
+                flops=None if flops is None else reader.number(op, where, "flops", minimum=0),
+                source=reader.optional_string(op, where, "source"),
+            )
+        )
+
+    cuts_data = reader.sequence(top.get("cuts", []), "$.cuts")
+    cuts = []
+    last_index = -1
+    for index, item in enumerate(cuts_data):
+        where = f"$.cuts[{index}]"
+        cut = reader.mapping(item, where)
+        reader.no_unknown(cut, where, ("after", "live_bytes", "pinned"))
+        after = reader.string(cut, where, "after")
+        if after not in seen:
+            raise reader.error(f"{where}.after", f"unknown op id {after!r}; it must name an op")
+        op_position = seen[after]
+        if op_position == len(ops) - 1:
+            raise reader.error(
+                f"{where}.after", f"{after!r} is the last op; nothing follows it to sync with"
+            )
+        if op_position <= last_index:
+            raise reader.error(
+                f"{where}.after",
+                f"cut after {after!r} is out of order or repeated; list cuts in op order",
+            )
+        last_index = op_position
+        pinned = cut.get("pinned", False)
+        if not isinstance(pinned, bool):
+            raise reader.error(f"{where}.pinned", "must be true or false")
+        cuts.append(
+            CutCost(
+                after=after,
+                live_bytes=reader.number(cut, where, "live_bytes", minimum=0),
+                pinned=pinned,
+            )
+        )
+
+    edges = []
+    for index, item in enumerate(reader.sequence(top.get("edges", []), "$.edges")):
+        where = f"$.edges[{index}]"
+        if not (
+            isinstance(item, list) and len(item) == 2 and all(isinstance(x, str) for x in item)
+        ):
+            raise reader.error(where, "must be a pair [producer, consumer] of op ids")
+        producer, consumer = item
+        if producer != INPUT and producer not in seen:
+            raise reader.error(f"{where}[0]", f"unknown op id {producer!r}")
+        if consumer != OUTPUT and consumer not in seen:
+            raise reader.error(f"{where}[1]", f"unknown op id {consumer!r}")
+        if producer != INPUT and consumer != OUTPUT and seen[producer] >= seen[consumer]:
+            raise reader.error(
+                where,
+                f"{producer!r} runs after {consumer!r}: an edge goes from an op to a later one",
+            )
+        edges.append((producer, consumer))
+
+    training = top.get("training", True)
+    if not isinstance(training, bool):
+        raise reader.error("$.training", "must be true or false")
+    batch_size = reader.required(top, "$", "batch_size")
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise reader.error("$.batch_size", f"must be a whole number >= 1, got {batch_size!r}")
+    return Costs(
+        batch_size=batch_size,
+        training=training,
+        memory_multiplier=reader.number(top, "$", "memory_multiplier", minimum=0, default=1.0),
+        hardware=hardware,
+        ops=tuple(ops),
+        cuts=tuple(cuts),
+        config=config,
+        model=reader.optional_string(top, "$", "model"),
+        edges=tuple(edges),
+        notes=tuple(str(note) for note in reader.sequence(top.get("notes", []), "$.notes")),
+    )
+
+
+def costs_to_json(costs: Costs) -> dict[str, Any]:
+    """The cost file's JSON object (the inverse of :func:`parse_costs`)."""
+    hardware: dict[str, Any] = {
+        "alpha_s": costs.hardware.alpha_s,
+        "beta_bytes_per_s": costs.hardware.beta_bytes_per_s,
+    }
+    if costs.hardware.device_memory_bytes is not None:
+        hardware["device_memory_bytes"] = costs.hardware.device_memory_bytes
+    if costs.hardware.name is not None:
+        hardware["name"] = costs.hardware.name
+    if costs.hardware.flops_per_s is not None:
+        hardware["flops_per_s"] = costs.hardware.flops_per_s
+    if costs.hardware.stage_overhead_s:
+        hardware["stage_overhead_s"] = costs.hardware.stage_overhead_s
+    data: dict[str, Any] = {"version": costs.version}
+    if costs.model is not None:
+        data["model"] = costs.model
+    data.update(
+        batch_size=costs.batch_size,
+        training=costs.training,
+        memory_multiplier=costs.memory_multiplier,
+        hardware=hardware,
+        config={
+            key: None if getattr(costs.config, key) == math.inf else getattr(costs.config, key)
+            for key in CONFIG_KEYS
+        },
+        ops=[_op_to_json(op) for op in costs.ops],
+        cuts=[_cut_to_json(cut) for cut in costs.cuts],
+    )
+    if costs.edges:
+        data["edges"] = [list(edge) for edge in costs.edges]
+    if costs.notes:
+        data["notes"] = list(costs.notes)
+    return data
+
+
+def _op_to_json(op: OpCost) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "id": op.id,
+        "compute_s": op.compute_s,
+        "backward_s": op.backward_s,
+        "param_bytes": op.param_bytes,
+        "out_bytes": op.out_bytes,
+    }
+    if op.fixed_s:
+        data["fixed_s"] = op.fixed_s
+    if op.backward_fixed_s:
+        data["backward_fixed_s"] = op.backward_fixed_s
+    if op.flops is not None:
+        data["flops"] = op.flops
+    if op.source is not None:
+        data["source"] = op.source
+    return data
+
+
+def _cut_to_json(cut: CutCost) -> dict[str, Any]:
+    data: dict[str, Any] = {"after": cut.after, "live_bytes": cut.live_bytes}
+    if cut.pinned:
+        data["pinned"] = True
+    return data
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+class _Reader:
+    """Field access on decoded JSON whose errors name the file and JSON path."""
+
+    def __init__(self, origin: str) -> None:
+        self.origin = origin
+
+    def error(self, path: str, message: str) -> SyncpassError:
+        return SyncpassError(message, f"{self.origin}:{path}")
+
+    def mapping(self, value: Any, path: str) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            raise self.error(path, f"must be a JSON object, got {_json_kind(value)}")
+        return value
+
+    def sequence(self, value: Any, path: str) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.error(path, f"must be a JSON array, got {_json_kind(value)}")
+        return value
+
+    def required(self, data: Mapping[str, Any], path: str, key: str) -> Any:
+        if key not in data:
+            raise self.error(path, f"missing required field {key!r}")
+        return data[key]
+
+    def no_unknown(self, data: Mapping[str, Any], path: str, known: tuple[str, ...]) -> None:
+        unknown = sorted(set(data) - set(known))
+        if unknown:
+            raise self.error(
+                path,
+                f"unknown field {', '.join(map(repr, unknown))}; known fields are {', '.join(known)}",
+            )
+
+    def number(
+        self,
+        data: Mapping[str, Any],
+        path: str,
+        key: str,
+        minimum: float,
+        strict: bool = False,
+        default: float | None = None,
+    ) -> float:
+        if key not in data and default is not None:
+            return default
+        value = self.required(data, path, key)
+        if not _is_number(value) or not math.isfinite(value):
+            raise self.error(f"{path}.{key}", f"must be a finite number, got {value!r}")
+        if value < minimum or (strict and value == minimum):
+            bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+            raise self.error(f"{path}.{key}", f"must be {bound}, got {value!r}")
+        return float(value) if isinstance(value, float) else value
+
+    def string(self, data: Mapping[str, Any], path: str, key: str) -> str:
+        value = self.required(data, path, key)
+        if not isinstance(value, str) or not value:
+            raise self.error(f"{path}.{key}", f"must be a non-empty string, got {value!r}")
+        return value
+
+    def optional_string(self, data: Mapping[str, Any], path: str, key: str) -> str | None:
+        return None if data.get(key) is None else self.string(data, path, key)
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    return {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+    }.get(type(value), type(value).__name__)

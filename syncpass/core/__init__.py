@@ -1,0 +1,1 @@
+"""Helpers every stage uses: errors, units, atomic file writes, entry points. Imports nothing of syncpass."""

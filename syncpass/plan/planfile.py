@@ -1,0 +1,174 @@
+"""The plan file (version 1): a Plan as JSON, for the rewrite stage and for people.
+
+JSON has no infinity: an unlimited threshold is written as ``null``.
+The format is documented in ``docs/formats.md``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from syncpass.core.errors import SyncpassError
+from syncpass.plan.planner import Plan, StagePlan, SyncPoint, Threshold
+
+PLAN_FILE_VERSION = 1
+
+
+def plan_to_json(plan: Plan, baselines: tuple[Plan, ...] = ()) -> dict[str, Any]:
+    """The plan file's object; ``baselines`` are added under ``"baselines"`` in brief."""
+    data: dict[str, Any] = {"version": PLAN_FILE_VERSION}
+    if plan.model is not None:
+        data["model"] = plan.model
+    data.update(
+        strategy=plan.strategy,
+        batch_size=plan.batch_size,
+        training=plan.training,
+        hardware=plan.hardware,
+        schedule=plan.schedule,
+        microbatches=plan.microbatches,
+        min_sync_interval=plan.min_sync_interval,
+        num_stages=len(plan.stages),
+        bottleneck_s=plan.bottleneck_s,
+        total_comm_s=plan.total_comm_s,
+        predicted_step_s=plan.predicted_step_s,
+        comm_wait_ratio=plan.comm_wait_ratio,
+        bubble_ratio=plan.bubble_ratio,
+        threshold={
+            "requested": _finite_or_none(plan.threshold.requested),
+            "used": _finite_or_none(plan.threshold.used),
+            "forced_by": plan.threshold.forced_by,
+        },
+        sync_points=[
+            {
+                "after": point.after,
+                "live_bytes": point.live_bytes,
+                "comm_s": point.comm_s,
+                "ratio": _finite_or_none(point.ratio),
+                "pinned": point.pinned,
+                "reason": point.reason,
+            }
+            for point in plan.sync_points
+        ],
+        stages=[
+            {
+                "index": stage.index,
+                "ops": list(stage.ops),
+                "compute_s": stage.compute_s,
+                "comm_in_s": stage.comm_in_s,
+                "comm_out_s": stage.comm_out_s,
+                "time_s": stage.time_s,
+                "memory_bytes": stage.memory_bytes,
+                "sync_s": stage.sync_s,
+                "idle_s": stage.idle_s,
+            }
+            for stage in plan.stages
+        ],
+        violations=list(plan.violations),
+        notes=list(plan.notes),
+    )
+    if baselines:
+        data["baselines"] = [
+            {
+                "strategy": other.strategy,
+                "sync_points": [point.after for point in other.sync_points],
+                "bottleneck_s": other.bottleneck_s,
+                "total_comm_s": other.total_comm_s,
+                "predicted_step_s": other.predicted_step_s,
+                "violations": list(other.violations),
+            }
+            for other in baselines
+        ]
+    return data
+
+
+def dumps_plan(plan: Plan, baselines: tuple[Plan, ...] = ()) -> str:
+    return json.dumps(plan_to_json(plan, baselines), indent=2) + "\n"
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan file; errors name the file and the JSON path at fault."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise SyncpassError("no such plan file", str(path)) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SyncpassError(f"cannot read the plan file: {error}", str(path)) from None
+    return parse_plan(data, str(path))
+
+
+def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
+    """Build a :class:`Plan` from decoded JSON (the inverse of :func:`plan_to_json`)."""
+
+    def fail(path: str, message: str) -> SyncpassError:
+        return SyncpassError(message, f"{origin}:{path}")
+
+    if not isinstance(data, dict):
+        raise fail("$", "must be a JSON object")
+    if data.get("version") != PLAN_FILE_VERSION:
+        raise fail("$.version", f"unsupported version {data.get('version')!r}; expected 1")
+    try:
+        threshold = data["threshold"]
+        plan = Plan(
+            strategy=data["strategy"],
+            batch_size=data["batch_size"],
+            training=data["training"],
+            schedule=data["schedule"],
+            microbatches=data["microbatches"],
+            min_sync_interval=data["min_sync_interval"],
+            threshold=Threshold(
+                requested=_none_to_inf(threshold["requested"]),
+                used=_none_to_inf(threshold["used"]),
+                forced_by=threshold.get("forced_by"),
+            ),
+            sync_points=tuple(
+                SyncPoint(
+                    after=point["after"],
+                    live_bytes=point["live_bytes"],
+                    comm_s=point["comm_s"],
+                    ratio=_none_to_inf(point["ratio"]),
+                    pinned=point.get("pinned", False),
+                    reason=point.get("reason", ""),
+                )
+                for point in data["sync_points"]
+            ),
+            stages=tuple(
+                StagePlan(
+                    index=stage["index"],
+                    ops=tuple(stage["ops"]),
+                    compute_s=stage["compute_s"],
+                    comm_in_s=stage["comm_in_s"],
+                    comm_out_s=stage["comm_out_s"],
+                    time_s=stage["time_s"],
+                    memory_bytes=stage["memory_bytes"],
+                    sync_s=stage.get("sync_s", 0.0),
+                    idle_s=stage.get("idle_s", 0.0),
+                )
+                for stage in data["stages"]
+            ),
+            bottleneck_s=data["bottleneck_s"],
+            total_comm_s=data["total_comm_s"],
+            predicted_step_s=data["predicted_step_s"],
+            comm_wait_ratio=data["comm_wait_ratio"],
+            bubble_ratio=data["bubble_ratio"],
+            violations=tuple(data.get("violations", ())),
+            notes=tuple(data.get("notes", ())),
+            hardware=data.get("hardware"),
+            model=data.get("model"),
+        )
+    except KeyError as error:
+        raise fail("$", f"missing required field {error.args[0]!r}") from None
+    except (TypeError, ValueError) as error:
+        raise fail("$", f"malformed plan: {error}") from None
+    return plan
+
+
+def _finite_or_none(value: float) -> float | None:
+    return None if math.isinf(value) else value
+
+
+def _none_to_inf(value: float | None) -> float:
+    return math.inf if value is None else float(value)

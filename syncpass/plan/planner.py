@@ -1,0 +1,589 @@
+"""From a cost file to a Plan: where the sync points go, what each stage costs, and why.
+
+:func:`make_plan` runs one strategy; :func:`compare_baselines` scores the
+rules people use today on the same costs; :func:`best_stage_count` picks the
+number of stages with the least predicted step time. Plans serialise to the
+plan file (JSON, ``docs/formats.md``) that the rewrite stage consumes.
+
+This module imports neither torch nor libcst.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from syncpass.backends.registry import load_strategy, strategy_names
+from syncpass.contracts.config import (
+    BASELINE_STRATEGIES,
+    OPTIMISING_STRATEGIES,
+    SCHEDULES,
+    SyncConfig,
+)
+from syncpass.contracts.costs import Costs
+from syncpass.contracts.graph import INPUT, OUTPUT
+from syncpass.core.errors import InfeasibleError, SyncpassError
+from syncpass.core.units import num_bytes, percent
+from syncpass.plan.explain import broken_constraints, explain_sync_points
+from syncpass.plan.optimizer import Infeasible, PlanScore, Problem, score_cuts, solve
+from syncpass.plan.schedule import Link, Prediction, StageLoad, simulate
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """What the user asked for: ``stages`` (or ``None`` for manual) and settings.
+
+    ``pinned`` adds user-marked cuts (op ids) to those pinned in the cost file.
+    """
+
+    stages: int | None
+    config: SyncConfig
+    microbatches: int | None = None
+    schedule: str = "1f1b"
+    pinned: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.stages is not None and self.stages < 1:
+            raise ValueError(f"stages must be at least 1, got {self.stages}")
+        if self.microbatches is not None and self.microbatches < 1:
+            raise ValueError(f"microbatches must be at least 1, got {self.microbatches}")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}")
+
+
+@dataclass(frozen=True)
+class SyncPoint:
+    """One chosen sync point: a cut right after op ``after``."""
+
+    after: str
+    live_bytes: float
+    comm_s: float  # per step: both directions when training
+    ratio: float  # comm_s over the compute of the stage it closes
+    pinned: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One pipeline stage: its ops and figures (full batch, per step)."""
+
+    index: int
+    ops: tuple[str, ...]
+    compute_s: float
+    comm_in_s: float
+    comm_out_s: float
+    time_s: float
+    memory_bytes: float
+    sync_s: float  # simulated time in transfers
+    idle_s: float  # simulated bubble and waiting
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """The communication threshold asked for and the one the plan needed.
+
+    ``forced_by`` names the sync point whose ratio set ``used`` when the
+    adaptive strategy had to raise it. ``math.inf`` means no limit.
+    """
+
+    requested: float
+    used: float
+    forced_by: str | None = None
+
+    @property
+    def raised(self) -> bool:
+        return self.used > self.requested
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A pipeline plan: the contract between planning and rewriting."""
+
+    strategy: str
+    batch_size: int
+    training: bool
+    schedule: str
+    microbatches: int
+    min_sync_interval: int
+    threshold: Threshold
+    sync_points: tuple[SyncPoint, ...]
+    stages: tuple[StagePlan, ...]
+    bottleneck_s: float
+    total_comm_s: float
+    predicted_step_s: float
+    comm_wait_ratio: float
+    bubble_ratio: float
+    violations: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+    hardware: str | None = None
+    model: str | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.stages) != len(self.sync_points) + 1:
+            raise ValueError("a plan has one more stage than it has sync points")
+        if self.strategy not in strategy_names():
+            raise ValueError(f"unknown strategy {self.strategy!r}")
+
+    @property
+    def bottleneck_stage(self) -> int:
+        return max(range(len(self.stages)), key=lambda s: self.stages[s].time_s)
+
+
+# --- building the problem ---------------------------------------------------
+
+
+def problem_from_costs(
+    costs: Costs, config: SyncConfig, pinned: tuple[str, ...] = (), microbatches: int = 1
+) -> Problem:
+    """The optimiser's arrays for ``costs``; ``pinned`` op ids must have cuts.
+
+    Costs are per step of ``microbatches`` micro-batches: each micro-batch pays
+    every op's fixed part and every transfer's latency.
+    """
+    n = len(costs.ops)
+    index = costs.op_index
+    cut_comm = np.zeros(n + 1)
+    admissible = np.zeros(n + 1, dtype=bool)
+    pins = np.zeros(n + 1, dtype=bool)
+    for cut in costs.cuts:
+        position = index[cut.after] + 1
+        admissible[position] = True
+        cut_comm[position] = costs.cut_comm_s(cut, microbatches)
+        pins[position] = cut.pinned
+    for op_id in pinned:
+        if op_id not in index:
+            known = ", ".join(cut.after for cut in costs.cuts[:12])
+            more = ", ..." if len(costs.cuts) > 12 else ""
+            raise SyncpassError(
+                f"cannot pin a sync point after {op_id!r}: no op has that id; "
+                f"admissible cuts follow {known}{more}"
+            )
+        position = index[op_id] + 1
+        if not admissible[position]:
+            raise SyncpassError(
+                f"cannot pin a sync point after {op_id!r}: the cost file lists no cut there"
+            )
+        pins[position] = True
+    memory = costs.hardware.device_memory_bytes
+    return Problem(
+        last_use=last_use_positions(costs),
+        op_compute=np.array(
+            [costs.op_compute_s(op, microbatches) for op in costs.ops], dtype=np.float64
+        ),
+        op_memory=np.array([costs.op_memory_bytes(op) for op in costs.ops], dtype=np.float64),
+        cut_comm=cut_comm,
+        admissible=admissible,
+        pinned=pins,
+        min_ops=config.min_sync_interval,
+        memory_limit=math.inf if memory is None else float(memory),
+    )
+
+
+def last_use_positions(costs: Costs) -> npt.NDArray[np.int64] | None:
+    """``Problem.last_use`` from the cost file's def-use edges (``None`` without edges)."""
+    if not costs.edges:
+        return None
+    n = len(costs.ops)
+    index = costs.op_index
+    furthest = np.arange(n + 1, dtype=np.int64)  # by producer position; inputs at 0
+    for producer, consumer in costs.edges:
+        source = 0 if producer == INPUT else index[producer] + 1
+        target = n if consumer == OUTPUT else index[consumer] + 1
+        furthest[source] = max(furthest[source], target)
+    last_use = np.maximum.accumulate(furthest)
+    last_use[0] = 0  # the first stage receives the inputs itself
+    return last_use
+
+
+# --- strategies ---------------------------------------------------------------
+
+
+def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
+    """Plan ``costs`` with ``request.config.strategy``.
+
+    Raises :class:`SyncpassError` (an :class:`InfeasibleError` when the
+    constraints rule out every plan) with a message that says what to change.
+    """
+    # The stage count depends only on the pins and the admissible cuts; the micro-batch
+    # count (which the costs per step depend on) may depend on the stage count.
+    stages = request.stages
+    if stages is None or request.microbatches is None:
+        unit = problem_from_costs(costs, request.config, request.pinned)
+        stages = _stage_count(unit, request, origin)
+    microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
+    problem = problem_from_costs(costs, request.config, request.pinned, microbatches)
+    strategy = request.config.strategy
+    requested_tau = request.config.communication_cost_threshold
+    stages = _stage_count(problem, request, origin)
+    notes: list[str] = list(costs.notes)
+    if strategy in OPTIMISING_STRATEGIES:
+        result = solve(problem, stages, requested_tau, adaptive=strategy == "adaptive")
+        if isinstance(result, Infeasible):
+            raise _infeasible_error(result, problem, stages, request.config, costs, origin)
+        cuts, used_tau = result.cuts, result.threshold_used
+    elif strategy == "manual":
+        cuts, used_tau = tuple(int(p) for p in np.flatnonzero(problem.pinned)), requested_tau
+    elif strategy not in BASELINE_STRATEGIES:
+        cuts, used_tau = _plugin_cuts(problem, stages, strategy, costs, origin), requested_tau
+        notes.append(f"{strategy}: a strategy from an installed package (syncpass.strategies)")
+    else:
+        baseline = _baseline_cuts(problem, stages, strategy, costs)
+        if isinstance(baseline, Infeasible):
+            raise _infeasible_error(baseline, problem, stages, request.config, costs, origin)
+        cuts, used_tau = baseline, requested_tau
+        notes.append(f"{strategy}: {_BASELINE_RULES[strategy]}")
+    score = score_cuts(problem, cuts)
+    forced_by = None
+    if used_tau > requested_tau:
+        worst = max(range(len(cuts)), key=lambda c: score.stages[c].cut_ratio)
+        forced_by = costs.ops[cuts[worst] - 1].id
+        notes.append(
+            f"no {stages}-stage plan keeps every sync point within the threshold "
+            f"{percent(requested_tau)}; raised it to {percent(used_tau)}, the least that admits "
+            f"a plan, forced by the sync point after {forced_by}"
+        )
+    threshold = Threshold(requested=requested_tau, used=used_tau, forced_by=forced_by)
+    return _assemble(costs, problem, request, strategy, cuts, score, threshold, notes)
+
+
+_BASELINE_RULES = {
+    "uniform": "equal numbers of ops per stage",
+    "parameters": "equal parameter bytes per stage (DeepSpeed's default)",
+    "time": "equal compute per stage, communication ignored (torchgpipe's balance_by_time)",
+}
+
+
+def _plugin_cuts(
+    problem: Problem, stages: int, strategy: str, costs: Costs, origin: str
+) -> tuple[int, ...]:
+    """The cuts an installed strategy chose, checked before anything trusts them: a
+    plan that drops a pinned cut or sends a value past a stage cannot be written."""
+    try:
+        chosen = load_strategy(strategy)(problem, stages, costs)
+    except SyncpassError:
+        raise
+    except Exception as error:
+        raise SyncpassError(
+            f"strategy {strategy!r} failed: {type(error).__name__}: {error}", origin
+        ) from None
+    try:
+        cuts = tuple(int(position) for position in chosen)
+    except (TypeError, ValueError):
+        raise SyncpassError(
+            f"strategy {strategy!r} returned {chosen!r}, not a sequence of cut positions", origin
+        ) from None
+    wrong = None
+    if len(cuts) != stages - 1:
+        wrong = f"{len(cuts)} cut(s) for {stages} stages"
+    elif list(cuts) != sorted(set(cuts)):
+        wrong = f"cuts {list(cuts)} are not ascending"
+    elif any(not 0 < cut < problem.num_ops or not problem.admissible[cut] for cut in cuts):
+        wrong = f"cuts {list(cuts)} include one that is not an admissible sync point"
+    if wrong is None:
+        dropped = [int(p) for p in np.flatnonzero(problem.pinned) if int(p) not in cuts]
+        if dropped:
+            wrong = f"cuts {list(cuts)} without the pinned cut(s) {dropped}"
+    if wrong is None and problem.last_use is not None:
+        # The optimiser's rule: a stage (i, j] with j < n needs last_use[i] <= j.
+        for start, end in itertools.pairwise((0, *cuts)):
+            if int(problem.last_use[start]) > end:
+                wrong = f"cuts {list(cuts)} that send a value past the stage after it"
+                break
+    if wrong is not None:
+        raise SyncpassError(f"strategy {strategy!r} returned {wrong}", origin)
+    return cuts
+
+
+def _baseline_cuts(
+    problem: Problem, stages: int, strategy: str, costs: Costs
+) -> tuple[int, ...] | Infeasible:
+    """Balanced partition of one weight per op, honouring what makes a plan legal: admissible
+    and pinned cuts, min interval, values reaching only the next stage.
+
+    Ties between equally balanced partitions go to the cuts closest to the
+    ideal boundaries (multiples of total weight / stages).
+    """
+    if strategy == "uniform":
+        weights = np.ones(problem.num_ops)
+    elif strategy == "parameters":
+        weights = np.array([op.param_bytes for op in costs.ops], dtype=np.float64)
+    else:
+        weights = problem.op_compute.copy()
+    prefix = np.concatenate(([0.0], np.cumsum(weights)))
+    share = prefix[-1] / stages
+    nearest = np.round(prefix / share) * share if share > 0 else prefix
+    balanced = Problem(
+        op_compute=weights,
+        op_memory=np.zeros(problem.num_ops),
+        cut_comm=np.zeros(problem.num_ops + 1),
+        admissible=problem.admissible,
+        pinned=problem.pinned,
+        min_ops=problem.min_ops,
+        last_use=problem.last_use,
+    )
+    result = solve(balanced, stages, math.inf, adaptive=False, tie_cost=np.abs(prefix - nearest))
+    return result if isinstance(result, Infeasible) else result.cuts
+
+
+def compare_baselines(costs: Costs, request: PlanRequest) -> tuple[Plan, ...]:
+    """The ``uniform``, ``parameters`` and ``time`` plans for the same request.
+
+    A rule that cannot make a legal plan here (the pins break its balance, say)
+    is left out rather than failing the comparison.
+    """
+    plans = []
+    for strategy in BASELINE_STRATEGIES:
+        try:
+            plans.append(
+                make_plan(
+                    costs,
+                    dataclasses.replace(request, config=request.config.replace(strategy=strategy)),
+                )
+            )
+        except SyncpassError:
+            continue
+    return tuple(plans)
+
+
+def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin: str = "") -> Plan:
+    """The plan with the least predicted step time over 1..``max_stages`` stages."""
+    best: Plan | None = None
+    last_error: SyncpassError | None = None
+    for stages in range(1, max_stages + 1):
+        try:
+            plan = make_plan(costs, dataclasses.replace(request, stages=stages), origin)
+        except InfeasibleError as error:
+            last_error = error
+            continue
+        if best is None or plan.predicted_step_s < best.predicted_step_s:
+            best = plan
+    if best is None:
+        assert last_error is not None
+        raise last_error
+    return best
+
+
+def _stage_count(problem: Problem, request: PlanRequest, origin: str) -> int:
+    pins = int(problem.pinned.sum())
+    if request.config.strategy == "manual":
+        if pins == 0:
+            raise SyncpassError(
+                "the manual strategy uses only the sync points the user marked, and none is "
+                'marked; pin cuts ("pinned": true in the cost file, or --cuts)',
+                origin,
+            )
+        if request.stages is not None and request.stages != pins + 1:
+            raise SyncpassError(
+                f"{pins} marked sync point(s) make {pins + 1} stages, but {request.stages} "
+                "were asked for; drop --stages or mark more cuts",
+                origin,
+            )
+        return pins + 1
+    if request.stages is None:
+        raise SyncpassError("the number of stages is required (--stages S)")
+    stages = request.stages
+    n, k = problem.num_ops, problem.min_ops
+    cuts = int(problem.admissible.sum())
+    if stages * k > n:
+        advice = f"use at most {n // k} stages" if n // k else f"lower min_sync_interval to {n}"
+        raise InfeasibleError(
+            f"{stages} stages need at least {stages * k} ops (min_sync_interval {k}), "
+            f"but the model has {n}; {advice}",
+            "stages",
+            origin,
+        )
+    if stages - 1 > cuts:
+        raise InfeasibleError(
+            f"{stages} stages need {stages - 1} sync points, but the cost file lists only "
+            f"{cuts} admissible cut(s); use at most {cuts + 1} stages",
+            "stages",
+            origin,
+        )
+    if pins > stages - 1:
+        raise InfeasibleError(
+            f"{pins} pinned sync points make at least {pins + 1} stages, but {stages} were asked for",
+            "stages",
+            origin,
+        )
+    return stages
+
+
+def _fewer(problem: Problem, stages: int) -> str:
+    """ "use at most K stages", K the most that the op structure allows (or just "fewer")."""
+    relaxed = dataclasses.replace(problem, memory_limit=math.inf)
+    for fewer in range(stages - 1, 0, -1):
+        if not isinstance(solve(relaxed, fewer, math.inf, adaptive=False), Infeasible):
+            return f"use at most {fewer} stage(s)"
+    return "use fewer stages"
+
+
+def _infeasible_error(
+    result: Infeasible,
+    problem: Problem,
+    stages: int,
+    config: SyncConfig,
+    costs: Costs,
+    origin: str,
+) -> InfeasibleError:
+    if result.constraint == "stages":
+        message = (
+            f"no {stages}-stage plan exists with at least {config.min_sync_interval} op(s) per "
+            f"stage (min_sync_interval) using only the {int(problem.admissible.sum())} admissible "
+            f"cut(s) and keeping the {int(problem.pinned.sum())} pinned one(s); "
+            f"{_fewer(problem, stages)}, a smaller min_sync_interval, or allow more cuts"
+        )
+    elif result.constraint == "dataflow":
+        message = (
+            f"no {stages}-stage plan keeps every value within the next stage of where it is "
+            "made: torch.distributed.pipelining cannot send one stage's output to two later "
+            "stages, nor past a stage in between, and values used far from where they are made "
+            f"(skip connections) leave too few such cuts; {_fewer(problem, stages)}"
+        )
+    elif result.constraint == "memory":
+        limit = costs.hardware.device_memory_bytes
+        assert limit is not None and result.needed is not None
+        message = (
+            f"no {stages}-stage plan fits in device memory {num_bytes(limit)} "
+            f"(hardware.device_memory_bytes): the best plan needs {num_bytes(result.needed)} on "
+            "its fullest device; use more stages or a device with more memory"
+        )
+    else:
+        needed = result.needed
+        hint = (
+            f"the least threshold that admits a plan is {percent(needed)} (--threshold {needed:.6g})"
+            if needed is not None and math.isfinite(needed)
+            else "no finite threshold admits one (some stage would have no compute)"
+        )
+        message = (
+            f"no {stages}-stage plan keeps every sync point's communication within "
+            f"{percent(config.communication_cost_threshold)} of the compute of the stage it "
+            f"closes (communication_cost_threshold, strategy fixed); {hint}, or use "
+            "--strategy adaptive"
+        )
+    return InfeasibleError(message, result.constraint, origin)
+
+
+# --- assembling ------------------------------------------------------------------
+
+
+def default_microbatches(stages: int, batch_size: int) -> int:
+    """Up to four micro-batches per stage (a bubble under 20% for 1F1B): the largest
+    divisor of the batch that is at most ``4 * stages``, so that every micro-batch is
+    the same size, as ``syncpass run`` cuts them."""
+    return max(d for d in range(1, min(batch_size, 4 * stages) + 1) if batch_size % d == 0)
+
+
+def predict(
+    costs: Costs, problem: Problem, cuts: tuple[int, ...], microbatches: int, schedule: str
+) -> Prediction:
+    """Simulated step of the plan with ``cuts`` under ``schedule``."""
+    bounds = (0, *cuts, problem.num_ops)
+    training = costs.training
+    loads = tuple(
+        StageLoad(
+            forward_s=sum(op.compute_s for op in costs.ops[start:end]),
+            backward_s=sum(op.backward_s for op in costs.ops[start:end]) if training else 0.0,
+            forward_fixed_s=sum(op.fixed_s for op in costs.ops[start:end]),
+            backward_fixed_s=sum(op.backward_fixed_s for op in costs.ops[start:end])
+            if training
+            else 0.0,
+            overhead_s=costs.hardware.stage_overhead_s,
+        )
+        for start, end in itertools.pairwise(bounds)
+    )
+    live = costs.live_bytes_at
+    links = tuple(
+        Link(
+            alpha_s=costs.hardware.alpha_s,
+            beta_bytes_per_s=costs.hardware.beta_bytes_per_s,
+            batch_bytes=live[cut],
+        )
+        for cut in cuts
+    )
+    return simulate(loads, links, microbatches, schedule, costs.training)
+
+
+def _assemble(
+    costs: Costs,
+    problem: Problem,
+    request: PlanRequest,
+    strategy: str,
+    cuts: tuple[int, ...],
+    score: PlanScore,
+    threshold: Threshold,
+    notes: list[str],
+) -> Plan:
+    stages = len(cuts) + 1
+    microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
+    if microbatches > costs.batch_size:
+        raise SyncpassError(
+            f"{microbatches} micro-batches do not fit a batch of {costs.batch_size}; "
+            f"use at most {costs.batch_size}"
+        )
+    if request.schedule == "1f1b" and costs.training and microbatches < stages:
+        raise InfeasibleError(
+            f"1F1B needs at least as many micro-batches as stages ({stages}), got "
+            f"{microbatches}; use --microbatches {stages} or more, or --schedule gpipe",
+            "microbatches",
+        )
+    prediction = predict(costs, problem, cuts, microbatches, request.schedule)
+    live = costs.live_bytes_at
+    reasons = explain_sync_points(costs, problem, cuts, score, threshold.used)
+    sync_points = tuple(
+        SyncPoint(
+            after=costs.ops[cut - 1].id,
+            live_bytes=live[cut],
+            comm_s=float(problem.cut_comm[cut]),
+            ratio=score.stages[index].cut_ratio,
+            pinned=bool(problem.pinned[cut]),
+            reason=reasons[index],
+        )
+        for index, cut in enumerate(cuts)
+    )
+    stage_plans = tuple(
+        StagePlan(
+            index=index,
+            ops=tuple(op.id for op in costs.ops[stage.start : stage.end]),
+            compute_s=stage.compute,
+            comm_in_s=stage.comm_in,
+            comm_out_s=stage.comm_out,
+            time_s=stage.time,
+            memory_bytes=stage.memory,
+            sync_s=prediction.stages[index].sync_s,
+            idle_s=prediction.stages[index].idle_s,
+        )
+        for index, stage in enumerate(score.stages)
+    )
+    violations: list[str] = []
+    if strategy not in OPTIMISING_STRATEGIES:  # the optimiser's plans are legal by construction
+        violations = broken_constraints(
+            problem,
+            cuts,
+            request.config.communication_cost_threshold,
+            [op.id for op in costs.ops],
+        )
+    return Plan(
+        strategy=strategy,
+        batch_size=costs.batch_size,
+        training=costs.training,
+        schedule=request.schedule,
+        microbatches=microbatches,
+        min_sync_interval=request.config.min_sync_interval,
+        threshold=threshold,
+        sync_points=sync_points,
+        stages=stage_plans,
+        bottleneck_s=score.bottleneck,
+        total_comm_s=score.total_comm,
+        predicted_step_s=prediction.step_s,
+        comm_wait_ratio=prediction.comm_wait_ratio,
+        bubble_ratio=prediction.bubble_ratio,
+        violations=tuple(violations),
+        notes=tuple(notes),
+        hardware=costs.hardware.name,
+        model=costs.model,
+    )

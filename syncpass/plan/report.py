@@ -1,0 +1,151 @@
+"""The plan as a person reads it: stages, sync points and why, baselines side by side."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from syncpass.core.units import num_bytes, percent, seconds
+from syncpass.plan.planner import Plan
+from syncpass.plan.retarget import PlanRange, SweepPoint
+
+
+def _table(rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -> list[str]:
+    widths = [max(len(row[col]) for row in rows) for col in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(widths[col]) if col in right else cell.ljust(widths[col])
+            for col, cell in enumerate(row)
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def _span(ops: Sequence[str]) -> str:
+    return ops[0] if len(ops) == 1 else f"{ops[0]} .. {ops[-1]}"
+
+
+def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
+    """A text report of ``plan``, with ``baselines`` compared on the same costs."""
+    mode = "training" if plan.training else "inference"
+    title = f"syncpass plan: {plan.model or 'model'}"
+    context = f"batch {plan.batch_size}, {mode}"
+    if plan.hardware:
+        context += f", hardware {plan.hardware}"
+    lines = [
+        f"{title} ({context})",
+        f"{len(plan.stages)} stage(s), strategy {plan.strategy}, "
+        f"min_sync_interval {plan.min_sync_interval}",
+    ]
+    tau = plan.threshold
+    if tau.raised:
+        lines.append(
+            f"threshold: requested {percent(tau.requested)}, raised to {percent(tau.used)} "
+            f"(the least that admits a plan; forced by the sync point after {tau.forced_by})"
+        )
+    else:
+        over = sum(point.ratio > tau.requested for point in plan.sync_points)
+        verdict = f"not met by {over} sync point(s): {plan.strategy} ignores it" if over else "met"
+        lines.append(f"threshold: {percent(tau.requested)} ({verdict})")
+    lines.append("")
+    rows = [
+        ["stage", "ops", "#ops", "compute", "comm in", "comm out", "time", "memory", "comm/compute"]
+    ]
+    for stage, point in zip(plan.stages, (*plan.sync_points, None), strict=True):
+        rows.append(
+            [
+                str(stage.index),
+                _span(stage.ops),
+                str(len(stage.ops)),
+                seconds(stage.compute_s),
+                seconds(stage.comm_in_s),
+                seconds(stage.comm_out_s),
+                seconds(stage.time_s) + (" *" if stage.index == plan.bottleneck_stage else ""),
+                num_bytes(stage.memory_bytes),
+                "-" if point is None else percent(point.ratio),
+            ]
+        )
+    lines += _table(rows, right=frozenset({2, 3, 4, 5, 6, 7, 8}))
+    lines.append(
+        f"* bottleneck {seconds(plan.bottleneck_s)} (stage {plan.bottleneck_stage}); "
+        f"communication {seconds(plan.total_comm_s)} per step over all sync points"
+    )
+    lines.append(
+        f"predicted step ({plan.schedule}, {plan.microbatches} micro-batches): "
+        f"{seconds(plan.predicted_step_s)}; communication wait {percent(plan.comm_wait_ratio)}, "
+        f"bubble {percent(plan.bubble_ratio)}"
+    )
+    if plan.comm_wait_ratio > 0.10:
+        lines.append(
+            "  note: communication wait is above 10% of the step; fewer stages, larger "
+            "micro-batches or a faster link would help"
+        )
+    if plan.sync_points:
+        lines += ["", "sync points:"]
+        for point in plan.sync_points:
+            lines.append(f"  after {point.after}: {point.reason}")
+    else:
+        lines += ["", "no sync points: one stage holds the whole model"]
+    for note in plan.notes:
+        lines.append(f"note: {note}")
+    for violation in plan.violations:
+        lines.append(f"violates: {violation}")
+    if baselines:
+        lines += ["", "compared on the same costs and candidate cuts:"]
+        rows = [
+            [
+                "strategy",
+                "bottleneck",
+                "predicted step",
+                "syncpass speedup",
+                "sync points",
+                "breaks",
+            ]
+        ]
+        for other in (plan, *baselines):
+            speedup = (
+                other.predicted_step_s / plan.predicted_step_s
+                if plan.predicted_step_s > 0
+                else math.nan
+            )
+            rows.append(
+                [
+                    other.strategy,
+                    seconds(other.bottleneck_s),
+                    seconds(other.predicted_step_s),
+                    "-" if other is plan else f"{speedup:.3f}x",
+                    ", ".join(point.after for point in other.sync_points) or "-",
+                    f"{len(other.violations)} constraint(s)" if other.violations else "-",
+                ]
+            )
+        lines += _table(rows, right=frozenset({1, 2, 3}))
+        for other in baselines:
+            for violation in other.violations:
+                lines.append(f"  {other.strategy} breaks: {violation}")
+    return "\n".join(lines) + "\n"
+
+
+def render_sweep(points: Sequence[SweepPoint], ranges: Sequence[PlanRange]) -> str:
+    """How the plan moves with the batch size."""
+    rows = [["batch", "bottleneck", "predicted step", "comm wait", "sync points"]]
+    for point in points:
+        if point.plan is None:
+            rows.append([str(point.batch_size), "-", "-", "-", f"no plan: {point.error}"])
+            continue
+        rows.append(
+            [
+                str(point.batch_size),
+                seconds(point.plan.bottleneck_s),
+                seconds(point.plan.predicted_step_s),
+                percent(point.plan.comm_wait_ratio),
+                ", ".join(point.cuts or ()) or "-",
+            ]
+        )
+    lines = ["how the plan moves with the batch size:", ""]
+    lines += _table(rows, right=frozenset({1, 2, 3}))
+    lines += ["", "each plan is optimal over:"]
+    for plan_range in ranges:
+        what = "no plan" if plan_range.cuts is None else ", ".join(plan_range.cuts) or "one stage"
+        lines.append(f"  batch {plan_range.low}..{plan_range.high}: {what}")
+    return "\n".join(lines) + "\n"

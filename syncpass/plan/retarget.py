@@ -1,0 +1,151 @@
+"""Re-target a cost file to another batch size, and see how the plan moves with it.
+
+Compute time, activation bytes and the bytes crossing each cut scale with the
+batch; parameter bytes, the link latency ``alpha`` and the fixed part of each
+op's time (what every call costs whatever its batch, when the profile measured
+it) do not. So at small
+batches latency dominates and fewer, cheaper cuts win, at large batches the
+bytes crossing a cut matter more: the best cuts move with the batch size.
+The scaling is linear, which is what a cost file measured at one batch size
+can support; a device that is not yet saturated at small batches runs them
+faster than this predicts (profile at the batch you train with when it matters).
+
+This module imports neither torch nor libcst.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from syncpass.contracts.costs import Costs
+from syncpass.core.errors import SyncpassError
+from syncpass.plan.planner import Plan, PlanRequest, make_plan
+
+
+def retarget_batch(costs: Costs, batch_size: int) -> Costs:
+    """``costs`` as they would be measured at ``batch_size`` (linear in the batch)."""
+    if not 1 <= batch_size <= 2**40:
+        raise SyncpassError(f"the batch size must be between 1 and 2**40, got {batch_size}")
+    if batch_size == costs.batch_size:
+        return costs
+    scale = batch_size / costs.batch_size
+    ops = tuple(
+        dataclasses.replace(
+            op,
+            compute_s=op.fixed_s + (op.compute_s - op.fixed_s) * scale,
+            backward_s=op.backward_fixed_s + (op.backward_s - op.backward_fixed_s) * scale,
+            out_bytes=op.out_bytes * scale,
+            flops=None if op.flops is None else op.flops * scale,
+        )
+        for op in costs.ops
+    )
+    cuts = tuple(dataclasses.replace(cut, live_bytes=cut.live_bytes * scale) for cut in costs.cuts)
+    note = (
+        f"re-targeted from batch {costs.batch_size} to {batch_size}: compute and activation "
+        f"bytes x{scale:.3g}, parameters, link latency and per-call fixed times unchanged"
+    )
+    return dataclasses.replace(
+        costs, batch_size=batch_size, ops=ops, cuts=cuts, notes=(*costs.notes, note)
+    )
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    """The plan at one batch size, or why there is none."""
+
+    batch_size: int
+    plan: Plan | None
+    error: str | None = None
+
+    @property
+    def cuts(self) -> tuple[str, ...] | None:
+        return None if self.plan is None else tuple(p.after for p in self.plan.sync_points)
+
+
+@dataclass(frozen=True)
+class PlanRange:
+    """Batch sizes ``low..high`` (inclusive) over which the same sync points are optimal."""
+
+    low: int
+    high: int
+    cuts: tuple[str, ...] | None  # None: no plan meets the constraints there
+
+
+def sweep_batch(
+    costs: Costs, request: PlanRequest, batch_sizes: Sequence[int], origin: str = ""
+) -> tuple[tuple[SweepPoint, ...], tuple[PlanRange, ...]]:
+    """Plan at each of ``batch_sizes``; then the exact batch ranges of each plan.
+
+    Between two swept sizes whose plans differ, the batch size where the plan
+    changes is found by bisection over whole batch sizes (assuming one change
+    between them; a sweep with closer sizes shows more).
+    """
+    sizes = sorted(set(batch_sizes))
+    if not sizes:
+        raise SyncpassError("--sweep-batch needs at least one batch size")
+
+    def cuts_at(batch: int) -> tuple[str, ...] | None:
+        return _point(costs, request, batch, origin).cuts
+
+    points = tuple(_point(costs, request, batch, origin) for batch in sizes)
+    ranges: list[PlanRange] = []
+    low = sizes[0]
+    for left, right in itertools.pairwise(points):
+        if left.cuts != right.cuts:
+            change = _first_change(cuts_at, left.batch_size, right.batch_size, left.cuts)
+            ranges.append(PlanRange(low, change - 1, left.cuts))
+            low = change
+    ranges.append(PlanRange(low, sizes[-1], points[-1].cuts))
+    return points, tuple(ranges)
+
+
+def _point(costs: Costs, request: PlanRequest, batch: int, origin: str) -> SweepPoint:
+    try:
+        plan = make_plan(retarget_batch(costs, batch), request, origin)
+    except SyncpassError as error:  # no plan at this batch size (or too few samples)
+        return SweepPoint(batch, None, error.message)
+    return SweepPoint(batch, plan)
+
+
+def _first_change(
+    cuts_at: Callable[[int], tuple[str, ...] | None],
+    low: int,
+    high: int,
+    low_cuts: tuple[str, ...] | None,
+) -> int:
+    """Smallest batch in ``(low, high]`` whose plan differs from ``low``'s."""
+    while high - low > 1:
+        middle = (low + high) // 2
+        if cuts_at(middle) == low_cuts:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+def sweep_to_json(points: Sequence[SweepPoint], ranges: Sequence[PlanRange]) -> dict[str, Any]:
+    """``plan --sweep-batch --json``: the plan at each batch size and the ranges of each plan."""
+    return {
+        "sweep": [
+            {
+                "batch_size": point.batch_size,
+                "sync_points": None if point.cuts is None else list(point.cuts),
+                "bottleneck_s": None if point.plan is None else point.plan.bottleneck_s,
+                "predicted_step_s": None if point.plan is None else point.plan.predicted_step_s,
+                **({"error": point.error} if point.error else {}),
+            }
+            for point in points
+        ],
+        "ranges": [
+            {
+                "low": plan_range.low,
+                "high": plan_range.high,
+                "sync_points": None if plan_range.cuts is None else list(plan_range.cuts),
+            }
+            for plan_range in ranges
+        ],
+    }

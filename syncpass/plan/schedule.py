@@ -1,0 +1,191 @@
+"""Predict the step time of a pipeline schedule by simulating it.
+
+The simulated machine: each stage is one worker that runs its schedule's
+actions in order. An action is one micro-batch's forward ``F`` or backward
+``B`` on that stage, together with its transfers: ``F`` receives the
+activations from the previous stage, computes, and sends its own on; ``B``
+receives the gradient from the next stage, computes, and sends the gradient
+back. Transfers keep the worker busy (no overlap of compute and
+communication, as with gloo on CPU or one NCCL stream), and a receive ends
+no earlier than the matching send, so a receiver that is ready first waits.
+
+Per micro-batch, bytes are the full batch's divided by the number of
+micro-batches ``M`` and so is compute, except its fixed part (what each call
+costs whatever its batch), which every micro-batch pays in full, as it pays
+the pipeline runtime's overhead per action; the link latency ``alpha`` is paid
+in full by every transfer, so more micro-batches shrink the bubble but add
+latency and overhead.
+
+Schedules:
+
+* ``gpipe``: every forward, then every backward (micro-batches in order);
+* ``1f1b``: stage ``s`` of ``S`` runs ``S - s - 1`` forwards to fill the
+  pipe, then alternates one forward and one backward, then drains.
+
+This module is pure Python and imports nothing heavy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from syncpass.contracts.config import SCHEDULES
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """A stage's full-batch work: forward and backward compute in seconds.
+
+    ``forward_fixed_s`` and ``backward_fixed_s`` are the parts every call pays
+    whatever its batch; ``overhead_s`` is the runtime's own time per action.
+    """
+
+    forward_s: float
+    backward_s: float
+    forward_fixed_s: float = 0.0
+    backward_fixed_s: float = 0.0
+    overhead_s: float = 0.0
+
+    def forward_microbatch_s(self, microbatches: int) -> float:
+        """One micro-batch's forward, of ``microbatches`` per step."""
+        variable = self.forward_s - self.forward_fixed_s
+        return self.forward_fixed_s + variable / microbatches + self.overhead_s
+
+    def backward_microbatch_s(self, microbatches: int) -> float:
+        """One micro-batch's backward, of ``microbatches`` per step."""
+        variable = self.backward_s - self.backward_fixed_s
+        return self.backward_fixed_s + variable / microbatches + self.overhead_s
+
+
+@dataclass(frozen=True)
+class Link:
+    """The link behind a stage boundary: ``alpha_s + bytes / beta`` per transfer."""
+
+    alpha_s: float
+    beta_bytes_per_s: float
+    batch_bytes: float  # what crosses it for the full batch, one way
+
+    def transfer_s(self, microbatches: int) -> float:
+        return self.alpha_s + self.batch_bytes / microbatches / self.beta_bytes_per_s
+
+
+@dataclass(frozen=True)
+class StageTimeline:
+    """What one stage did during the simulated step."""
+
+    compute_s: float
+    sync_s: float  # busy in transfers
+    idle_s: float  # waiting: pipeline bubble and waits for a partner
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Simulated step of one schedule."""
+
+    schedule: str
+    microbatches: int
+    step_s: float
+    stages: tuple[StageTimeline, ...]
+
+    @property
+    def comm_wait_ratio(self) -> float:
+        """``sync_time / step time`` of the stage that spends most in transfers."""
+        if self.step_s <= 0:
+            return 0.0
+        return max(stage.sync_s for stage in self.stages) / self.step_s
+
+    @property
+    def bubble_ratio(self) -> float:
+        """Mean share of the step that stages sit idle."""
+        if self.step_s <= 0:
+            return 0.0
+        return sum(stage.idle_s for stage in self.stages) / (len(self.stages) * self.step_s)
+
+
+def stage_order(
+    schedule: str, stage: int, stages: int, microbatches: int, training: bool
+) -> list[tuple[str, int]]:
+    """The actions stage ``stage`` runs, in order: ``("F", m)`` and ``("B", m)``."""
+    forwards = [("F", m) for m in range(microbatches)]
+    if not training:
+        return forwards
+    backwards = [("B", m) for m in range(microbatches)]
+    if schedule == "gpipe":
+        return forwards + backwards
+    if schedule != "1f1b":
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    warmup = min(stages - stage - 1, microbatches)
+    order = forwards[:warmup]
+    for m in range(microbatches - warmup):
+        order.append(forwards[warmup + m])
+        order.append(backwards[m])
+    order.extend(backwards[microbatches - warmup :])
+    return order
+
+
+def simulate(
+    loads: tuple[StageLoad, ...],
+    links: tuple[Link, ...],
+    microbatches: int,
+    schedule: str,
+    training: bool,
+) -> Prediction:
+    """Simulate one training (or inference) step; ``links[s]`` joins stage ``s`` and ``s + 1``."""
+    stages = len(loads)
+    if len(links) != stages - 1:
+        raise ValueError("there must be one link between each pair of neighbouring stages")
+    if microbatches < 1:
+        raise ValueError("microbatches must be at least 1")
+    transfer = [link.transfer_s(microbatches) for link in links]
+    forward_work = [load.forward_microbatch_s(microbatches) for load in loads]
+    backward_work = [load.backward_microbatch_s(microbatches) for load in loads]
+    orders = [stage_order(schedule, s, stages, microbatches, training) for s in range(stages)]
+    done: dict[tuple[str, int, int], float] = {}  # (kind, stage, micro-batch) -> end time
+    clock = [0.0] * stages
+    position = [0] * stages
+    sync = [0.0] * stages
+    compute = [0.0] * stages
+    remaining = sum(len(order) for order in orders)
+    while remaining:
+        progressed = False
+        for s in range(stages):
+            while position[s] < len(orders[s]):
+                kind, m = orders[s][position[s]]
+                recv = transfer[s - 1] if kind == "F" and s > 0 else 0.0
+                if kind == "B" and s < stages - 1:
+                    recv = transfer[s]
+                send = 0.0
+                if kind == "F" and s < stages - 1:
+                    send = transfer[s]
+                elif kind == "B" and s > 0:
+                    send = transfer[s - 1]
+                if kind == "F":
+                    dependency = ("F", s - 1, m) if s > 0 else None
+                    work = forward_work[s]
+                else:
+                    dependency = ("B", s + 1, m) if s < stages - 1 else ("F", s, m)
+                    work = backward_work[s]
+                start = clock[s]
+                if dependency is not None:
+                    if dependency not in done:
+                        break
+                    # A receive overlaps the matching send, so it starts no
+                    # earlier than the send's start (end - transfer).
+                    partner_send = recv if dependency[1] != s else 0.0
+                    start = max(start, done[dependency] - partner_send)
+                end = start + recv + work + send
+                done[(kind, s, m)] = end
+                clock[s] = end
+                sync[s] += recv + send
+                compute[s] += work
+                position[s] += 1
+                remaining -= 1
+                progressed = True
+        if not progressed:
+            raise RuntimeError("schedule deadlocked; this is a bug in syncpass")
+    step = max(clock) if clock else 0.0
+    timelines = tuple(
+        StageTimeline(compute_s=compute[s], sync_s=sync[s], idle_s=step - compute[s] - sync[s])
+        for s in range(stages)
+    )
+    return Prediction(schedule=schedule, microbatches=microbatches, step_s=step, stages=timelines)

@@ -1,0 +1,1 @@
+"""The rewrite driver: plan, then apply the plan through a backend's hooks."""
