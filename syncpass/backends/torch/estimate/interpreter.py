@@ -167,7 +167,7 @@ def parse_input_shapes(spec: str) -> tuple[tuple[int, ...], ...]:
 
 
 @dataclass(frozen=True, eq=False)
-class _Tensor:
+class Tensor:
     """A tensor known by its shape and kind; identity tells aliases apart."""
 
     shape: tuple[int, ...]
@@ -176,21 +176,21 @@ class _Tensor:
 
 
 @dataclass(frozen=True, eq=False)
-class _Opaque:
+class Opaque:
     """A value the interpreter does not know; using it makes the op unsized."""
 
     reason: str
 
 
 @dataclass(frozen=True)
-class _Library:
+class Library:
     """A name from outside the file: ``torch.nn.Linear``, ``builtins.max``."""
 
     name: str
 
 
 @dataclass(eq=False)
-class _Layer:
+class Layer:
     """A standard layer with its bound constructor arguments."""
 
     kind: str
@@ -199,7 +199,7 @@ class _Layer:
 
 
 @dataclass(eq=False)
-class _Container:
+class Container:
     """``nn.Sequential``, ``nn.ModuleList`` (children by position) or ``nn.ModuleDict``."""
 
     kind: str
@@ -209,7 +209,7 @@ class _Container:
 
 
 @dataclass(eq=False)
-class _Instance:
+class Instance:
     """An instance of one of the file's own classes."""
 
     classdef: cst.ClassDef
@@ -218,27 +218,27 @@ class _Instance:
 
 
 @dataclass(frozen=True)
-class _Function:
+class Function:
     """One of the file's functions, or a method bound to an instance."""
 
     node: cst.FunctionDef
-    owner: _Instance | None = None
+    owner: Instance | None = None
     cls: cst.ClassDef | None = None  # the class that defines it, for super()
 
 
 @dataclass(frozen=True)
-class _ClassRef:
+class ClassRef:
     node: cst.ClassDef
 
 
 @dataclass(frozen=True)
-class _Super:
-    instance: _Instance
+class Super:
+    instance: Instance
     cls: cst.ClassDef
 
 
 @dataclass(frozen=True)
-class _Method:
+class Method:
     """A method of a value the interpreter models (``x.view``, ``layers.append``)."""
 
     target: object
@@ -250,7 +250,7 @@ class _Method:
 _PYTHON_ERRORS = (ArithmeticError, LookupError, TypeError, ValueError, RecursionError)
 #: Longest loop or list the interpreter builds, and largest exponent it computes.
 _MAX_ITEMS = 100_000
-_MODULES = (_Layer, _Container, _Instance)
+MODULES = (Layer, Container, Instance)
 
 
 #: Methods of a module that register an attribute: the keyword of the value.
@@ -258,7 +258,7 @@ _REGISTERS = {"register_buffer": "tensor", "register_parameter": "param", "add_m
 _INSTANCE_METHODS = frozenset({*_REGISTERS, "parameters", "modules", "children"})
 
 
-class _Unsized(Exception):
+class Unsized(Exception):
     """The interpreter cannot follow the source here; ``reason`` says why."""
 
     def __init__(self, reason: str, located: bool = False) -> None:
@@ -267,64 +267,64 @@ class _Unsized(Exception):
         self.located = located
 
 
-class _Return(Exception):
+class Return(Exception):
     def __init__(self, value: object) -> None:
         super().__init__()
         self.value = value
 
 
-class _Break(Exception):
+class Break(Exception):
     pass
 
 
-class _Continue(Exception):
+class Continue(Exception):
     pass
 
 
-def _numel(shape: Sequence[int]) -> int:
+def numel(shape: Sequence[int]) -> int:
     return math.prod(shape)
 
 
-def _shape_text(shape: Sequence[int]) -> str:
+def shape_text(shape: Sequence[int]) -> str:
     return "(" + ", ".join(map(str, shape)) + ")"
 
 
-def _int(value: object, what: str) -> int:
+def as_int(value: object, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, _Opaque):
-            raise _Unsized(value.reason)
-        raise _Unsized(f"needs a whole number for {what}, got {_describe(value)}")
+        if isinstance(value, Opaque):
+            raise Unsized(value.reason)
+        raise Unsized(f"needs a whole number for {what}, got {describe(value)}")
     return value
 
 
-def _tensor(value: object, what: str) -> _Tensor:
-    if isinstance(value, _Tensor):
+def as_tensor(value: object, what: str) -> Tensor:
+    if isinstance(value, Tensor):
         return value
-    if isinstance(value, _Opaque):
-        raise _Unsized(value.reason)
-    raise _Unsized(f"needs a tensor for {what}, got {_describe(value)}")
+    if isinstance(value, Opaque):
+        raise Unsized(value.reason)
+    raise Unsized(f"needs a tensor for {what}, got {describe(value)}")
 
 
-def _describe(value: object) -> str:
-    if isinstance(value, _Tensor):
-        return f"a tensor of shape {_shape_text(value.shape)}"
-    if isinstance(value, (_Layer, _Container, _Instance)):
+def describe(value: object) -> str:
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {shape_text(value.shape)}"
+    if isinstance(value, (Layer, Container, Instance)):
         return value.text or type(value).__name__
-    if isinstance(value, _Opaque):
+    if isinstance(value, Opaque):
         return f"an unknown value ({value.reason})"
-    if isinstance(value, _Library):
+    if isinstance(value, Library):
         return value.name
     return repr(value) if len(repr(value)) < 40 else type(value).__name__
 
 
-def _dim(index: object, rank: int, what: str = "a dimension") -> int:
-    value = _int(index, what)
+def as_dim(index: object, rank: int, what: str = "a dimension") -> int:
+    value = as_int(index, what)
     if not -max(rank, 1) <= value < max(rank, 1):
-        raise _Unsized(f"dimension {value} is out of range for a tensor of rank {rank}")
+        raise Unsized(f"dimension {value} is out of range for a tensor of rank {rank}")
     return value % max(rank, 1)
 
 
-def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
+def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     rank = max((len(shape) for shape in shapes), default=0)
     result = []
     for position in range(rank):
@@ -335,41 +335,41 @@ def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
         }
         sizes.discard(1)
         if len(sizes) > 1:
-            shown = " and ".join(_shape_text(shape) for shape in shapes)
-            raise _Unsized(f"cannot broadcast shapes {shown} together")
+            shown = " and ".join(shape_text(shape) for shape in shapes)
+            raise Unsized(f"cannot broadcast shapes {shown} together")
         result.append(sizes.pop() if sizes else 1)
     return tuple(result)
 
 
-def _tuple_of(value: object, count: int, what: str) -> tuple[int, ...]:
+def as_ints(value: object, count: int, what: str) -> tuple[int, ...]:
     """An int or a sequence of ints as ``count`` ints (a kernel size, a stride)."""
     if isinstance(value, (tuple, list)):
-        items = tuple(_int(item, what) for item in value)
+        items = tuple(as_int(item, what) for item in value)
         if len(items) != count:
-            raise _Unsized(f"{what} has {len(items)} entries for {count} dimension(s)")
+            raise Unsized(f"{what} has {len(items)} entries for {count} dimension(s)")
         return items
-    return (_int(value, what),) * count
+    return (as_int(value, what),) * count
 
 
 # --- standard layers --------------------------------------------------------------------
 
-_REQUIRED = _Opaque("a required argument")
-_Signature = tuple[tuple[str, object], ...]
+REQUIRED = Opaque("a required argument")
+Signature = tuple[tuple[str, object], ...]
 
-_CONV: _Signature = (
-    ("in_channels", _REQUIRED),
-    ("out_channels", _REQUIRED),
-    ("kernel_size", _REQUIRED),
+_CONV: Signature = (
+    ("in_channels", REQUIRED),
+    ("out_channels", REQUIRED),
+    ("kernel_size", REQUIRED),
     ("stride", 1),
     ("padding", 0),
     ("dilation", 1),
     ("groups", 1),
     ("bias", True),
 )
-_CONV_TRANSPOSE: _Signature = (
-    ("in_channels", _REQUIRED),
-    ("out_channels", _REQUIRED),
-    ("kernel_size", _REQUIRED),
+_CONV_TRANSPOSE: Signature = (
+    ("in_channels", REQUIRED),
+    ("out_channels", REQUIRED),
+    ("kernel_size", REQUIRED),
     ("stride", 1),
     ("padding", 0),
     ("output_padding", 0),
@@ -377,15 +377,15 @@ _CONV_TRANSPOSE: _Signature = (
     ("bias", True),
     ("dilation", 1),
 )
-_BATCH_NORM: _Signature = (
-    ("num_features", _REQUIRED),
+_BATCH_NORM: Signature = (
+    ("num_features", REQUIRED),
     ("eps", 1e-5),
     ("momentum", 0.1),
     ("affine", True),
     ("track_running_stats", True),
 )
-_MAX_POOL: _Signature = (
-    ("kernel_size", _REQUIRED),
+_MAX_POOL: Signature = (
+    ("kernel_size", REQUIRED),
     ("stride", None),
     ("padding", 0),
     ("dilation", 1),
@@ -393,16 +393,16 @@ _MAX_POOL: _Signature = (
     ("ceil_mode", False),
 )
 #: ``F.max_pool1d/2d``: the functional form orders ``ceil_mode`` before ``return_indices``.
-_MAX_POOL_FUNCTION: _Signature = (
-    ("kernel_size", _REQUIRED),
+_MAX_POOL_FUNCTION: Signature = (
+    ("kernel_size", REQUIRED),
     ("stride", None),
     ("padding", 0),
     ("dilation", 1),
     ("ceil_mode", False),
     ("return_indices", False),
 )
-_AVG_POOL: _Signature = (
-    ("kernel_size", _REQUIRED),
+_AVG_POOL: Signature = (
+    ("kernel_size", REQUIRED),
     ("stride", None),
     ("padding", 0),
     ("ceil_mode", False),
@@ -428,11 +428,11 @@ _ACTIVATIONS = (
 )
 
 #: Constructor signatures (name, default) of the layers the estimate knows.
-_LAYERS: dict[str, _Signature] = {
-    "Linear": (("in_features", _REQUIRED), ("out_features", _REQUIRED), ("bias", True)),
+_LAYERS: dict[str, Signature] = {
+    "Linear": (("in_features", REQUIRED), ("out_features", REQUIRED), ("bias", True)),
     "Embedding": (
-        ("num_embeddings", _REQUIRED),
-        ("embedding_dim", _REQUIRED),
+        ("num_embeddings", REQUIRED),
+        ("embedding_dim", REQUIRED),
         ("padding_idx", None),
     ),
     "Conv1d": _CONV,
@@ -441,17 +441,17 @@ _LAYERS: dict[str, _Signature] = {
     "ConvTranspose1d": _CONV_TRANSPOSE,
     "ConvTranspose2d": _CONV_TRANSPOSE,
     "LayerNorm": (
-        ("normalized_shape", _REQUIRED),
+        ("normalized_shape", REQUIRED),
         ("eps", 1e-5),
         ("elementwise_affine", True),
         ("bias", True),
     ),
-    "RMSNorm": (("normalized_shape", _REQUIRED), ("eps", None), ("elementwise_affine", True)),
+    "RMSNorm": (("normalized_shape", REQUIRED), ("eps", None), ("elementwise_affine", True)),
     "BatchNorm1d": _BATCH_NORM,
     "BatchNorm2d": _BATCH_NORM,
     "GroupNorm": (
-        ("num_groups", _REQUIRED),
-        ("num_channels", _REQUIRED),
+        ("num_groups", REQUIRED),
+        ("num_channels", REQUIRED),
         ("eps", 1e-5),
         ("affine", True),
     ),
@@ -463,15 +463,15 @@ _LAYERS: dict[str, _Signature] = {
     "MaxPool2d": _MAX_POOL,
     "AvgPool1d": _AVG_POOL,
     "AvgPool2d": _AVG_POOL,
-    "AdaptiveAvgPool1d": (("output_size", _REQUIRED),),
-    "AdaptiveAvgPool2d": (("output_size", _REQUIRED),),
-    "AdaptiveMaxPool2d": (("output_size", _REQUIRED), ("return_indices", False)),
+    "AdaptiveAvgPool1d": (("output_size", REQUIRED),),
+    "AdaptiveAvgPool2d": (("output_size", REQUIRED),),
+    "AdaptiveMaxPool2d": (("output_size", REQUIRED), ("return_indices", False)),
     "Flatten": (("start_dim", 1), ("end_dim", -1)),
-    "Unflatten": (("dim", _REQUIRED), ("unflattened_size", _REQUIRED)),
+    "Unflatten": (("dim", REQUIRED), ("unflattened_size", REQUIRED)),
     "Upsample": (("size", None), ("scale_factor", None), ("mode", "nearest")),
     "MultiheadAttention": (
-        ("embed_dim", _REQUIRED),
-        ("num_heads", _REQUIRED),
+        ("embed_dim", REQUIRED),
+        ("num_heads", REQUIRED),
         ("dropout", 0.0),
         ("bias", True),
         ("add_bias_kv", False),
@@ -485,12 +485,12 @@ _LAYERS: dict[str, _Signature] = {
 _LOOSE_LAYERS = frozenset({*_ACTIVATIONS, "Identity"})
 
 
-def _bind(
-    signature: _Signature, args: Sequence[object], kwargs: Mapping[str, object], what: str
+def bind(
+    signature: Signature, args: Sequence[object], kwargs: Mapping[str, object], what: str
 ) -> dict[str, object]:
     """Arguments by name; keywords outside the signature (``device=``) are ignored."""
     if len(args) > len(signature):
-        raise _Unsized(f"{what} takes at most {len(signature)} positional argument(s)")
+        raise Unsized(f"{what} takes at most {len(signature)} positional argument(s)")
     bound = {name: default for name, default in signature}
     for (name, _), value in zip(signature, args, strict=False):
         bound[name] = value
@@ -498,10 +498,10 @@ def _bind(
         if name in bound:
             bound[name] = value
     for name, value in bound.items():
-        if value is _REQUIRED:
-            raise _Unsized(f"{what} is missing its argument {name!r}")
-        if isinstance(value, _Opaque):
-            raise _Unsized(f"{what}: {name} is unknown ({value.reason})")
+        if value is REQUIRED:
+            raise Unsized(f"{what} is missing its argument {name!r}")
+        if isinstance(value, Opaque):
+            raise Unsized(f"{what}: {name} is unknown ({value.reason})")
     return bound
 
 
@@ -509,19 +509,19 @@ def _spatial_rank(kind: str) -> int:
     return 3 if kind.endswith("3d") else 1 if kind.endswith("1d") else 2
 
 
-def _layer_parameters(layer: _Layer) -> int:
+def layer_parameters(layer: Layer) -> int:
     """Number of parameters of a standard layer."""
     kind, a = layer.kind, layer.args
     bias = bool(a.get("bias", False))
     if kind == "Linear":
-        inputs, outputs = _int(a["in_features"], "in_features"), _int(a["out_features"], "")
+        inputs, outputs = as_int(a["in_features"], "in_features"), as_int(a["out_features"], "")
         return inputs * outputs + (outputs if bias else 0)
     if kind == "Embedding":
-        return _int(a["num_embeddings"], "num_embeddings") * _int(a["embedding_dim"], "")
+        return as_int(a["num_embeddings"], "num_embeddings") * as_int(a["embedding_dim"], "")
     if kind.startswith("Conv"):
-        inputs, outputs = _int(a["in_channels"], ""), _int(a["out_channels"], "")
-        groups = _int(a["groups"], "groups")
-        kernel = _numel(_tuple_of(a["kernel_size"], _spatial_rank(kind), "kernel_size"))
+        inputs, outputs = as_int(a["in_channels"], ""), as_int(a["out_channels"], "")
+        groups = as_int(a["groups"], "groups")
+        kernel = numel(as_ints(a["kernel_size"], _spatial_rank(kind), "kernel_size"))
         if kind.startswith("ConvTranspose"):
             weights = inputs * (outputs // groups) * kernel
         else:
@@ -530,16 +530,16 @@ def _layer_parameters(layer: _Layer) -> int:
     if kind in ("LayerNorm", "RMSNorm"):
         if not a["elementwise_affine"]:
             return 0
-        size = _numel(_tuple_of_any(a["normalized_shape"]))
+        size = numel(_tuple_of_any(a["normalized_shape"]))
         return size * (2 if kind == "LayerNorm" and bias else 1)
     if kind.startswith("BatchNorm"):
-        return 2 * _int(a["num_features"], "num_features") if a["affine"] else 0
+        return 2 * as_int(a["num_features"], "num_features") if a["affine"] else 0
     if kind == "GroupNorm":
-        return 2 * _int(a["num_channels"], "num_channels") if a["affine"] else 0
+        return 2 * as_int(a["num_channels"], "num_channels") if a["affine"] else 0
     if kind == "MultiheadAttention":
-        embed = _int(a["embed_dim"], "embed_dim")
-        kdim = embed if a["kdim"] is None else _int(a["kdim"], "kdim")
-        vdim = embed if a["vdim"] is None else _int(a["vdim"], "vdim")
+        embed = as_int(a["embed_dim"], "embed_dim")
+        kdim = embed if a["kdim"] is None else as_int(a["kdim"], "kdim")
+        vdim = embed if a["vdim"] is None else as_int(a["vdim"], "vdim")
         total = embed * (embed + kdim + vdim) + embed * embed  # in and out projections
         if bias:
             total += 3 * embed + embed
@@ -551,11 +551,11 @@ def _layer_parameters(layer: _Layer) -> int:
 
 def _tuple_of_any(value: object) -> tuple[int, ...]:
     if isinstance(value, (tuple, list)):
-        return tuple(_int(item, "a size") for item in value)
-    return (_int(value, "a size"),)
+        return tuple(as_int(item, "a size") for item in value)
+    return (as_int(value, "a size"),)
 
 
-def _window_output(
+def window_output(
     size: int, kernel: int, stride: int, padding: int, dilation: int, ceil: bool
 ) -> int:
     span = size + 2 * padding - dilation * (kernel - 1) - 1
@@ -563,7 +563,7 @@ def _window_output(
     if ceil and (out - 1) * stride >= size + padding:
         out -= 1  # the last window must start inside the input (torch's rule)
     if out < 1:
-        raise _Unsized(f"a window of {kernel} does not fit an input of size {size}")
+        raise Unsized(f"a window of {kernel} does not fit an input of size {size}")
     return out
 
 
@@ -571,7 +571,7 @@ def _window_output(
 
 
 @dataclass
-class _Counter:
+class Counter:
     forward: float = 0.0
     backward: float = 0.0
 
@@ -580,15 +580,15 @@ class _Counter:
         self.backward += flops * backward_factor
 
 
-_MATMUL_BACKWARD = 2.0  # gradients for both operands
-_ELEMENTWISE_BACKWARD = 1.0
-_NORMALISE_FLOPS = 5  # per element: mean, variance, normalise, scale, shift
+MATMUL_BACKWARD = 2.0  # gradients for both operands
+ELEMENTWISE_BACKWARD = 1.0
+NORMALISE_FLOPS = 5  # per element: mean, variance, normalise, scale, shift
 
 
 # --- the interpreter ----------------------------------------------------------------------
 
 
-class _Interpreter:
+class Interpreter:
     """Runs a file's constructors and forwards on abstract values (see the module docstring)."""
 
     def __init__(self, module: cst.Module, path: str, training: bool, dtype_bytes: int) -> None:
@@ -597,7 +597,7 @@ class _Interpreter:
         self.training = training
         self.dtype_bytes = dtype_bytes
         self.imports = ImportAliases.of(module, set())
-        self.counter = _Counter()
+        self.counter = Counter()
         self.depth = 0
         self._positions: Mapping[cst.CSTNode, CodeRange] | None = None
         self.globals: dict[str, object] = {}
@@ -605,9 +605,9 @@ class _Interpreter:
         for statement in module.body:
             if isinstance(statement, cst.ClassDef):
                 self.classes[statement.name.value] = statement
-                self.globals[statement.name.value] = _ClassRef(statement)
+                self.globals[statement.name.value] = ClassRef(statement)
             elif isinstance(statement, cst.FunctionDef):
-                self.globals[statement.name.value] = _Function(statement)
+                self.globals[statement.name.value] = Function(statement)
         for statement in module.body:  # constants, in order, once functions are known
             if isinstance(statement, cst.SimpleStatementLine):
                 for small in statement.body:
@@ -624,14 +624,14 @@ class _Interpreter:
         )
         try:
             value = self.eval(small.value, {})
-        except _Unsized as error:
-            value = _Opaque(error.reason)
+        except Unsized as error:
+            value = Opaque(error.reason)
         except _PYTHON_ERRORS as error:
-            value = _Opaque(f"{type(error).__name__}: {error}")
+            value = Opaque(f"{type(error).__name__}: {error}")
         for target in targets:
             try:
                 self.assign(target, value, self.globals)
-            except _Unsized:
+            except Unsized:
                 continue
 
     # --- source positions, for reasons --------------------------------------------------
@@ -670,15 +670,15 @@ class _Interpreter:
             try:
                 self._run_statement(statement, frame, nested)
             except _PYTHON_ERRORS as error:  # odd values the rules above did not expect
-                raise _Unsized(
+                raise Unsized(
                     f"is a statement syncpass could not follow ({type(error).__name__}: {error})"
                 ) from None
-        except _Unsized as error:
+        except Unsized as error:
             if not nested or error.located:
                 raise
             line = self.line(statement)
             where = f" ({self.path}:{line})" if line is not None else ""
-            raise _Unsized(error.reason + where, located=True) from None
+            raise Unsized(error.reason + where, located=True) from None
 
     def _run_statement(
         self,
@@ -708,13 +708,13 @@ class _Interpreter:
             if not isinstance(statement.value, (cst.SimpleString, cst.ConcatenatedString)):
                 self.eval(statement.value, frame)
         elif isinstance(statement, cst.Return):
-            raise _Return(None if statement.value is None else self.eval(statement.value, frame))
+            raise Return(None if statement.value is None else self.eval(statement.value, frame))
         elif isinstance(statement, cst.Break):
-            raise _Break()
+            raise Break()
         elif isinstance(statement, cst.Continue):
-            raise _Continue()
+            raise Continue()
         elif isinstance(statement, cst.Raise):
-            raise _Unsized("raises an exception")
+            raise Unsized("raises an exception")
         elif isinstance(statement, cst.If):
             self._run_if(statement, frame, nested)
         elif isinstance(statement, cst.For):
@@ -723,21 +723,21 @@ class _Interpreter:
             for item in statement.items:
                 self.eval(item.item, frame)
                 if item.asname is not None:
-                    self.assign(item.asname.name, _Opaque("a context manager"), frame)
+                    self.assign(item.asname.name, Opaque("a context manager"), frame)
             self.run_block(statement.body, frame, nested)
         elif isinstance(statement, cst.Try):
             self.run_block(statement.body, frame, nested)
         elif isinstance(statement, cst.FunctionDef):
-            frame[statement.name.value] = _Function(statement)
+            frame[statement.name.value] = Function(statement)
         elif isinstance(statement, cst.While):
-            raise _Unsized("a while loop, whose trip count the source does not give")
+            raise Unsized("a while loop, whose trip count the source does not give")
         elif isinstance(
             statement,
             (cst.Pass, cst.Assert, cst.Del, cst.Import, cst.ImportFrom, cst.Global, cst.Nonlocal),
         ):
             return
         else:
-            raise _Unsized(f"a {type(statement).__name__} statement syncpass cannot follow")
+            raise Unsized(f"a {type(statement).__name__} statement syncpass cannot follow")
 
     def _run_if(self, statement: cst.If, frame: dict[str, object], nested: bool) -> None:
         condition = self.truth(self.eval(statement.test, frame), statement.test)
@@ -753,9 +753,9 @@ class _Interpreter:
             self.assign(statement.target, item, frame)
             try:
                 self.run_block(statement.body, frame, nested)
-            except _Break:
+            except Break:
                 return
-            except _Continue:
+            except Continue:
                 continue
         if statement.orelse is not None:
             self.run_block(statement.orelse.body, frame, nested)
@@ -763,28 +763,28 @@ class _Interpreter:
     def truth(self, value: object, node: cst.BaseExpression) -> bool:
         if value is None or isinstance(value, (bool, int, float, str, tuple, list, range)):
             return bool(value)
-        if isinstance(value, _MODULES):
+        if isinstance(value, MODULES):
             return True
-        if isinstance(value, _Tensor):
-            raise _Unsized(f"branches on a tensor's value ({self.code(node)})")
-        if isinstance(value, _Opaque):
-            raise _Unsized(f"branches on an unknown value ({self.code(node)}: {value.reason})")
+        if isinstance(value, Tensor):
+            raise Unsized(f"branches on a tensor's value ({self.code(node)})")
+        if isinstance(value, Opaque):
+            raise Unsized(f"branches on an unknown value ({self.code(node)}: {value.reason})")
         return True
 
     def iterate(self, value: object, node: cst.CSTNode) -> list[object]:
         if isinstance(value, (list, tuple, range, str)) and len(value) > _MAX_ITEMS:
-            raise _Unsized(f"loops over {len(value)} items, more than syncpass follows")
+            raise Unsized(f"loops over {len(value)} items, more than syncpass follows")
         if isinstance(value, (list, tuple, range, str)):
             return list(value)
         if isinstance(value, dict):
             return list(value)
-        if isinstance(value, _Container):
+        if isinstance(value, Container):
             return list(value.keys) if value.keys is not None else list(value.children)
-        if isinstance(value, _Tensor) and value.shape:
-            return [_Tensor(value.shape[1:], value.kind) for _ in range(value.shape[0])]
-        if isinstance(value, _Opaque):
-            raise _Unsized(f"loops over an unknown value ({self.code(node)}: {value.reason})")
-        raise _Unsized(f"loops over {_describe(value)}, whose items syncpass does not know")
+        if isinstance(value, Tensor) and value.shape:
+            return [Tensor(value.shape[1:], value.kind) for _ in range(value.shape[0])]
+        if isinstance(value, Opaque):
+            raise Unsized(f"loops over an unknown value ({self.code(node)}: {value.reason})")
+        raise Unsized(f"loops over {describe(value)}, whose items syncpass does not know")
 
     def assign(self, target: cst.BaseExpression, value: object, frame: dict[str, object]) -> None:
         if isinstance(target, cst.Name):
@@ -797,7 +797,7 @@ class _Interpreter:
                 star = starred[0]
                 after = len(elements) - star - 1
                 if len(items) < len(elements) - 1:
-                    raise _Unsized(f"unpacks {len(items)} values into {len(elements)} names")
+                    raise Unsized(f"unpacks {len(items)} values into {len(elements)} names")
                 groups: list[object] = [
                     *items[:star],
                     list(items[star : len(items) - after]),
@@ -805,20 +805,20 @@ class _Interpreter:
                 ]
             else:
                 if len(items) != len(elements):
-                    raise _Unsized(f"unpacks {len(items)} values into {len(elements)} names")
+                    raise Unsized(f"unpacks {len(items)} values into {len(elements)} names")
                 groups = items
             for element, item in zip(elements, groups, strict=True):
                 self.assign(element.value, item, frame)
         elif isinstance(target, cst.Attribute):
             owner = self.eval(target.value, frame)
-            if isinstance(owner, _Instance):
+            if isinstance(owner, Instance):
                 owner.attrs[target.attr.value] = value
         elif isinstance(target, cst.Subscript):
             owner = self.eval(target.value, frame)
             if isinstance(owner, list) and len(target.slice) == 1:
                 part = target.slice[0].slice
                 if isinstance(part, cst.Index):
-                    owner[_int(self.eval(part.value, frame), "an index")] = value
+                    owner[as_int(self.eval(part.value, frame), "an index")] = value
             elif isinstance(owner, dict) and len(target.slice) == 1:
                 part = target.slice[0].slice
                 if isinstance(part, cst.Index):
@@ -836,9 +836,9 @@ class _Interpreter:
             return float(node.evaluated_value)
         if isinstance(node, cst.SimpleString):
             value = node.evaluated_value
-            return value if isinstance(value, str) else _Opaque("a bytes literal")
+            return value if isinstance(value, str) else Opaque("a bytes literal")
         if isinstance(node, (cst.ConcatenatedString, cst.FormattedString)):
-            return _Opaque("a formatted string")
+            return Opaque("a formatted string")
         if isinstance(node, cst.Ellipsis):
             return Ellipsis
         if isinstance(node, cst.Attribute):
@@ -876,7 +876,7 @@ class _Interpreter:
             result: dict[object, object] = {}
             for item in node.elements:
                 if not isinstance(item, cst.DictElement):
-                    raise _Unsized("a dict with ** unpacking")
+                    raise Unsized("a dict with ** unpacking")
                 result[self.hashable(self.eval(item.key, frame))] = self.eval(item.value, frame)
             return result
         if isinstance(node, (cst.ListComp, cst.GeneratorExp)):
@@ -884,14 +884,14 @@ class _Interpreter:
         if isinstance(node, cst.Subscript):
             return self.subscript(node, frame)
         if isinstance(node, cst.Lambda):
-            return _Opaque("a lambda")
-        return _Opaque(f"{type(node).__name__} expression")
+            return Opaque("a lambda")
+        return Opaque(f"{type(node).__name__} expression")
 
     def hashable(self, value: object) -> object:
         try:
             hash(value)
         except TypeError:
-            raise _Unsized("uses an unhashable dictionary key") from None
+            raise Unsized("uses an unhashable dictionary key") from None
         return value
 
     def lookup(self, name: str, frame: Mapping[str, object]) -> object:
@@ -903,8 +903,8 @@ class _Interpreter:
             return self.globals[name]
         qualified = self.imports.qualify(name)
         if qualified != name or name in self.imports.targets:
-            return _Library(qualified)
-        raise _Unsized(f"reads {name!r}, which syncpass cannot resolve")
+            return Library(qualified)
+        raise Unsized(f"reads {name!r}, which syncpass cannot resolve")
 
     def comprehension(
         self, node: cst.ListComp | cst.GeneratorExp, frame: dict[str, object]
@@ -939,41 +939,41 @@ class _Interpreter:
                 ]
                 for bound in bounds:
                     if bound is not None:
-                        _int(bound, "a slice bound")
+                        as_int(bound, "a slice bound")
                 parts.append(slice(*bounds))
         index: object = parts[0] if len(parts) == 1 else tuple(parts)
         return self.index(value, index, node)
 
     def index(self, value: object, index: object, node: cst.CSTNode) -> object:
-        if isinstance(value, _Tensor):
+        if isinstance(value, Tensor):
             return self.index_tensor(value, index)
-        if isinstance(value, _Container):
+        if isinstance(value, Container):
             if value.keys is not None:
                 if index not in value.keys:
-                    raise _Unsized(f"{value.text} has no entry {index!r}")
+                    raise Unsized(f"{value.text} has no entry {index!r}")
                 return value.children[value.keys.index(str(index))]
             if isinstance(index, slice):
-                return _Container(value.kind, value.children[index], None, value.text)
+                return Container(value.kind, value.children[index], None, value.text)
             try:
-                return value.children[_int(index, "an index")]
+                return value.children[as_int(index, "an index")]
             except IndexError:
-                raise _Unsized(f"index {index} is out of range of {value.text}") from None
+                raise Unsized(f"index {index} is out of range of {value.text}") from None
         if isinstance(value, (list, tuple, str, range, dict)):
             try:
                 return value[index]  # type: ignore[call-overload,index]
             except (IndexError, KeyError, TypeError) as error:
-                raise _Unsized(f"cannot index {_describe(value)} by {index!r}: {error}") from None
-        if isinstance(value, _Opaque):
-            raise _Unsized(value.reason)
-        raise _Unsized(f"indexes {_describe(value)} ({self.code(node)})")
+                raise Unsized(f"cannot index {describe(value)} by {index!r}: {error}") from None
+        if isinstance(value, Opaque):
+            raise Unsized(value.reason)
+        raise Unsized(f"indexes {describe(value)} ({self.code(node)})")
 
-    def index_tensor(self, tensor: _Tensor, index: object) -> _Tensor:
+    def index_tensor(self, tensor: Tensor, index: object) -> Tensor:
         items = list(index) if isinstance(index, tuple) else [index]
         if sum(item is Ellipsis for item in items) > 1:
-            raise _Unsized("indexes with more than one ...")
+            raise Unsized("indexes with more than one ...")
         consuming = [item for item in items if item is not None and item is not Ellipsis]
         if len(consuming) > len(tensor.shape):
-            raise _Unsized(f"indexes a tensor of rank {len(tensor.shape)} with {len(consuming)}")
+            raise Unsized(f"indexes a tensor of rank {len(tensor.shape)} with {len(consuming)}")
         if Ellipsis in items:
             at = items.index(Ellipsis)
             items[at : at + 1] = [slice(None)] * (len(tensor.shape) - len(consuming))
@@ -991,11 +991,11 @@ class _Interpreter:
                 shape.append(len(item))  # x[:, [-1], :] keeps the dimension
             elif isinstance(item, int) and not isinstance(item, bool):
                 if not -size <= item < size:
-                    raise _Unsized(f"index {item} is out of range of a dimension of {size}")
+                    raise Unsized(f"index {item} is out of range of a dimension of {size}")
             else:
-                raise _Unsized(f"indexes a tensor with {_describe(item)}")
+                raise Unsized(f"indexes a tensor with {describe(item)}")
         shape.extend(tensor.shape[dim:])
-        return _Tensor(tuple(shape), tensor.kind)
+        return Tensor(tuple(shape), tensor.kind)
 
     # --- operators ------------------------------------------------------------------------------
 
@@ -1016,34 +1016,34 @@ class _Interpreter:
 
     def binary(self, name: str, left: object, right: object) -> object:
         for side in (left, right):
-            if isinstance(side, _Opaque):
-                raise _Unsized(side.reason)
-        if isinstance(left, _Tensor) or isinstance(right, _Tensor):
+            if isinstance(side, Opaque):
+                raise Unsized(side.reason)
+        if isinstance(left, Tensor) or isinstance(right, Tensor):
             if name == "MatrixMultiply":
-                return self.matmul(_tensor(left, "@"), _tensor(right, "@"))
-            shapes = [side.shape for side in (left, right) if isinstance(side, _Tensor)]
+                return self.matmul(as_tensor(left, "@"), as_tensor(right, "@"))
+            shapes = [side.shape for side in (left, right) if isinstance(side, Tensor)]
             for side in (left, right):
-                if not isinstance(side, (_Tensor, int, float, bool)):
-                    raise _Unsized(f"combines a tensor with {_describe(side)}")
-            shape = _broadcast(*shapes)
-            self.counter.add(_numel(shape), _ELEMENTWISE_BACKWARD)
-            return _Tensor(shape, self._result_kind(left, right, name))
+                if not isinstance(side, (Tensor, int, float, bool)):
+                    raise Unsized(f"combines a tensor with {describe(side)}")
+            shape = broadcast(*shapes)
+            self.counter.add(numel(shape), ELEMENTWISE_BACKWARD)
+            return Tensor(shape, self._result_kind(left, right, name))
         python = self._PYTHON_OPERATORS.get(name)
         if _too_large(name, left, right):
-            raise _Unsized(f"computes {name} with an operand above {_MAX_ITEMS}")
+            raise Unsized(f"computes {name} with an operand above {_MAX_ITEMS}")
         if python is None:
-            raise _Unsized(f"applies {name} to {_describe(left)} and {_describe(right)}")
+            raise Unsized(f"applies {name} to {describe(left)} and {describe(right)}")
         try:
             return python(left, right)
         except (TypeError, ValueError, ZeroDivisionError, OverflowError) as error:
-            raise _Unsized(
-                f"cannot compute {_describe(left)} {name} {_describe(right)}: {error}"
+            raise Unsized(
+                f"cannot compute {describe(left)} {name} {describe(right)}: {error}"
             ) from None
 
     @staticmethod
     def _result_kind(left: object, right: object, name: str) -> str:
         kinds = {
-            side.kind if isinstance(side, _Tensor) else "float" if isinstance(side, float) else ""
+            side.kind if isinstance(side, Tensor) else "float" if isinstance(side, float) else ""
             for side in (left, right)
         }
         if name == "Divide" or "float" in kinds:
@@ -1051,13 +1051,13 @@ class _Interpreter:
         return "int" if "int" in kinds else "bool"
 
     def unary(self, node: cst.UnaryOperation, value: object) -> object:
-        if isinstance(value, _Opaque):
-            raise _Unsized(value.reason)
+        if isinstance(value, Opaque):
+            raise Unsized(value.reason)
         if isinstance(node.operator, cst.Not):
             return not self.truth(value, node.expression)
-        if isinstance(value, _Tensor):
-            self.counter.add(_numel(value.shape), _ELEMENTWISE_BACKWARD)
-            return _Tensor(value.shape, value.kind)
+        if isinstance(value, Tensor):
+            self.counter.add(numel(value.shape), ELEMENTWISE_BACKWARD)
+            return Tensor(value.shape, value.kind)
         if isinstance(value, (int, float)):
             if isinstance(node.operator, cst.Minus):
                 return -value
@@ -1065,7 +1065,7 @@ class _Interpreter:
                 return +value
             if isinstance(node.operator, cst.BitInvert) and isinstance(value, int):
                 return ~value
-        raise _Unsized(f"applies a unary operator to {_describe(value)}")
+        raise Unsized(f"applies a unary operator to {describe(value)}")
 
     def compare(self, node: cst.Comparison, frame: dict[str, object]) -> object:
         left = self.eval(node.left, frame)
@@ -1074,21 +1074,21 @@ class _Interpreter:
             right = self.eval(target.comparator, frame)
             op = target.operator
             if isinstance(op, (cst.Is, cst.IsNot)):
-                if isinstance(left, _Opaque) or isinstance(right, _Opaque):
+                if isinstance(left, Opaque) or isinstance(right, Opaque):
                     # An unknown value is not None: it stands for something that exists.
                     same = left is right
                 else:
                     same = left is right or (left is None and right is None)
                 outcome: object = same if isinstance(op, cst.Is) else not same
-            elif isinstance(left, _Tensor) or isinstance(right, _Tensor):
-                shapes = [side.shape for side in (left, right) if isinstance(side, _Tensor)]
-                shape = _broadcast(*shapes)
-                self.counter.add(_numel(shape), 0.0)
-                outcome = _Tensor(shape, "bool")
+            elif isinstance(left, Tensor) or isinstance(right, Tensor):
+                shapes = [side.shape for side in (left, right) if isinstance(side, Tensor)]
+                shape = broadcast(*shapes)
+                self.counter.add(numel(shape), 0.0)
+                outcome = Tensor(shape, "bool")
             else:
                 for side in (left, right):
-                    if isinstance(side, _Opaque):
-                        raise _Unsized(side.reason)
+                    if isinstance(side, Opaque):
+                        raise Unsized(side.reason)
                 compare: Callable[[object, object], object] | None = {
                     cst.Equal: operator.eq,
                     cst.NotEqual: operator.ne,
@@ -1100,11 +1100,11 @@ class _Interpreter:
                     cst.NotIn: lambda a, b: not operator.contains(b, a),
                 }.get(type(op))
                 if compare is None:
-                    raise _Unsized(f"a comparison syncpass cannot evaluate ({self.code(node)})")
+                    raise Unsized(f"a comparison syncpass cannot evaluate ({self.code(node)})")
                 try:
                     outcome = compare(left, right)
                 except TypeError as error:
-                    raise _Unsized(f"cannot compare ({self.code(node)}): {error}") from None
+                    raise Unsized(f"cannot compare ({self.code(node)}): {error}") from None
             if len(node.comparisons) == 1:
                 return outcome
             if not self.truth(outcome, node):
@@ -1116,20 +1116,20 @@ class _Interpreter:
     # --- attributes ------------------------------------------------------------------------------
 
     def attribute(self, value: object, name: str, node: cst.CSTNode) -> object:
-        if isinstance(value, _Library):
-            return _Library(f"{value.name}.{name}")
-        if isinstance(value, _Instance):
+        if isinstance(value, Library):
+            return Library(f"{value.name}.{name}")
+        if isinstance(value, Instance):
             if name in value.attrs:
                 return value.attrs[name]
             if name == "training":
                 return self.training
             found = self.find_method(value.classdef, name)
             if found is not None:
-                return _Function(found[0], value, found[1])
+                return Function(found[0], value, found[1])
             if name in _INSTANCE_METHODS:
-                return _Method(value, name)
-            raise _Unsized(f"{value.text} has no attribute {name!r} that syncpass could resolve")
-        if isinstance(value, _Tensor):
+                return Method(value, name)
+            raise Unsized(f"{value.text} has no attribute {name!r} that syncpass could resolve")
+        if isinstance(value, Tensor):
             if name == "shape":
                 return value.shape
             if name == "ndim":
@@ -1137,39 +1137,39 @@ class _Interpreter:
             if name in ("T", "mT"):
                 shape = value.shape
                 if name == "T":
-                    return _Tensor(tuple(reversed(shape)), value.kind)
-                return _Tensor((*shape[:-2], shape[-1], shape[-2]), value.kind)
+                    return Tensor(tuple(reversed(shape)), value.kind)
+                return Tensor((*shape[:-2], shape[-1], shape[-2]), value.kind)
             if name in ("dtype", "device", "is_cuda", "requires_grad"):
-                return _Opaque(f"a tensor's {name}")
-            return _Method(value, name)
-        if isinstance(value, _Layer):
+                return Opaque(f"a tensor's {name}")
+            return Method(value, name)
+        if isinstance(value, Layer):
             if name in value.args:
                 return value.args[name]
             if name == "training":
                 return self.training
             if name in ("weight", "bias"):
                 return self._layer_tensor(value, name)
-            return _Method(value, name)
-        if isinstance(value, _Super):
+            return Method(value, name)
+        if isinstance(value, Super):
             return self._super_attribute(value, name)
-        if isinstance(value, _Opaque):
+        if isinstance(value, Opaque):
             return value
-        if isinstance(value, _Container) and value.keys is not None and name in value.keys:
+        if isinstance(value, Container) and value.keys is not None and name in value.keys:
             return value.children[value.keys.index(name)]
-        if isinstance(value, (_Container, list, dict)):
-            return _Method(value, name)
-        raise _Unsized(f"reads .{name} of {_describe(value)} ({self.code(node)})")
+        if isinstance(value, (Container, list, dict)):
+            return Method(value, name)
+        raise Unsized(f"reads .{name} of {describe(value)} ({self.code(node)})")
 
-    def _layer_tensor(self, layer: _Layer, name: str) -> object:
+    def _layer_tensor(self, layer: Layer, name: str) -> object:
         a = layer.args
         if layer.kind == "Linear":
-            out = _int(a["out_features"], "out_features")
-            return _Tensor(
-                (out, _int(a["in_features"], "in_features")) if name == "weight" else (out,)
+            out = as_int(a["out_features"], "out_features")
+            return Tensor(
+                (out, as_int(a["in_features"], "in_features")) if name == "weight" else (out,)
             )
         if layer.kind == "Embedding" and name == "weight":
-            return _Tensor((_int(a["num_embeddings"], ""), _int(a["embedding_dim"], "")))
-        return _Opaque(f"the {name} of {layer.text}")
+            return Tensor((as_int(a["num_embeddings"], ""), as_int(a["embedding_dim"], "")))
+        return Opaque(f"the {name} of {layer.text}")
 
     def find_method(
         self, classdef: cst.ClassDef, name: str, seen: frozenset[str] = frozenset()
@@ -1192,14 +1192,14 @@ class _Interpreter:
             if isinstance(base.value, cst.Name) and base.value.value in self.classes
         ]
 
-    def _super_attribute(self, value: _Super, name: str) -> object:
+    def _super_attribute(self, value: Super, name: str) -> object:
         for base in self.user_bases(value.cls):
             found = self.find_method(base, name)
             if found is not None:
-                return _Function(found[0], value.instance, found[1])
+                return Function(found[0], value.instance, found[1])
         if name == "__init__":
-            return _Library("syncpass.noop")
-        raise _Unsized(f"super().{name} is not in the file")
+            return Library("syncpass.noop")
+        raise Unsized(f"super().{name} is not in the file")
 
     # --- calls -------------------------------------------------------------------------------------
 
@@ -1211,9 +1211,9 @@ class _Interpreter:
             and not node.args
         ):
             owner, cls = frame.get("__self__"), frame.get("__class__")
-            if isinstance(owner, _Instance) and isinstance(cls, _ClassRef):
-                return _Super(owner, cls.node)
-            raise _Unsized("super() outside a method")
+            if isinstance(owner, Instance) and isinstance(cls, ClassRef):
+                return Super(owner, cls.node)
+            raise Unsized("super() outside a method")
         function = self.eval(node.func, frame)
         args: list[object] = []
         kwargs: dict[str, object] = {}
@@ -1223,7 +1223,7 @@ class _Interpreter:
                 args.extend(self.iterate(value, arg))
             elif arg.star == "**":
                 if not isinstance(value, dict):
-                    raise _Unsized(f"unpacks {_describe(value)} as keywords")
+                    raise Unsized(f"unpacks {describe(value)} as keywords")
                 kwargs.update({str(key): item for key, item in value.items()})
             elif arg.keyword is not None:
                 kwargs[arg.keyword.value] = value
@@ -1234,36 +1234,36 @@ class _Interpreter:
     def call(
         self, function: object, args: list[object], kwargs: dict[str, object], node: cst.Call
     ) -> object:
-        if isinstance(function, _Library):
+        if isinstance(function, Library):
             return self.call_library(function.name, args, kwargs, node)
-        if isinstance(function, _ClassRef):
+        if isinstance(function, ClassRef):
             return self.instantiate(function.node, args, kwargs, self.code(node))
-        if isinstance(function, _Function):
+        if isinstance(function, Function):
             return self.run_function(function, args, kwargs)
-        if isinstance(function, _MODULES):
+        if isinstance(function, MODULES):
             return self.call_module(function, args, kwargs, self.code(node.func))
-        if isinstance(function, _Method):
+        if isinstance(function, Method):
             return self.call_method(function, args, kwargs, node)
-        if isinstance(function, _Opaque):
-            raise _Unsized(f"{self.code(node.func)} is unknown: {function.reason}")
-        raise _Unsized(f"calls {_describe(function)}, which is not callable")
+        if isinstance(function, Opaque):
+            raise Unsized(f"{self.code(node.func)} is unknown: {function.reason}")
+        raise Unsized(f"calls {describe(function)}, which is not callable")
 
     def run_function(
-        self, function: _Function, args: list[object], kwargs: dict[str, object]
+        self, function: Function, args: list[object], kwargs: dict[str, object]
     ) -> object:
         if self.depth >= _RECURSION_LIMIT:
-            raise _Unsized("calls nest deeper than syncpass follows")
+            raise Unsized("calls nest deeper than syncpass follows")
         frame: dict[str, object] = {}
         if function.owner is not None:
             args = [function.owner, *args]
             frame["__self__"] = function.owner
             if function.cls is not None:
-                frame["__class__"] = _ClassRef(function.cls)
+                frame["__class__"] = ClassRef(function.cls)
         self.bind_parameters(function.node, args, kwargs, frame)
         self.depth += 1
         try:
             self.run_block(function.node.body, frame, nested=True)
-        except _Return as result:
+        except Return as result:
             return result.value
         finally:
             self.depth -= 1
@@ -1288,12 +1288,12 @@ class _Interpreter:
             elif param.default is not None:
                 frame[key] = self.eval(param.default, {})
             else:
-                frame[key] = _Opaque(f"{name}() was called without its argument {key!r}")
+                frame[key] = Opaque(f"{name}() was called without its argument {key!r}")
         extra = args[len(positional) :]
         if isinstance(params.star_arg, cst.Param):
             frame[params.star_arg.name.value] = tuple(extra)
         elif extra:
-            raise _Unsized(f"{name}() gets {len(extra)} more positional argument(s) than it takes")
+            raise Unsized(f"{name}() gets {len(extra)} more positional argument(s) than it takes")
         for param in params.kwonly_params:
             key = param.name.value
             if key in kwargs:
@@ -1301,29 +1301,29 @@ class _Interpreter:
             elif param.default is not None:
                 frame[key] = self.eval(param.default, {})
             else:
-                frame[key] = _Opaque(f"{name}() was called without its argument {key!r}")
+                frame[key] = Opaque(f"{name}() was called without its argument {key!r}")
         if params.star_kwarg is not None:
             frame[params.star_kwarg.name.value] = dict(kwargs)
 
     def instantiate(
         self, classdef: cst.ClassDef, args: list[object], kwargs: dict[str, object], text: str
-    ) -> _Instance:
-        instance = _Instance(classdef, self.class_attributes(classdef), text)
+    ) -> Instance:
+        instance = Instance(classdef, self.class_attributes(classdef), text)
         found = self.find_method(classdef, "__init__")
         if found is None and _is_dataclass(classdef):
             fields = list(instance.attrs)
             if len(args) > len(fields):
-                raise _Unsized(f"{text} gets more arguments than {classdef.name.value} has fields")
+                raise Unsized(f"{text} gets more arguments than {classdef.name.value} has fields")
             instance.attrs.update(zip(fields, args, strict=False))
             instance.attrs.update({key: value for key, value in kwargs.items() if key in fields})
         elif found is not None:
             init, owner = found
-            frame: dict[str, object] = {"__self__": instance, "__class__": _ClassRef(owner)}
+            frame: dict[str, object] = {"__self__": instance, "__class__": ClassRef(owner)}
             self.bind_parameters(init, [instance, *args], dict(kwargs), frame)
             self.depth += 1
             try:
                 self.run_constructor(init.body, frame)
-            except _Return:
+            except Return:
                 pass
             finally:
                 self.depth -= 1
@@ -1344,7 +1344,7 @@ class _Interpreter:
             for small in statement.body:
                 if isinstance(small, cst.AnnAssign) and isinstance(small.target, cst.Name):
                     if small.value is None:
-                        attrs[small.target.value] = _Opaque(
+                        attrs[small.target.value] = Opaque(
                             f"the field {small.target.value!r} has no default"
                         )
                         continue
@@ -1357,8 +1357,8 @@ class _Interpreter:
                     continue
                 try:
                     value = self.eval(value_node, {})
-                except (_Unsized, *_PYTHON_ERRORS):
-                    value = _Opaque(f"the class attribute {self.code(value_node)}")
+                except (Unsized, *_PYTHON_ERRORS):
+                    value = Opaque(f"the class attribute {self.code(value_node)}")
                 for target in targets:
                     if isinstance(target, cst.Name):
                         attrs[target.value] = value
@@ -1372,7 +1372,7 @@ class _Interpreter:
             try:
                 if isinstance(statement, cst.If):
                     condition = self.eval(statement.test, frame)
-                    if isinstance(condition, (_Opaque, _Tensor)):
+                    if isinstance(condition, (Opaque, Tensor)):
                         continue  # unknown branch: neither side is built
                     if self.truth(condition, statement.test):
                         self.run_constructor(statement.body, frame)
@@ -1382,114 +1382,114 @@ class _Interpreter:
                         self.run_constructor(cst.IndentedBlock(body=[statement.orelse]), frame)
                     continue
                 self.run_statement(statement, frame, nested=False)
-            except _Unsized as error:
+            except Unsized as error:
                 reason = error.reason
                 line = self.line(statement)
                 if not error.located and line is not None:
                     reason = f"{reason} ({self.path}:{line})"
                 for target in _assigned_targets(statement):
                     try:
-                        self.assign(target, _Opaque(reason), frame)
-                    except _Unsized:
+                        self.assign(target, Opaque(reason), frame)
+                    except Unsized:
                         continue
 
     def call_module(
         self, module: object, args: list[object], kwargs: dict[str, object], callee: str
     ) -> object:
         """Run a module's forward; an unsized reason inside names the module."""
-        if isinstance(module, _Layer):
+        if isinstance(module, Layer):
             return self.apply_layer(module, args, kwargs)
-        if isinstance(module, _Container):
+        if isinstance(module, Container):
             if module.kind != "Sequential":
-                raise _Unsized(f"calls {callee}, an nn.{module.kind}, which has no forward")
+                raise Unsized(f"calls {callee}, an nn.{module.kind}, which has no forward")
             value: object = args[0] if len(args) == 1 and not kwargs else None
             if value is None:
-                raise _Unsized(f"calls the nn.Sequential {callee} with more than one input")
+                raise Unsized(f"calls the nn.Sequential {callee} with more than one input")
             for position, child in enumerate(module.children):
                 try:
                     value = self.call_module(child, [value], {}, f"{callee}[{position}]")
-                except _Unsized as error:
-                    raise _Unsized(error.reason, error.located) from None
+                except Unsized as error:
+                    raise Unsized(error.reason, error.located) from None
             return value
-        assert isinstance(module, _Instance)
+        assert isinstance(module, Instance)
         found = self.find_method(module.classdef, "forward")
         if found is None:
-            raise _Unsized(f"{callee} is {module.text}, which has no forward")
+            raise Unsized(f"{callee} is {module.text}, which has no forward")
         try:
-            return self.run_function(_Function(found[0], module, found[1]), args, dict(kwargs))
-        except _Unsized as error:
-            raise _Unsized(f"{callee} is {module.text}, whose forward {error.reason}") from None
+            return self.run_function(Function(found[0], module, found[1]), args, dict(kwargs))
+        except Unsized as error:
+            raise Unsized(f"{callee} is {module.text}, whose forward {error.reason}") from None
 
     # --- standard layers' forwards ---------------------------------------------------------------
 
-    def apply_layer(self, layer: _Layer, args: list[object], kwargs: dict[str, object]) -> object:
+    def apply_layer(self, layer: Layer, args: list[object], kwargs: dict[str, object]) -> object:
         kind, a = layer.kind, layer.args
         if kind == "MultiheadAttention":
             return self.multihead_attention(layer, args, kwargs)
         if not args:
-            raise _Unsized(f"calls {layer.text} without an input")
-        x = _tensor(args[0], f"the input of {layer.text}")
+            raise Unsized(f"calls {layer.text} without an input")
+        x = as_tensor(args[0], f"the input of {layer.text}")
         shape = x.shape
         if kind == "Identity":
             return x
         if kind == "Linear":
-            inputs, outputs = _int(a["in_features"], ""), _int(a["out_features"], "")
+            inputs, outputs = as_int(a["in_features"], ""), as_int(a["out_features"], "")
             if not shape or shape[-1] != inputs:
-                raise _Unsized(
-                    f"{layer.text} expects a last dimension of {inputs}, gets {_shape_text(shape)}"
+                raise Unsized(
+                    f"{layer.text} expects a last dimension of {inputs}, gets {shape_text(shape)}"
                 )
-            self.counter.add(2 * _numel(shape[:-1]) * inputs * outputs, _MATMUL_BACKWARD)
-            return _Tensor((*shape[:-1], outputs))
+            self.counter.add(2 * numel(shape[:-1]) * inputs * outputs, MATMUL_BACKWARD)
+            return Tensor((*shape[:-1], outputs))
         if kind == "Embedding":
-            return _Tensor((*shape, _int(a["embedding_dim"], "")))
+            return Tensor((*shape, as_int(a["embedding_dim"], "")))
         if kind.startswith("Conv"):
             return self.convolution(layer, x)
         if kind in ("LayerNorm", "RMSNorm", "GroupNorm") or kind.startswith("BatchNorm"):
-            self.counter.add(_NORMALISE_FLOPS * _numel(shape), _MATMUL_BACKWARD)
-            return _Tensor(shape, x.kind)
+            self.counter.add(NORMALISE_FLOPS * numel(shape), MATMUL_BACKWARD)
+            return Tensor(shape, x.kind)
         if kind in ("Softmax", "LogSoftmax"):
-            self.counter.add(_NORMALISE_FLOPS * _numel(shape), _MATMUL_BACKWARD)
-            return _Tensor(shape, x.kind)
+            self.counter.add(NORMALISE_FLOPS * numel(shape), MATMUL_BACKWARD)
+            return Tensor(shape, x.kind)
         if kind in _ACTIVATIONS:
-            self.counter.add(_numel(shape), _ELEMENTWISE_BACKWARD)
-            return _Tensor(shape, x.kind)
+            self.counter.add(numel(shape), ELEMENTWISE_BACKWARD)
+            return Tensor(shape, x.kind)
         if "Pool" in kind:
             return self.pool(layer, x)
         if kind == "Flatten":
-            return _flatten(x, a["start_dim"], a["end_dim"])
+            return flatten(x, a["start_dim"], a["end_dim"])
         if kind == "Unflatten":
             handler = _TENSOR_FUNCTIONS["unflatten"]
             return handler(self, [x, a["dim"], a["unflattened_size"]], {})
         if kind == "Upsample":
             return self.resize(x, a["size"], a["scale_factor"])
-        raise _Unsized(f"{layer.text} is a layer syncpass cannot size")
+        raise Unsized(f"{layer.text} is a layer syncpass cannot size")
 
-    def convolution(self, layer: _Layer, x: _Tensor) -> _Tensor:
+    def convolution(self, layer: Layer, x: Tensor) -> Tensor:
         a = layer.args
         rank = _spatial_rank(layer.kind)
         shape = x.shape
         if len(shape) not in (rank + 1, rank + 2):
-            raise _Unsized(f"{layer.text} expects {rank + 2} dimensions, gets {_shape_text(shape)}")
-        inputs, outputs = _int(a["in_channels"], ""), _int(a["out_channels"], "")
-        groups = _int(a["groups"], "groups")
+            raise Unsized(f"{layer.text} expects {rank + 2} dimensions, gets {shape_text(shape)}")
+        inputs, outputs = as_int(a["in_channels"], ""), as_int(a["out_channels"], "")
+        groups = as_int(a["groups"], "groups")
         channel = len(shape) - rank - 1
         if shape[channel] != inputs:
-            raise _Unsized(f"{layer.text} expects {inputs} channels, gets {_shape_text(shape)}")
-        kernel = _tuple_of(a["kernel_size"], rank, "kernel_size")
-        stride = _tuple_of(a["stride"], rank, "stride")
-        dilation = _tuple_of(a["dilation"], rank, "dilation")
+            raise Unsized(f"{layer.text} expects {inputs} channels, gets {shape_text(shape)}")
+        kernel = as_ints(a["kernel_size"], rank, "kernel_size")
+        stride = as_ints(a["stride"], rank, "stride")
+        dilation = as_ints(a["dilation"], rank, "dilation")
         spatial = shape[channel + 1 :]
-        batch = _numel(shape[:channel])
+        batch = numel(shape[:channel])
         if layer.kind.startswith("ConvTranspose"):
-            padding = _tuple_of(a["padding"], rank, "padding")
-            extra = _tuple_of(a["output_padding"], rank, "output_padding")
+            padding = as_ints(a["padding"], rank, "padding")
+            extra = as_ints(a["output_padding"], rank, "output_padding")
             out = tuple(
                 (size - 1) * s - 2 * p + d * (k - 1) + e + 1
                 for size, s, p, d, k, e in zip(
                     spatial, stride, padding, dilation, kernel, extra, strict=True
                 )
             )
-            flops = 2 * batch * inputs * _numel(spatial) * (outputs // groups) * _numel(kernel)
+            flops = 2 * batch * inputs * numel(spatial) * (outputs // groups) * numel(kernel)
         else:
             if a["padding"] == "same":
                 out = spatial
@@ -1497,35 +1497,35 @@ class _Interpreter:
                 padding = (
                     (0,) * rank
                     if a["padding"] == "valid"
-                    else _tuple_of(a["padding"], rank, "padding")
+                    else as_ints(a["padding"], rank, "padding")
                 )
                 out = tuple(
-                    _window_output(size, k, s, p, d, False)
+                    window_output(size, k, s, p, d, False)
                     for size, k, s, p, d in zip(
                         spatial, kernel, stride, padding, dilation, strict=True
                     )
                 )
-            flops = 2 * batch * outputs * _numel(out) * (inputs // groups) * _numel(kernel)
-        self.counter.add(flops, _MATMUL_BACKWARD)
-        return _Tensor((*shape[:channel], outputs, *out))
+            flops = 2 * batch * outputs * numel(out) * (inputs // groups) * numel(kernel)
+        self.counter.add(flops, MATMUL_BACKWARD)
+        return Tensor((*shape[:channel], outputs, *out))
 
-    def pool(self, layer: _Layer, x: _Tensor) -> object:
+    def pool(self, layer: Layer, x: Tensor) -> object:
         a = layer.args
         rank = _spatial_rank(layer.kind)
         shape = x.shape
         if len(shape) < rank + 1:
-            raise _Unsized(f"{layer.text} gets too few dimensions: {_shape_text(shape)}")
+            raise Unsized(f"{layer.text} gets too few dimensions: {shape_text(shape)}")
         spatial = shape[len(shape) - rank :]
         if layer.kind.startswith("Adaptive"):
             wanted = a["output_size"]
             sizes = list(wanted) if isinstance(wanted, (tuple, list)) else [wanted] * rank
             out = tuple(
-                size if want is None else _int(want, "output_size")
+                size if want is None else as_int(want, "output_size")
                 for size, want in zip(spatial, sizes, strict=True)
             )
-            self.counter.add(_numel(shape), _ELEMENTWISE_BACKWARD)
+            self.counter.add(numel(shape), ELEMENTWISE_BACKWARD)
         else:
-            out = _pooled(
+            out = pooled(
                 spatial,
                 a["kernel_size"],
                 a["stride"],
@@ -1533,45 +1533,45 @@ class _Interpreter:
                 a.get("dilation", 1),
                 bool(a["ceil_mode"]),
             )
-            kernel = _numel(_tuple_of(a["kernel_size"], rank, "kernel_size"))
-            self.counter.add(_numel(shape[: len(shape) - rank]) * _numel(out) * kernel, 1.0)
-        result = _Tensor((*shape[: len(shape) - rank], *out), x.kind)
+            kernel = numel(as_ints(a["kernel_size"], rank, "kernel_size"))
+            self.counter.add(numel(shape[: len(shape) - rank]) * numel(out) * kernel, 1.0)
+        result = Tensor((*shape[: len(shape) - rank], *out), x.kind)
         if a.get("return_indices"):
-            return (result, _Tensor(result.shape, "int"))
+            return (result, Tensor(result.shape, "int"))
         return result
 
-    def resize(self, x: _Tensor, size: object, scale: object) -> _Tensor:
+    def resize(self, x: Tensor, size: object, scale: object) -> Tensor:
         spatial_rank = len(x.shape) - 2
         if spatial_rank < 1:
-            raise _Unsized(f"resizes a tensor of shape {_shape_text(x.shape)}")
+            raise Unsized(f"resizes a tensor of shape {shape_text(x.shape)}")
         if size is not None:
-            out = _tuple_of(size, spatial_rank, "size")
+            out = as_ints(size, spatial_rank, "size")
         elif scale is not None:
             factors = list(scale) if isinstance(scale, (tuple, list)) else [scale] * spatial_rank
             out = tuple(
-                math.floor(length * _number(factor))
+                math.floor(length * as_number(factor))
                 for length, factor in zip(x.shape[2:], factors, strict=True)
             )
         else:
-            raise _Unsized("resizes without a size or a scale factor")
-        result = _Tensor((*x.shape[:2], *out), x.kind)
-        self.counter.add(_numel(result.shape), _ELEMENTWISE_BACKWARD)
+            raise Unsized("resizes without a size or a scale factor")
+        result = Tensor((*x.shape[:2], *out), x.kind)
+        self.counter.add(numel(result.shape), ELEMENTWISE_BACKWARD)
         return result
 
     def multihead_attention(
-        self, layer: _Layer, args: list[object], kwargs: dict[str, object]
+        self, layer: Layer, args: list[object], kwargs: dict[str, object]
     ) -> object:
         names = ("query", "key", "value", "key_padding_mask", "need_weights")
         bound = dict(zip(names, args, strict=False))
         bound.update({key: value for key, value in kwargs.items() if key in names})
         if not all(name in bound for name in names[:3]):
-            raise _Unsized(f"calls {layer.text} without query, key and value")
-        query = _tensor(bound["query"], "the query")
-        key = _tensor(bound["key"], "the key")
+            raise Unsized(f"calls {layer.text} without query, key and value")
+        query = as_tensor(bound["query"], "the query")
+        key = as_tensor(bound["key"], "the key")
         a = layer.args
-        embed, heads = _int(a["embed_dim"], ""), _int(a["num_heads"], "")
-        kdim = embed if a["kdim"] is None else _int(a["kdim"], "")
-        vdim = embed if a["vdim"] is None else _int(a["vdim"], "")
+        embed, heads = as_int(a["embed_dim"], ""), as_int(a["num_heads"], "")
+        kdim = embed if a["kdim"] is None else as_int(a["kdim"], "")
+        vdim = embed if a["vdim"] is None else as_int(a["vdim"], "")
         if len(query.shape) == 2:
             batch, target, source = 1, query.shape[0], key.shape[0]
         elif len(query.shape) == 3:
@@ -1580,18 +1580,18 @@ class _Interpreter:
             target = query.shape[1] if first else query.shape[0]
             source = key.shape[1] if first else key.shape[0]
         else:
-            raise _Unsized(f"{layer.text} gets a query of shape {_shape_text(query.shape)}")
+            raise Unsized(f"{layer.text} gets a query of shape {shape_text(query.shape)}")
         projections = 2 * batch * (target * embed * embed + source * (kdim + vdim) * embed)
         attention = 4 * batch * target * source * embed
         output = 2 * batch * target * embed * embed
-        self.counter.add(projections + attention + output, _MATMUL_BACKWARD)
-        self.counter.add(_NORMALISE_FLOPS * batch * heads * target * source, _MATMUL_BACKWARD)
-        out = _Tensor(query.shape)
+        self.counter.add(projections + attention + output, MATMUL_BACKWARD)
+        self.counter.add(NORMALISE_FLOPS * batch * heads * target * source, MATMUL_BACKWARD)
+        out = Tensor(query.shape)
         need = bound.get("need_weights", True)
         if need is False:
             return (out, None)
         weights = (batch, target, source) if len(query.shape) == 3 else (target, source)
-        return (out, _Tensor(weights))
+        return (out, Tensor(weights))
 
     # --- library functions --------------------------------------------------------------------------
 
@@ -1611,16 +1611,16 @@ class _Interpreter:
             if short in ("Sequential", "ModuleList", "ModuleDict"):
                 return self.construct_container(short, args, kwargs, node)
             if short == "Parameter":
-                return _Tensor(
-                    _tensor(args[0] if args else None, "nn.Parameter").shape, parameter=True
+                return Tensor(
+                    as_tensor(args[0] if args else None, "nn.Parameter").shape, parameter=True
                 )
             if ".init." in name:
                 return None
             if short[:1].isupper():
-                raise _Unsized(f"nn.{short} is a layer syncpass cannot size")
+                raise Unsized(f"nn.{short} is a layer syncpass cannot size")
         if name.startswith("torch.") or name.startswith("einops"):
             return self.tensor_function(short, args, kwargs, name)
-        raise _Unsized(f"calls {name}, which syncpass cannot size")
+        raise Unsized(f"calls {name}, which syncpass cannot size")
 
     def call_builtin(
         self, short: str, args: list[object], kwargs: dict[str, object], node: cst.Call
@@ -1630,16 +1630,16 @@ class _Interpreter:
                 return None
             if short == "getattr" and len(args) >= 2 and isinstance(args[1], str):
                 return self.attribute(args[0], args[1], node)
-            raise _Unsized(f"calls {short}(), which syncpass does not evaluate")
+            raise Unsized(f"calls {short}(), which syncpass does not evaluate")
         if short == "len":
             value = args[0] if args else None
-            if isinstance(value, _Tensor) and value.shape:
+            if isinstance(value, Tensor) and value.shape:
                 return value.shape[0]
-            if isinstance(value, _Container):
+            if isinstance(value, Container):
                 return len(value.children)
             if isinstance(value, (list, tuple, str, dict, range)):
                 return len(value)
-            raise _Unsized(f"takes len() of {_describe(value)}")
+            raise Unsized(f"takes len() of {describe(value)}")
         if short in (
             "enumerate",
             "zip",
@@ -1653,7 +1653,7 @@ class _Interpreter:
         ):
             items = [self.iterate(arg, node) for arg in args]
             if short == "enumerate":
-                start = _int(args[1] if len(args) > 1 else kwargs.get("start", 0), "start")
+                start = as_int(args[1] if len(args) > 1 else kwargs.get("start", 0), "start")
                 return list(enumerate(items[0], start))
             if short == "zip":
                 return list(zip(*items, strict=False))
@@ -1671,7 +1671,7 @@ class _Interpreter:
             try:
                 return dict(*args, **kwargs)
             except (TypeError, ValueError) as error:
-                raise _Unsized(f"dict() fails here: {error}") from None
+                raise Unsized(f"dict() fails here: {error}") from None
         functions: dict[str, Callable[..., object]] = {
             "max": max,
             "min": min,
@@ -1690,30 +1690,30 @@ class _Interpreter:
         }
         function = functions.get(short)
         if function is None:
-            raise _Unsized(f"calls {short}(), which syncpass does not evaluate")
+            raise Unsized(f"calls {short}(), which syncpass does not evaluate")
         for value in (*args, *kwargs.values()):
-            if isinstance(value, _Opaque):
-                raise _Unsized(value.reason)
+            if isinstance(value, Opaque):
+                raise Unsized(value.reason)
             if not _is_plain(value):
-                raise _Unsized(f"calls {short}() on {_describe(value)}")
+                raise Unsized(f"calls {short}() on {describe(value)}")
         try:
             return function(*args, **kwargs)
         except (TypeError, ValueError, OverflowError, ZeroDivisionError) as error:
-            raise _Unsized(f"{short}() fails here: {error}") from None
+            raise Unsized(f"{short}() fails here: {error}") from None
 
     def construct_layer(
         self, kind: str, args: list[object], kwargs: dict[str, object], node: cst.Call
-    ) -> _Layer:
+    ) -> Layer:
         text = self.code(node)
         if kind in _LOOSE_LAYERS:
-            return _Layer(kind, {}, text)
-        layer = _Layer(kind, _bind(_LAYERS[kind], args, kwargs, text), text)
-        _layer_parameters(layer)  # arguments of the wrong type show here, not at first use
+            return Layer(kind, {}, text)
+        layer = Layer(kind, bind(_LAYERS[kind], args, kwargs, text), text)
+        layer_parameters(layer)  # arguments of the wrong type show here, not at first use
         return layer
 
     def construct_container(
         self, kind: str, args: list[object], kwargs: dict[str, object], node: cst.Call
-    ) -> _Container:
+    ) -> Container:
         text = self.code(node)
         if kind == "Sequential":
             if len(args) == 1 and isinstance(args[0], dict):
@@ -1734,25 +1734,25 @@ class _Interpreter:
     @staticmethod
     def _container(
         kind: str, children: list[object], text: str, keys: list[str] | None
-    ) -> _Container:
+    ) -> Container:
         for child in children:
-            if isinstance(child, _Opaque):
-                raise _Unsized(child.reason)
-            if not isinstance(child, _MODULES):
-                raise _Unsized(f"{text} holds {_describe(child)}, not a module")
-        return _Container(kind, list(children), keys, text)
+            if isinstance(child, Opaque):
+                raise Unsized(child.reason)
+            if not isinstance(child, MODULES):
+                raise Unsized(f"{text} holds {describe(child)}, not a module")
+        return Container(kind, list(children), keys, text)
 
     def call_method(
-        self, method: _Method, args: list[object], kwargs: dict[str, object], node: cst.Call
+        self, method: Method, args: list[object], kwargs: dict[str, object], node: cst.Call
     ) -> object:
         target, name = method.target, method.name
-        if isinstance(target, _Tensor):
+        if isinstance(target, Tensor):
             return self.tensor_function(name, [target, *args], kwargs, f"Tensor.{name}")
-        if isinstance(target, _Instance) and name in _REGISTERS:
-            key = _arg(args, kwargs, 0, "name", None)
-            value = _arg(args, kwargs, 1, _REGISTERS[name], None)
+        if isinstance(target, Instance) and name in _REGISTERS:
+            key = argument(args, kwargs, 0, "name", None)
+            value = argument(args, kwargs, 1, _REGISTERS[name], None)
             if not isinstance(key, str):
-                raise _Unsized(f"{name}() with a name syncpass does not know")
+                raise Unsized(f"{name}() with a name syncpass does not know")
             target.attrs[key] = value
             return None
         if isinstance(target, list):
@@ -1763,16 +1763,16 @@ class _Interpreter:
                 target.extend(self.iterate(args[0], node))
                 return None
             if name == "insert":
-                target.insert(_int(args[0], "an index"), args[1])
+                target.insert(as_int(args[0], "an index"), args[1])
                 return None
             if name == "pop":
-                return target.pop(*[_int(arg, "an index") for arg in args])
+                return target.pop(*[as_int(arg, "an index") for arg in args])
         if isinstance(target, dict):
             if name in ("items", "keys", "values"):
                 return list(getattr(target, name)())
             if name == "get":
                 return target.get(self.hashable(args[0]), args[1] if len(args) > 1 else None)
-        if isinstance(target, _Container):
+        if isinstance(target, Container):
             if name in ("append", "add_module") and target.keys is None:
                 target.children.append(self._container("", [args[-1]], "", None).children[0])
                 return None
@@ -1788,7 +1788,7 @@ class _Interpreter:
                 return [pair[0 if name == "keys" else 1] for pair in pairs]
             if name in ("children", "modules"):
                 return list(target.children)
-        raise _Unsized(f"calls .{name}() of {_describe(target)}, which syncpass cannot follow")
+        raise Unsized(f"calls .{name}() of {describe(target)}, which syncpass cannot follow")
 
     # --- torch functions and tensor methods ------------------------------------------------------------
 
@@ -1799,42 +1799,42 @@ class _Interpreter:
         (``args[0]`` is then the tensor)."""
         handler = _TENSOR_FUNCTIONS.get(name)
         if handler is None:
-            raise _Unsized(f"calls {qualified}, whose output shape syncpass does not know")
+            raise Unsized(f"calls {qualified}, whose output shape syncpass does not know")
         try:
             return handler(self, args, kwargs)
-        except _Unsized as error:
-            raise _Unsized(f"calls {qualified}, which {error.reason}") from None
+        except Unsized as error:
+            raise Unsized(f"calls {qualified}, which {error.reason}") from None
         except (IndexError, KeyError):
-            raise _Unsized(f"calls {qualified} with arguments syncpass cannot read") from None
+            raise Unsized(f"calls {qualified} with arguments syncpass cannot read") from None
 
-    def matmul(self, a: _Tensor, b: _Tensor) -> _Tensor:
+    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
         left, right = a.shape, b.shape
         if not left or not right:
-            raise _Unsized("multiplies a scalar tensor as a matrix")
+            raise Unsized("multiplies a scalar tensor as a matrix")
         lhs = (1, *left) if len(left) == 1 else left
         rhs = (*right, 1) if len(right) == 1 else right
         if lhs[-1] != rhs[-2]:
-            raise _Unsized(
-                f"multiplies {_shape_text(left)} by {_shape_text(right)}: inner sizes differ"
+            raise Unsized(
+                f"multiplies {shape_text(left)} by {shape_text(right)}: inner sizes differ"
             )
-        batch = _broadcast(lhs[:-2], rhs[:-2])
-        self.counter.add(2 * _numel(batch) * lhs[-2] * lhs[-1] * rhs[-1], _MATMUL_BACKWARD)
+        batch = broadcast(lhs[:-2], rhs[:-2])
+        self.counter.add(2 * numel(batch) * lhs[-2] * lhs[-1] * rhs[-1], MATMUL_BACKWARD)
         shape = (*batch, lhs[-2], rhs[-1])
         if len(left) == 1:
             shape = (*batch, rhs[-1])
         if len(right) == 1:
             shape = shape[:-1]
-        return _Tensor(shape, a.kind)
+        return Tensor(shape, a.kind)
 
     def elementwise(
         self, args: list[object], kwargs: dict[str, object], flops: int, backward: float
-    ) -> _Tensor:
-        tensors = [arg for arg in (*args, *kwargs.values()) if isinstance(arg, _Tensor)]
+    ) -> Tensor:
+        tensors = [arg for arg in (*args, *kwargs.values()) if isinstance(arg, Tensor)]
         if not tensors:
-            raise _Unsized("gets no tensor")
-        shape = _broadcast(*(tensor.shape for tensor in tensors))
-        self.counter.add(flops * _numel(shape), backward)
-        return _Tensor(shape, tensors[0].kind)
+            raise Unsized("gets no tensor")
+        shape = broadcast(*(tensor.shape for tensor in tensors))
+        self.counter.add(flops * numel(shape), backward)
+        return Tensor(shape, tensors[0].kind)
 
 
 def _too_large(name: str, left: object, right: object) -> bool:
@@ -1875,7 +1875,7 @@ def _assigned_targets(
 def _pair(item: object) -> tuple[object, object]:
     if isinstance(item, (tuple, list)) and len(item) == 2:
         return item[0], item[1]
-    raise _Unsized(f"needs (name, module) pairs, got {_describe(item)}")
+    raise Unsized(f"needs (name, module) pairs, got {describe(item)}")
 
 
 def _is_plain(value: object) -> bool:
@@ -1884,25 +1884,25 @@ def _is_plain(value: object) -> bool:
     return value is None or isinstance(value, (int, float, str, range, dict))
 
 
-def _number(value: object) -> float:
+def as_number(value: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        if isinstance(value, _Opaque):
-            raise _Unsized(value.reason)
-        raise _Unsized(f"needs a number, got {_describe(value)}")
+        if isinstance(value, Opaque):
+            raise Unsized(value.reason)
+        raise Unsized(f"needs a number, got {describe(value)}")
     return value
 
 
 def _call_math(short: str, args: list[object]) -> object:
     function = getattr(math, short, None)
     if short in ("pi", "e", "inf") or not callable(function):
-        raise _Unsized(f"uses math.{short}, which syncpass does not evaluate")
+        raise Unsized(f"uses math.{short}, which syncpass does not evaluate")
     try:
-        return function(*[_number(arg) for arg in args])
+        return function(*[as_number(arg) for arg in args])
     except (TypeError, ValueError, OverflowError) as error:
-        raise _Unsized(f"math.{short}() fails here: {error}") from None
+        raise Unsized(f"math.{short}() fails here: {error}") from None
 
 
-def _pooled(
+def pooled(
     spatial: tuple[int, ...],
     kernel: object,
     stride: object,
@@ -1911,50 +1911,50 @@ def _pooled(
     ceil: bool,
 ) -> tuple[int, ...]:
     rank = len(spatial)
-    kernels = _tuple_of(kernel, rank, "kernel_size")
-    strides = kernels if stride is None else _tuple_of(stride, rank, "stride")
-    paddings = _tuple_of(padding, rank, "padding")
-    dilations = _tuple_of(dilation, rank, "dilation")
+    kernels = as_ints(kernel, rank, "kernel_size")
+    strides = kernels if stride is None else as_ints(stride, rank, "stride")
+    paddings = as_ints(padding, rank, "padding")
+    dilations = as_ints(dilation, rank, "dilation")
     return tuple(
-        _window_output(size, k, s, p, d, ceil)
+        window_output(size, k, s, p, d, ceil)
         for size, k, s, p, d in zip(spatial, kernels, strides, paddings, dilations, strict=True)
     )
 
 
-def _flatten(x: _Tensor, start: object, end: object) -> _Tensor:
+def flatten(x: Tensor, start: object, end: object) -> Tensor:
     shape = x.shape
     if not shape:
-        return _Tensor((1,), x.kind)
-    first, last = _dim(start, len(shape)), _dim(end, len(shape))
+        return Tensor((1,), x.kind)
+    first, last = as_dim(start, len(shape)), as_dim(end, len(shape))
     if first > last:
-        raise _Unsized("flattens with start_dim after end_dim")
-    merged = _numel(shape[first : last + 1])
-    return _Tensor((*shape[:first], merged, *shape[last + 1 :]), x.kind)
+        raise Unsized("flattens with start_dim after end_dim")
+    merged = numel(shape[first : last + 1])
+    return Tensor((*shape[:first], merged, *shape[last + 1 :]), x.kind)
 
 
-def _sizes(args: Sequence[object]) -> list[object]:
+def as_sizes(args: Sequence[object]) -> list[object]:
     """``view(2, 3)`` and ``view((2, 3))`` alike."""
     if len(args) == 1 and isinstance(args[0], (tuple, list)):
         return list(args[0])
     return list(args)
 
 
-def _reshape(x: _Tensor, sizes: list[object]) -> _Tensor:
-    dims = [_int(size, "a size") for size in sizes]
-    total = _numel(x.shape)
+def reshape(x: Tensor, sizes: list[object]) -> Tensor:
+    dims = [as_int(size, "a size") for size in sizes]
+    total = numel(x.shape)
     if dims.count(-1) > 1:
-        raise _Unsized("has more than one -1 size")
+        raise Unsized("has more than one -1 size")
     if -1 in dims:
-        known = _numel([dim for dim in dims if dim != -1])
+        known = numel([dim for dim in dims if dim != -1])
         if known == 0 or total % known:
-            raise _Unsized(f"cannot reshape {_shape_text(x.shape)} to {_shape_text(dims)}")
+            raise Unsized(f"cannot reshape {shape_text(x.shape)} to {shape_text(dims)}")
         dims[dims.index(-1)] = total // known
-    if _numel(dims) != total:
-        raise _Unsized(f"reshapes {_shape_text(x.shape)} ({total} elements) to {_shape_text(dims)}")
-    return _Tensor(tuple(dims), x.kind)
+    if numel(dims) != total:
+        raise Unsized(f"reshapes {shape_text(x.shape)} ({total} elements) to {shape_text(dims)}")
+    return Tensor(tuple(dims), x.kind)
 
 
-def _arg(
+def argument(
     args: Sequence[object], kwargs: Mapping[str, object], position: int, name: str, default: object
 ) -> object:
     if position < len(args):
@@ -1963,7 +1963,7 @@ def _arg(
 
 
 def _dtype_kind(value: object, default: str) -> str:
-    if isinstance(value, _Library):
+    if isinstance(value, Library):
         short = value.name.rsplit(".", 1)[-1]
         if short in _DTYPES:
             return _DTYPES[short]
@@ -1988,7 +1988,7 @@ _DTYPES = {
     "bool": "bool",
 }
 
-_TensorHandler = Callable[[_Interpreter, list[object], dict[str, object]], object]
+_TensorHandler = Callable[[Interpreter, list[object], dict[str, object]], object]
 _TENSOR_FUNCTIONS: dict[str, _TensorHandler] = {}
 
 
@@ -2008,33 +2008,33 @@ def _handles(*names: str) -> Callable[[_TensorHandler], _TensorHandler]:
     "tril", "triu", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "where", "lerp",
     "masked_fill_", "add_", "mul_", "clamp_", "dropout1d", "dropout2d", "floor", "ceil", "round",
 )  # fmt: skip
-def _elementwise(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    return interp.elementwise(args, kwargs, 1, _ELEMENTWISE_BACKWARD)
+def _elementwise(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    return interp.elementwise(args, kwargs, 1, ELEMENTWISE_BACKWARD)
 
 
 @_handles(
     "softmax", "log_softmax", "layer_norm", "group_norm", "batch_norm", "rms_norm",
     "instance_norm", "normalize",
 )  # fmt: skip
-def _normalising(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0] if args else kwargs.get("input"), "the input")
-    interp.counter.add(_NORMALISE_FLOPS * _numel(x.shape), _MATMUL_BACKWARD)
-    return _Tensor(x.shape, x.kind)
+def _normalising(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0] if args else kwargs.get("input"), "the input")
+    interp.counter.add(NORMALISE_FLOPS * numel(x.shape), MATMUL_BACKWARD)
+    return Tensor(x.shape, x.kind)
 
 
 @_handles("contiguous", "detach", "to", "requires_grad_", "cpu", "cuda", "type_as")
-def _same(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the tensor")
-    if len(args) > 1 and isinstance(args[1], _Tensor):  # x.to(other) / x.type_as(other)
-        return _Tensor(x.shape, args[1].kind)
+def _same(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the tensor")
+    if len(args) > 1 and isinstance(args[1], Tensor):  # x.to(other) / x.type_as(other)
+        return Tensor(x.shape, args[1].kind)
     wanted = _dtype_kind(kwargs.get("dtype", args[1] if len(args) > 1 else None), x.kind)
-    return x if wanted == x.kind else _Tensor(x.shape, wanted)
+    return x if wanted == x.kind else Tensor(x.shape, wanted)
 
 
 def _conversion(kind: str | None) -> _TensorHandler:
-    def convert(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        x = _tensor(args[0], "the tensor")
-        return _Tensor(x.shape, kind or x.kind)
+    def convert(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+        x = as_tensor(args[0], "the tensor")
+        return Tensor(x.shape, kind or x.kind)
 
     return convert
 
@@ -2053,136 +2053,140 @@ for _name, _kind in (
 
 
 @_handles("view", "reshape")
-def _view(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the tensor")
-    sizes = _sizes(args[1:]) if len(args) > 1 else _sizes([kwargs.get("shape", ())])
-    return _reshape(x, sizes)
+def _view(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the tensor")
+    sizes = as_sizes(args[1:]) if len(args) > 1 else as_sizes([kwargs.get("shape", ())])
+    return reshape(x, sizes)
 
 
 @_handles("view_as", "reshape_as", "expand_as")
-def _like_other(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x, other = _tensor(args[0], "the tensor"), _tensor(args[1], "the other tensor")
-    return _Tensor(other.shape, x.kind)
+def _like_other(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x, other = as_tensor(args[0], "the tensor"), as_tensor(args[1], "the other tensor")
+    return Tensor(other.shape, x.kind)
 
 
 @_handles("flatten")
-def _flatten_call(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
-    return _flatten(x, _arg(args, kwargs, 1, "start_dim", 0), _arg(args, kwargs, 2, "end_dim", -1))
+def _flatten_call(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
+    return flatten(
+        x, argument(args, kwargs, 1, "start_dim", 0), argument(args, kwargs, 2, "end_dim", -1)
+    )
 
 
 @_handles("unflatten")
-def _unflatten(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
-    dim = _dim(_arg(args, kwargs, 1, "dim", None), len(x.shape))
-    part = _reshape(_Tensor(x.shape[dim : dim + 1]), _sizes([_arg(args, kwargs, 2, "sizes", ())]))
-    return _Tensor((*x.shape[:dim], *part.shape, *x.shape[dim + 1 :]), x.kind)
+def _unflatten(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
+    dim = as_dim(argument(args, kwargs, 1, "dim", None), len(x.shape))
+    part = reshape(
+        Tensor(x.shape[dim : dim + 1]), as_sizes([argument(args, kwargs, 2, "sizes", ())])
+    )
+    return Tensor((*x.shape[:dim], *part.shape, *x.shape[dim + 1 :]), x.kind)
 
 
 @_handles("transpose", "swapaxes", "swapdims")
-def _transpose(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
+def _transpose(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
     shape = list(x.shape)
-    first = _dim(_arg(args, kwargs, 1, "dim0", None), len(shape))
-    second = _dim(_arg(args, kwargs, 2, "dim1", None), len(shape))
+    first = as_dim(argument(args, kwargs, 1, "dim0", None), len(shape))
+    second = as_dim(argument(args, kwargs, 2, "dim1", None), len(shape))
     shape[first], shape[second] = shape[second], shape[first]
-    return _Tensor(tuple(shape), x.kind)
+    return Tensor(tuple(shape), x.kind)
 
 
 @_handles("t")
-def _t(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
-    return _Tensor(tuple(reversed(x.shape)), x.kind)
+def _t(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
+    return Tensor(tuple(reversed(x.shape)), x.kind)
 
 
 @_handles("permute")
-def _permute(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
-    dims = [_dim(dim, len(x.shape)) for dim in _sizes(args[1:] or [kwargs.get("dims", ())])]
+def _permute(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
+    dims = [as_dim(dim, len(x.shape)) for dim in as_sizes(args[1:] or [kwargs.get("dims", ())])]
     if sorted(dims) != list(range(len(x.shape))):
-        raise _Unsized(f"permutes {_shape_text(x.shape)} by {dims}")
-    return _Tensor(tuple(x.shape[dim] for dim in dims), x.kind)
+        raise Unsized(f"permutes {shape_text(x.shape)} by {dims}")
+    return Tensor(tuple(x.shape[dim] for dim in dims), x.kind)
 
 
 @_handles("unsqueeze")
-def _unsqueeze(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
-    dim = _dim(_arg(args, kwargs, 1, "dim", None), len(x.shape) + 1)
-    return _Tensor((*x.shape[:dim], 1, *x.shape[dim:]), x.kind)
+def _unsqueeze(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
+    dim = as_dim(argument(args, kwargs, 1, "dim", None), len(x.shape) + 1)
+    return Tensor((*x.shape[:dim], 1, *x.shape[dim:]), x.kind)
 
 
 @_handles("squeeze")
-def _squeeze(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
-    dim = _arg(args, kwargs, 1, "dim", None)
+def _squeeze(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
+    dim = argument(args, kwargs, 1, "dim", None)
     if dim is None:
-        return _Tensor(tuple(size for size in x.shape if size != 1), x.kind)
-    at = _dim(dim, len(x.shape))
+        return Tensor(tuple(size for size in x.shape if size != 1), x.kind)
+    at = as_dim(dim, len(x.shape))
     if x.shape[at] != 1:
         return x
-    return _Tensor((*x.shape[:at], *x.shape[at + 1 :]), x.kind)
+    return Tensor((*x.shape[:at], *x.shape[at + 1 :]), x.kind)
 
 
 @_handles("expand")
-def _expand(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
-    sizes = [_int(size, "a size") for size in _sizes(args[1:])]
+def _expand(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
+    sizes = [as_int(size, "a size") for size in as_sizes(args[1:])]
     padded = (1,) * (len(sizes) - len(x.shape)) + x.shape
     if len(padded) != len(sizes):
-        raise _Unsized(f"gets {len(sizes)} sizes for a tensor of rank {len(x.shape)}")
+        raise Unsized(f"gets {len(sizes)} sizes for a tensor of rank {len(x.shape)}")
     shape = tuple(have if size == -1 else size for have, size in zip(padded, sizes, strict=True))
-    return _Tensor(shape, x.kind)
+    return Tensor(shape, x.kind)
 
 
 @_handles("repeat")
-def _repeat(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
-    times = [_int(size, "a count") for size in _sizes(args[1:])]
+def _repeat(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
+    times = [as_int(size, "a count") for size in as_sizes(args[1:])]
     padded = (1,) * (len(times) - len(x.shape)) + x.shape
     if len(padded) != len(times):
-        raise _Unsized(f"gets {len(times)} counts for a tensor of rank {len(x.shape)}")
-    return _Tensor(tuple(have * count for have, count in zip(padded, times, strict=True)), x.kind)
+        raise Unsized(f"gets {len(times)} counts for a tensor of rank {len(x.shape)}")
+    return Tensor(tuple(have * count for have, count in zip(padded, times, strict=True)), x.kind)
 
 
 @_handles("size")
-def _size(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the tensor")
-    dim = _arg(args, kwargs, 1, "dim", None)
-    return x.shape if dim is None else x.shape[_dim(dim, len(x.shape))]
+def _size(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the tensor")
+    dim = argument(args, kwargs, 1, "dim", None)
+    return x.shape if dim is None else x.shape[as_dim(dim, len(x.shape))]
 
 
 @_handles("dim", "ndimension")
-def _rank(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    return len(_tensor(args[0], "the tensor").shape)
+def _rank(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    return len(as_tensor(args[0], "the tensor").shape)
 
 
 @_handles("numel")
-def _count(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    return _numel(_tensor(args[0], "the tensor").shape)
+def _count(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    return numel(as_tensor(args[0], "the tensor").shape)
 
 
 def _reduce_by(name: str) -> _TensorHandler:
-    def reduce(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        x = _tensor(args[0], "the input")
-        if len(args) > 1 and isinstance(args[1], _Tensor):  # torch.max(a, b): elementwise
-            return interp.elementwise(args, kwargs, 1, _ELEMENTWISE_BACKWARD)
-        dim = _arg(args, kwargs, 1, "dim", None)
-        keep = bool(_arg(args, kwargs, 2, "keepdim", False))
-        interp.counter.add(_numel(x.shape), _ELEMENTWISE_BACKWARD)
+    def reduce(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+        x = as_tensor(args[0], "the input")
+        if len(args) > 1 and isinstance(args[1], Tensor):  # torch.max(a, b): elementwise
+            return interp.elementwise(args, kwargs, 1, ELEMENTWISE_BACKWARD)
+        dim = argument(args, kwargs, 1, "dim", None)
+        keep = bool(argument(args, kwargs, 2, "keepdim", False))
+        interp.counter.add(numel(x.shape), ELEMENTWISE_BACKWARD)
         shape: tuple[int, ...] = ()
         if dim is not None:
             listed = dim if isinstance(dim, (tuple, list)) else [dim]
-            dims = {_dim(item, len(x.shape)) for item in listed}
+            dims = {as_dim(item, len(x.shape)) for item in listed}
             shape = tuple(
                 1 if position in dims else size
                 for position, size in enumerate(x.shape)
                 if keep or position not in dims
             )
         if name in ("argmax", "argmin"):
-            return _Tensor(shape, "int")
+            return Tensor(shape, "int")
         if name in ("max", "min") and dim is not None:
-            return (_Tensor(shape, x.kind), _Tensor(shape, "int"))  # values, indices
-        return _Tensor(shape, x.kind)
+            return (Tensor(shape, x.kind), Tensor(shape, "int"))  # values, indices
+        return Tensor(shape, x.kind)
 
     return reduce
 
@@ -2195,27 +2199,29 @@ for _name in (
 
 
 def _split_by(kind: str) -> _TensorHandler:
-    def split(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        x = _tensor(args[0], "the input")
+    def split(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+        x = as_tensor(args[0], "the input")
         if kind == "unbind":
-            dim = _dim(_arg(args, kwargs, 1, "dim", 0), len(x.shape))
+            dim = as_dim(argument(args, kwargs, 1, "dim", 0), len(x.shape))
             rest = (*x.shape[:dim], *x.shape[dim + 1 :])
-            return tuple(_Tensor(rest, x.kind) for _ in range(x.shape[dim]))
-        how = _arg(args, kwargs, 1, "split_size_or_sections" if kind == "split" else "chunks", None)
-        dim = _dim(_arg(args, kwargs, 2, "dim", 0), len(x.shape))
+            return tuple(Tensor(rest, x.kind) for _ in range(x.shape[dim]))
+        how = argument(
+            args, kwargs, 1, "split_size_or_sections" if kind == "split" else "chunks", None
+        )
+        dim = as_dim(argument(args, kwargs, 2, "dim", 0), len(x.shape))
         size = x.shape[dim]
         if isinstance(how, (list, tuple)):
-            pieces = [_int(piece, "a section") for piece in how]
+            pieces = [as_int(piece, "a section") for piece in how]
             if sum(pieces) != size:
-                raise _Unsized(f"splits a dimension of {size} into {pieces}")
+                raise Unsized(f"splits a dimension of {size} into {pieces}")
         else:
-            count = _int(how, "the split size")
+            count = as_int(how, "the split size")
             if count < 1:
-                raise _Unsized("splits into pieces of size 0")
+                raise Unsized("splits into pieces of size 0")
             step = count if kind == "split" else -(-size // count)
             pieces = [min(step, size - start) for start in range(0, size, step)]
         return tuple(
-            _Tensor((*x.shape[:dim], piece, *x.shape[dim + 1 :]), x.kind) for piece in pieces
+            Tensor((*x.shape[:dim], piece, *x.shape[dim + 1 :]), x.kind) for piece in pieces
         )
 
     return split
@@ -2226,26 +2232,26 @@ for _name in ("split", "chunk", "unbind"):
 
 
 def _join_by(kind: str) -> _TensorHandler:
-    def join(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        parts = _arg(args, kwargs, 0, "tensors", None)
+    def join(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+        parts = argument(args, kwargs, 0, "tensors", None)
         if not isinstance(parts, (list, tuple)) or not parts:
-            raise _Unsized(f"gets {_describe(parts)} instead of a list of tensors")
-        tensors = [_tensor(part, "each piece") for part in parts]
+            raise Unsized(f"gets {describe(parts)} instead of a list of tensors")
+        tensors = [as_tensor(part, "each piece") for part in parts]
         first = tensors[0].shape
         if kind == "stack":
-            dim = _dim(_arg(args, kwargs, 1, "dim", 0), len(first) + 1)
+            dim = as_dim(argument(args, kwargs, 1, "dim", 0), len(first) + 1)
             if any(tensor.shape != first for tensor in tensors):
-                raise _Unsized("stacks tensors of different shapes")
-            return _Tensor((*first[:dim], len(tensors), *first[dim:]), tensors[0].kind)
-        dim = _dim(_arg(args, kwargs, 1, "dim", 0), len(first))
+                raise Unsized("stacks tensors of different shapes")
+            return Tensor((*first[:dim], len(tensors), *first[dim:]), tensors[0].kind)
+        dim = as_dim(argument(args, kwargs, 1, "dim", 0), len(first))
         for tensor in tensors:
             if len(tensor.shape) != len(first) or any(
                 a != b for i, (a, b) in enumerate(zip(tensor.shape, first, strict=True)) if i != dim
             ):
-                shown = ", ".join(_shape_text(t.shape) for t in tensors)
-                raise _Unsized(f"joins tensors whose shapes differ off dim {dim}: {shown}")
+                shown = ", ".join(shape_text(t.shape) for t in tensors)
+                raise Unsized(f"joins tensors whose shapes differ off dim {dim}: {shown}")
         total = sum(tensor.shape[dim] for tensor in tensors)
-        return _Tensor((*first[:dim], total, *first[dim + 1 :]), tensors[0].kind)
+        return Tensor((*first[:dim], total, *first[dim + 1 :]), tensors[0].kind)
 
     return join
 
@@ -2255,40 +2261,40 @@ for _name in ("cat", "concat", "concatenate", "stack"):
 
 
 @_handles("matmul", "mm", "bmm")
-def _matmul(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    return interp.matmul(_tensor(args[0], "the left operand"), _tensor(args[1], "the right"))
+def _matmul(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    return interp.matmul(as_tensor(args[0], "the left operand"), as_tensor(args[1], "the right"))
 
 
 @_handles("linear")
-def _linear(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
-    weight = _tensor(_arg(args, kwargs, 1, "weight", None), "the weight")
+def _linear(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
+    weight = as_tensor(argument(args, kwargs, 1, "weight", None), "the weight")
     if len(weight.shape) != 2 or not x.shape or x.shape[-1] != weight.shape[1]:
-        raise _Unsized(f"applies a weight {_shape_text(weight.shape)} to {_shape_text(x.shape)}")
-    interp.counter.add(2 * _numel(x.shape) * weight.shape[0], _MATMUL_BACKWARD)
-    return _Tensor((*x.shape[:-1], weight.shape[0]))
+        raise Unsized(f"applies a weight {shape_text(weight.shape)} to {shape_text(x.shape)}")
+    interp.counter.add(2 * numel(x.shape) * weight.shape[0], MATMUL_BACKWARD)
+    return Tensor((*x.shape[:-1], weight.shape[0]))
 
 
 @_handles("embedding")
-def _embedding(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    ids = _tensor(args[0], "the ids")
-    weight = _tensor(_arg(args, kwargs, 1, "weight", None), "the weight")
-    return _Tensor((*ids.shape, weight.shape[-1]))
+def _embedding(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    ids = as_tensor(args[0], "the ids")
+    weight = as_tensor(argument(args, kwargs, 1, "weight", None), "the weight")
+    return Tensor((*ids.shape, weight.shape[-1]))
 
 
 @_handles("scaled_dot_product_attention")
-def _attention(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    query = _tensor(_arg(args, kwargs, 0, "query", None), "the query")
-    key = _tensor(_arg(args, kwargs, 1, "key", None), "the key")
-    value = _tensor(_arg(args, kwargs, 2, "value", None), "the value")
+def _attention(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    query = as_tensor(argument(args, kwargs, 0, "query", None), "the query")
+    key = as_tensor(argument(args, kwargs, 1, "key", None), "the key")
+    value = as_tensor(argument(args, kwargs, 2, "value", None), "the value")
     if len(query.shape) < 2 or len(key.shape) < 2 or len(value.shape) < 2:
-        raise _Unsized("gets a query, key or value of rank below 2")
-    rows = _numel(query.shape[:-1])
+        raise Unsized("gets a query, key or value of rank below 2")
+    rows = numel(query.shape[:-1])
     source = key.shape[-2]
     # Q K^T and the weighted sum of V, as torch.utils.flop_counter counts attention.
-    interp.counter.add(2 * rows * source * (query.shape[-1] + value.shape[-1]), _MATMUL_BACKWARD)
-    interp.counter.add(_NORMALISE_FLOPS * rows * source, _MATMUL_BACKWARD)
-    return _Tensor((*query.shape[:-1], value.shape[-1]), query.kind)
+    interp.counter.add(2 * rows * source * (query.shape[-1] + value.shape[-1]), MATMUL_BACKWARD)
+    interp.counter.add(NORMALISE_FLOPS * rows * source, MATMUL_BACKWARD)
+    return Tensor((*query.shape[:-1], value.shape[-1]), query.kind)
 
 
 def _pool_by(name: str) -> _TensorHandler:
@@ -2296,17 +2302,17 @@ def _pool_by(name: str) -> _TensorHandler:
 
     signature = _MAX_POOL_FUNCTION if kind.startswith("MaxPool") else _LAYERS[kind]
 
-    def pool(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        layer_args = _bind(signature, args[1:], kwargs, name)
-        return interp.pool(_Layer(kind, layer_args, name), _tensor(args[0], "the input"))
+    def pool(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+        layer_args = bind(signature, args[1:], kwargs, name)
+        return interp.pool(Layer(kind, layer_args, name), as_tensor(args[0], "the input"))
 
     return pool
 
 
-def _adaptive_pool(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    size = _arg(args, kwargs, 1, "output_size", None)
-    layer = _Layer("AdaptiveAvgPool2d", {"output_size": size}, "adaptive_avg_pool2d")
-    return interp.pool(layer, _tensor(args[0], "the input"))
+def _adaptive_pool(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    size = argument(args, kwargs, 1, "output_size", None)
+    layer = Layer("AdaptiveAvgPool2d", {"output_size": size}, "adaptive_avg_pool2d")
+    return interp.pool(layer, as_tensor(args[0], "the input"))
 
 
 for _name in ("max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d"):
@@ -2316,70 +2322,72 @@ _TENSOR_FUNCTIONS["adaptive_max_pool2d"] = _adaptive_pool
 
 
 @_handles("interpolate", "upsample")
-def _interpolate(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
+def _interpolate(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
     return interp.resize(
-        x, _arg(args, kwargs, 1, "size", None), _arg(args, kwargs, 2, "scale_factor", None)
+        x, argument(args, kwargs, 1, "size", None), argument(args, kwargs, 2, "scale_factor", None)
     )
 
 
 @_handles("pad")
-def _pad(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
-    pads = [_int(p, "a padding") for p in _sizes([_arg(args, kwargs, 1, "pad", ())])]
+def _pad(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
+    pads = [as_int(p, "a padding") for p in as_sizes([argument(args, kwargs, 1, "pad", ())])]
     shape = list(x.shape)
     for position in range(len(pads) // 2):
         shape[-1 - position] += pads[2 * position] + pads[2 * position + 1]
-    return _Tensor(tuple(shape), x.kind)
+    return Tensor(tuple(shape), x.kind)
 
 
 @_handles(
     "cross_entropy", "mse_loss", "l1_loss", "nll_loss", "binary_cross_entropy",
     "binary_cross_entropy_with_logits", "smooth_l1_loss", "kl_div",
 )  # fmt: skip
-def _loss(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the input")
-    interp.counter.add(_NORMALISE_FLOPS * _numel(x.shape), _ELEMENTWISE_BACKWARD)
+def _loss(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the input")
+    interp.counter.add(NORMALISE_FLOPS * numel(x.shape), ELEMENTWISE_BACKWARD)
     reduction = kwargs.get("reduction", "mean")
-    return _Tensor(x.shape[:1] if reduction == "none" else ())
+    return Tensor(x.shape[:1] if reduction == "none" else ())
 
 
 @_handles("arange")
-def _arange(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    bounds = [_number(arg) for arg in args[:3]]
+def _arange(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    bounds = [as_number(arg) for arg in args[:3]]
     if not bounds and "end" in kwargs:
-        bounds = [_number(kwargs["end"])]
+        bounds = [as_number(kwargs["end"])]
     start, end, step = (0.0, bounds[0], 1.0) if len(bounds) == 1 else (*bounds, 1.0)[:3]
     if step == 0:
-        raise _Unsized("steps by 0")
+        raise Unsized("steps by 0")
     count = max(0, math.ceil((end - start) / step))
     integral = all(isinstance(arg, int) for arg in args[:3])
     kind = _dtype_kind(kwargs.get("dtype"), "int" if integral else "float")
-    return _Tensor((count,), kind)
+    return Tensor((count,), kind)
 
 
 def _creator(default_kind: str) -> _TensorHandler:
-    def create(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        sizes = _sizes(args) if args else _sizes([kwargs.get("size", ())])
-        shape = tuple(_int(size, "a size") for size in sizes)
-        return _Tensor(shape, _dtype_kind(kwargs.get("dtype"), default_kind))
+    def create(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+        sizes = as_sizes(args) if args else as_sizes([kwargs.get("size", ())])
+        shape = tuple(as_int(size, "a size") for size in sizes)
+        return Tensor(shape, _dtype_kind(kwargs.get("dtype"), default_kind))
 
     return create
 
 
-def _full(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    shape = tuple(_int(size, "a size") for size in _sizes([_arg(args, kwargs, 0, "size", ())]))
-    return _Tensor(shape, _dtype_kind(kwargs.get("dtype"), "float"))
+def _full(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    shape = tuple(
+        as_int(size, "a size") for size in as_sizes([argument(args, kwargs, 0, "size", ())])
+    )
+    return Tensor(shape, _dtype_kind(kwargs.get("dtype"), "float"))
 
 
-def _randint(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+def _randint(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
     size = kwargs.get("size", args[-1] if args else ())
-    return _Tensor(tuple(_int(s, "a size") for s in _sizes([size])), "int")
+    return Tensor(tuple(as_int(s, "a size") for s in as_sizes([size])), "int")
 
 
-def _like(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = _tensor(args[0], "the tensor")
-    return _Tensor(x.shape, _dtype_kind(kwargs.get("dtype"), x.kind))
+def _like(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    x = as_tensor(args[0], "the tensor")
+    return Tensor(x.shape, _dtype_kind(kwargs.get("dtype"), x.kind))
 
 
 for _name in ("zeros", "ones", "empty", "randn", "rand"):
@@ -2390,10 +2398,10 @@ for _name in ("zeros_like", "ones_like", "empty_like", "randn_like", "rand_like"
     _TENSOR_FUNCTIONS[_name] = _like
 
 
-def _new_creator(interp: _Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    tensor = _tensor(args[0], "the tensor")
-    sizes = _sizes(args[1:])
-    return _Tensor(tuple(_int(size, "a size") for size in sizes), tensor.kind)
+def _new_creator(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    tensor = as_tensor(args[0], "the tensor")
+    sizes = as_sizes(args[1:])
+    return Tensor(tuple(as_int(size, "a size") for size in sizes), tensor.kind)
 
 
 for _name in ("new_zeros", "new_ones", "new_empty"):
@@ -2403,13 +2411,13 @@ for _name in ("new_zeros", "new_ones", "new_empty"):
 # --- the estimate -------------------------------------------------------------------------------
 
 
-def _resolve_path(root: _Instance, dotted: str) -> object | None:
+def resolve_path(root: Instance, dotted: str) -> object | None:
     """``blocks.3`` of the model: an attribute path, indexing containers by position or key."""
     value: object = root
     for part in dotted.split("."):
-        if isinstance(value, _Instance):
+        if isinstance(value, Instance):
             value = value.attrs.get(part)
-        elif isinstance(value, _Container):
+        elif isinstance(value, Container):
             if value.keys is not None:
                 if part not in value.keys:
                     return None
@@ -2429,17 +2437,17 @@ def _parameters(value: object, found: dict[int, int], seen: set[int] | None = No
     if id(value) in seen:
         return
     seen.add(id(value))
-    if isinstance(value, _Layer):
+    if isinstance(value, Layer):
         try:
-            found[id(value)] = _layer_parameters(value)
-        except _Unsized:
+            found[id(value)] = layer_parameters(value)
+        except Unsized:
             found[id(value)] = 0
-    elif isinstance(value, _Tensor) and value.parameter:
-        found[id(value)] = _numel(value.shape)
-    elif isinstance(value, _Container):
+    elif isinstance(value, Tensor) and value.parameter:
+        found[id(value)] = numel(value.shape)
+    elif isinstance(value, Container):
         for child in value.children:
             _parameters(child, found, seen)
-    elif isinstance(value, _Instance):
+    elif isinstance(value, Instance):
         for attr in value.attrs.values():
             _parameters(attr, found, seen)
     elif isinstance(value, (list, tuple)):
@@ -2447,11 +2455,11 @@ def _parameters(value: object, found: dict[int, int], seen: set[int] | None = No
             _parameters(item, found, seen)
 
 
-def _value_tensors(value: object, seen: set[int]) -> Iterator[_Tensor]:
+def _value_tensors(value: object, seen: set[int]) -> Iterator[Tensor]:
     if id(value) in seen:
         return
     seen.add(id(value))
-    if isinstance(value, _Tensor):
+    if isinstance(value, Tensor):
         yield value
     elif isinstance(value, (tuple, list)):
         for item in value:
@@ -2462,7 +2470,7 @@ def _value_tensors(value: object, seen: set[int]) -> Iterator[_Tensor]:
 
 
 @dataclass
-class _OpFigures:
+class OpFigures:
     forward_flops: float = 0.0
     backward_flops: float = 0.0
     out_bytes: float = 0.0
@@ -2470,13 +2478,13 @@ class _OpFigures:
     unsized: str | None = None
 
 
-class _ForwardRun:
+class ForwardRun:
     """The model's forward run op by op, each op's figures recorded."""
 
     def __init__(
         self,
-        interp: _Interpreter,
-        model: _Instance,
+        interp: Interpreter,
+        model: Instance,
         graph: OpGraph,
         forward: cst.FunctionDef,
         frame: dict[str, object],
@@ -2486,7 +2494,7 @@ class _ForwardRun:
         self.graph = graph
         self.forward = forward
         self.frame = frame
-        self.last_activation: _Tensor | None = None
+        self.last_activation: Tensor | None = None
         self.finished = False
 
     def bytes_of(self, names: Sequence[str]) -> float:
@@ -2495,22 +2503,22 @@ class _ForwardRun:
         for name in names:
             for tensor in _value_tensors(self.frame.get(name), seen):
                 size = {"float": self.interp.dtype_bytes, "int": INT_BYTES, "bool": 1}[tensor.kind]
-                total += _numel(tensor.shape) * size
+                total += numel(tensor.shape) * size
         return float(total)
 
-    def run(self) -> list[_OpFigures]:
+    def run(self) -> list[OpFigures]:
         assert isinstance(self.forward.body, cst.IndentedBlock)
         statements = list(self.forward.body.body)
         by_statement: dict[int, list[int]] = {}
         for position, op in enumerate(self.graph.ops):
             by_statement.setdefault(op.statement, []).append(position)
         live = {cut.after: cut.live for cut in self.graph.cuts}
-        figures = [_OpFigures() for _ in self.graph.ops]
+        figures = [OpFigures() for _ in self.graph.ops]
         for index, statement in enumerate(statements):
             positions = by_statement.get(index, [])
             if not positions:
                 if not self.finished:
-                    with contextlib.suppress(_Unsized, _Return, _Break, _Continue):
+                    with contextlib.suppress(Unsized, Return, Break, Continue):
                         self.interp.run_statement(statement, self.frame, nested=False)
                 continue
             for position in positions:
@@ -2520,40 +2528,40 @@ class _ForwardRun:
                 figures[position].live_bytes = self.bytes_of(live.get(op.id, ()))
         return figures
 
-    def run_op(self, op: Op, statement: cst.BaseStatement) -> _OpFigures:
+    def run_op(self, op: Op, statement: cst.BaseStatement) -> OpFigures:
         interp = self.interp
-        interp.counter = _Counter()
+        interp.counter = Counter()
         reason: str | None = None
         if self.finished:
             reason = "runs after the forward has returned"
         else:
             try:
                 self._execute(op, statement)
-            except _Return:
+            except Return:
                 self.finished = True
-            except (_Break, _Continue):
+            except (Break, Continue):
                 reason = "a break or continue outside a loop syncpass follows"
-            except _Unsized as error:
+            except Unsized as error:
                 reason = error.reason
             except RecursionError:
                 reason = "nests deeper than syncpass follows"
         if reason is not None:
             self._fallback(op)
-            return _OpFigures(unsized=reason)
+            return OpFigures(unsized=reason)
         for name in op.writes:
             value = self.frame.get(name)
-            if isinstance(value, _Tensor) and value.kind == "float":
+            if isinstance(value, Tensor) and value.kind == "float":
                 self.last_activation = value
-        return _OpFigures(interp.counter.forward, interp.counter.backward)
+        return OpFigures(interp.counter.forward, interp.counter.backward)
 
     def _execute(self, op: Op, statement: cst.BaseStatement) -> None:
         interp = self.interp
         if op.loop is None:
             interp.run_statement(statement, self.frame, nested=False)
             return
-        container = _resolve_path(self.model, op.loop.container)
-        if not isinstance(container, _Container):
-            raise _Unsized(f"self.{op.loop.container} is not a container syncpass knows")
+        container = resolve_path(self.model, op.loop.container)
+        if not isinstance(container, Container):
+            raise Unsized(f"self.{op.loop.container} is not a container syncpass knows")
         child = container.children[op.loop.index]
         sequential = match_sequential_call(statement)
         if isinstance(statement, cst.For):
@@ -2569,26 +2577,26 @@ class _ForwardRun:
             callee = f"self.{op.loop.container}[{op.loop.index}]"
             self.frame[sequential.target] = interp.call_module(child, [value], {}, callee)
         else:
-            raise _Unsized("an op syncpass cannot match to its source")
+            raise Unsized("an op syncpass cannot match to its source")
 
     def _enumerated_index(self, statement: cst.For, index: int) -> int:
         loop = match_container_loop(statement)
         assert loop is not None and isinstance(statement.iter, cst.Call)
         start = 0
         if len(statement.iter.args) > 1:
-            start = _int(self.interp.eval(statement.iter.args[1].value, {}), "start")
+            start = as_int(self.interp.eval(statement.iter.args[1].value, {}), "start")
         return start + index - (loop.start or 0)
 
     def _fallback(self, op: Op) -> None:
         """Every name the op writes takes the shape of its first sized input."""
-        shape: _Tensor | None = None
+        shape: Tensor | None = None
         for name in op.reads:
             value = self.frame.get(name)
-            if isinstance(value, _Tensor):
+            if isinstance(value, Tensor):
                 shape = value
                 break
         shape = shape or self.last_activation
-        written: object = _Opaque("unsized") if shape is None else _Tensor(shape.shape)
+        written: object = Opaque("unsized") if shape is None else Tensor(shape.shape)
         for name in op.writes:
             self.frame[name] = written  # one tensor: several names of it count once
         if shape is not None:
@@ -2596,8 +2604,8 @@ class _ForwardRun:
 
 
 def _input_kinds(
-    interp: _Interpreter,
-    model: _Instance,
+    interp: Interpreter,
+    model: Instance,
     forward: cst.FunctionDef,
     names: Sequence[str],
     given: Sequence[str] | None,
@@ -2629,14 +2637,12 @@ def _input_kinds(
         if call is not None:
             try:
                 callee = interp.eval(call.func, {"self": model})
-            except _Unsized:
+            except Unsized:
                 callee = None
-            while (
-                isinstance(callee, _Container) and callee.kind == "Sequential" and callee.children
-            ):
+            while isinstance(callee, Container) and callee.kind == "Sequential" and callee.children:
                 callee = callee.children[0]
-            if (isinstance(callee, _Layer) and callee.kind == "Embedding") or (
-                isinstance(callee, _Library) and callee.name.endswith("functional.embedding")
+            if (isinstance(callee, Layer) and callee.kind == "Embedding") or (
+                isinstance(callee, Library) and callee.name.endswith("functional.embedding")
             ):
                 kind = "int"
         kinds.append(kind)
@@ -2680,24 +2686,24 @@ def estimate_costs(
     module = parse_source(text, path)
     model_def = find_forward(module, class_name or _root_model_class(module), path)
     name = model_def.class_name
-    interp = _Interpreter(module, path, training, dtype_bytes)
+    interp = Interpreter(module, path, training, dtype_bytes)
     model = interp.instantiate(model_def.classdef, [], {}, f"{name}()")
 
     sizes: dict[str, int] = {}
     for container in loop_containers(module, name, path):
-        value = _resolve_path(model, container)
-        if isinstance(value, _Container):
+        value = resolve_path(model, container)
+        if isinstance(value, Container):
             sizes[container] = len(value.children)
     expand: dict[str, int] = {}
     if depth >= 2:
         for container in find_sequential_calls(module, name, path):
-            value = _resolve_path(model, container)
-            if isinstance(value, _Container) and value.kind == "Sequential":
+            value = resolve_path(model, container)
+            if isinstance(value, Container) and value.kind == "Sequential":
                 expand[container] = len(value.children)
     graph = analyse_model(module, path, name, sizes, text, expand)
 
-    frame = _bind_inputs(interp, model, model_def.forward, graph, input_shapes, input_dtypes)
-    figures = _ForwardRun(interp, model, graph, model_def.forward, frame).run()
+    frame = bind_inputs(interp, model, model_def.forward, graph, input_shapes, input_dtypes)
+    figures = ForwardRun(interp, model, graph, model_def.forward, frame).run()
     params = _attributed_parameters(model, graph, dtype_bytes)
 
     rate = hardware.flops_per_s or DEFAULT_FLOPS_PER_S
@@ -2797,9 +2803,9 @@ def _summary_note(
     )
 
 
-def _bind_inputs(
-    interp: _Interpreter,
-    model: _Instance,
+def bind_inputs(
+    interp: Interpreter,
+    model: Instance,
     forward: cst.FunctionDef,
     graph: OpGraph,
     shapes: Sequence[tuple[int, ...]],
@@ -2833,29 +2839,29 @@ def _bind_inputs(
         interp, model, forward, bound, None if dtypes is None else dtypes[: len(bound)]
     )
     frame: dict[str, object] = {"self": model, "__self__": model}
-    frame["__class__"] = _ClassRef(model.classdef)
+    frame["__class__"] = ClassRef(model.classdef)
     for name, shape, kind in zip(bound, shapes, kinds, strict=True):
-        frame[name] = _Tensor(tuple(shape), kind)
+        frame[name] = Tensor(tuple(shape), kind)
     if isinstance(star, cst.Param):  # forward(self, *inputs): the rest, as floats
-        frame[star.name.value] = tuple(_Tensor(tuple(shape)) for shape in shapes[len(bound) :])
+        frame[star.name.value] = tuple(Tensor(tuple(shape)) for shape in shapes[len(bound) :])
     for param in params[len(shapes) :]:
         assert param.default is not None
         try:
             frame[param.name.value] = interp.eval(param.default, {})
-        except _Unsized as error:
-            frame[param.name.value] = _Opaque(error.reason)
+        except Unsized as error:
+            frame[param.name.value] = Opaque(error.reason)
     for param in forward.params.kwonly_params:
         if param.default is None:
-            frame[param.name.value] = _Opaque(f"the keyword input {param.name.value!r}")
+            frame[param.name.value] = Opaque(f"the keyword input {param.name.value!r}")
             continue
         try:
             frame[param.name.value] = interp.eval(param.default, {})
-        except _Unsized as error:
-            frame[param.name.value] = _Opaque(error.reason)
+        except Unsized as error:
+            frame[param.name.value] = Opaque(error.reason)
     return frame
 
 
-def _attributed_parameters(model: _Instance, graph: OpGraph, dtype_bytes: int) -> list[float]:
+def _attributed_parameters(model: Instance, graph: OpGraph, dtype_bytes: int) -> list[float]:
     """Bytes of the parameters of the submodules each op calls, each once at its first use
     (what :func:`syncpass.backends.torch.measure.parameter_bytes` measures)."""
     seen: set[int] = set()
@@ -2865,8 +2871,8 @@ def _attributed_parameters(model: _Instance, graph: OpGraph, dtype_bytes: int) -
         for call in op.calls:
             if not call.startswith("self."):
                 continue
-            target = _resolve_path(model, call.removeprefix("self."))
-            if not isinstance(target, (*_MODULES, _Tensor)):
+            target = resolve_path(model, call.removeprefix("self."))
+            if not isinstance(target, (*MODULES, Tensor)):
                 continue
             found: dict[int, int] = {}
             _parameters(target, found)
