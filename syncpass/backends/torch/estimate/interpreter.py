@@ -70,12 +70,38 @@ import operator
 import re
 import statistics
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from syncpass.backends.torch.estimate.values import (
+    MODULES,
+    Break,
+    ClassRef,
+    Container,
+    Continue,
+    Function,
+    Instance,
+    Layer,
+    Library,
+    Method,
+    Opaque,
+    Return,
+    Super,
+    Tensor,
+    Unsized,
+    argument,
+    as_dim,
+    as_int,
+    as_ints,
+    as_number,
+    as_tensor,
+    describe,
+    numel,
+    shape_text,
+)
 from syncpass.contracts.costs import Costs, CutCost, Hardware, OpCost
 from syncpass.contracts.graph import Op, OpGraph
 from syncpass.core.errors import SyncpassError
@@ -163,165 +189,16 @@ def parse_input_shapes(spec: str) -> tuple[tuple[int, ...], ...]:
     return tuple(shapes)
 
 
-# --- abstract values -------------------------------------------------------------------
-
-
-@dataclass(frozen=True, eq=False)
-class Tensor:
-    """A tensor known by its shape and kind; identity tells aliases apart."""
-
-    shape: tuple[int, ...]
-    kind: str = "float"  # "float", "int" or "bool"
-    parameter: bool = False  # an nn.Parameter attribute of a module
-
-
-@dataclass(frozen=True, eq=False)
-class Opaque:
-    """A value the interpreter does not know; using it makes the op unsized."""
-
-    reason: str
-
-
-@dataclass(frozen=True)
-class Library:
-    """A name from outside the file: ``torch.nn.Linear``, ``builtins.max``."""
-
-    name: str
-
-
-@dataclass(eq=False)
-class Layer:
-    """A standard layer with its bound constructor arguments."""
-
-    kind: str
-    args: dict[str, object]
-    text: str
-
-
-@dataclass(eq=False)
-class Container:
-    """``nn.Sequential``, ``nn.ModuleList`` (children by position) or ``nn.ModuleDict``."""
-
-    kind: str
-    children: list[object] = field(default_factory=list)
-    keys: list[str] | None = None  # ModuleDict only
-    text: str = ""
-
-
-@dataclass(eq=False)
-class Instance:
-    """An instance of one of the file's own classes."""
-
-    classdef: cst.ClassDef
-    attrs: dict[str, object]
-    text: str
-
-
-@dataclass(frozen=True)
-class Function:
-    """One of the file's functions, or a method bound to an instance."""
-
-    node: cst.FunctionDef
-    owner: Instance | None = None
-    cls: cst.ClassDef | None = None  # the class that defines it, for super()
-
-
-@dataclass(frozen=True)
-class ClassRef:
-    node: cst.ClassDef
-
-
-@dataclass(frozen=True)
-class Super:
-    instance: Instance
-    cls: cst.ClassDef
-
-
-@dataclass(frozen=True)
-class Method:
-    """A method of a value the interpreter models (``x.view``, ``layers.append``)."""
-
-    target: object
-    name: str
-
-
 #: Errors of plain Python evaluation on values of the user's code: they make a statement
 #: unsized, never fail the estimate.
 _PYTHON_ERRORS = (ArithmeticError, LookupError, TypeError, ValueError, RecursionError)
 #: Longest loop or list the interpreter builds, and largest exponent it computes.
 _MAX_ITEMS = 100_000
-MODULES = (Layer, Container, Instance)
 
 
 #: Methods of a module that register an attribute: the keyword of the value.
 _REGISTERS = {"register_buffer": "tensor", "register_parameter": "param", "add_module": "module"}
 _INSTANCE_METHODS = frozenset({*_REGISTERS, "parameters", "modules", "children"})
-
-
-class Unsized(Exception):
-    """The interpreter cannot follow the source here; ``reason`` says why."""
-
-    def __init__(self, reason: str, located: bool = False) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.located = located
-
-
-class Return(Exception):
-    def __init__(self, value: object) -> None:
-        super().__init__()
-        self.value = value
-
-
-class Break(Exception):
-    pass
-
-
-class Continue(Exception):
-    pass
-
-
-def numel(shape: Sequence[int]) -> int:
-    return math.prod(shape)
-
-
-def shape_text(shape: Sequence[int]) -> str:
-    return "(" + ", ".join(map(str, shape)) + ")"
-
-
-def as_int(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        if isinstance(value, Opaque):
-            raise Unsized(value.reason)
-        raise Unsized(f"needs a whole number for {what}, got {describe(value)}")
-    return value
-
-
-def as_tensor(value: object, what: str) -> Tensor:
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, Opaque):
-        raise Unsized(value.reason)
-    raise Unsized(f"needs a tensor for {what}, got {describe(value)}")
-
-
-def describe(value: object) -> str:
-    if isinstance(value, Tensor):
-        return f"a tensor of shape {shape_text(value.shape)}"
-    if isinstance(value, (Layer, Container, Instance)):
-        return value.text or type(value).__name__
-    if isinstance(value, Opaque):
-        return f"an unknown value ({value.reason})"
-    if isinstance(value, Library):
-        return value.name
-    return repr(value) if len(repr(value)) < 40 else type(value).__name__
-
-
-def as_dim(index: object, rank: int, what: str = "a dimension") -> int:
-    value = as_int(index, what)
-    if not -max(rank, 1) <= value < max(rank, 1):
-        raise Unsized(f"dimension {value} is out of range for a tensor of rank {rank}")
-    return value % max(rank, 1)
 
 
 def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
@@ -339,16 +216,6 @@ def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
             raise Unsized(f"cannot broadcast shapes {shown} together")
         result.append(sizes.pop() if sizes else 1)
     return tuple(result)
-
-
-def as_ints(value: object, count: int, what: str) -> tuple[int, ...]:
-    """An int or a sequence of ints as ``count`` ints (a kernel size, a stride)."""
-    if isinstance(value, (tuple, list)):
-        items = tuple(as_int(item, what) for item in value)
-        if len(items) != count:
-            raise Unsized(f"{what} has {len(items)} entries for {count} dimension(s)")
-        return items
-    return (as_int(value, what),) * count
 
 
 # --- standard layers --------------------------------------------------------------------
@@ -1884,14 +1751,6 @@ def _is_plain(value: object) -> bool:
     return value is None or isinstance(value, (int, float, str, range, dict))
 
 
-def as_number(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        if isinstance(value, Opaque):
-            raise Unsized(value.reason)
-        raise Unsized(f"needs a number, got {describe(value)}")
-    return value
-
-
 def _call_math(short: str, args: list[object]) -> object:
     function = getattr(math, short, None)
     if short in ("pi", "e", "inf") or not callable(function):
@@ -1952,14 +1811,6 @@ def reshape(x: Tensor, sizes: list[object]) -> Tensor:
     if numel(dims) != total:
         raise Unsized(f"reshapes {shape_text(x.shape)} ({total} elements) to {shape_text(dims)}")
     return Tensor(tuple(dims), x.kind)
-
-
-def argument(
-    args: Sequence[object], kwargs: Mapping[str, object], position: int, name: str, default: object
-) -> object:
-    if position < len(args):
-        return args[position]
-    return kwargs.get(name, default)
 
 
 def _dtype_kind(value: object, default: str) -> str:
