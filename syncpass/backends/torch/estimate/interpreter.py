@@ -76,6 +76,20 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from syncpass.backends.torch.estimate.flops import (
+    ELEMENTWISE_BACKWARD,
+    MATMUL_BACKWARD,
+    NORMALISE_FLOPS,
+    Counter,
+)
+from syncpass.backends.torch.estimate.shapes import (
+    as_sizes,
+    broadcast,
+    flatten,
+    pooled,
+    reshape,
+    window_output,
+)
 from syncpass.backends.torch.estimate.values import (
     MODULES,
     Break,
@@ -199,23 +213,6 @@ _MAX_ITEMS = 100_000
 #: Methods of a module that register an attribute: the keyword of the value.
 _REGISTERS = {"register_buffer": "tensor", "register_parameter": "param", "add_module": "module"}
 _INSTANCE_METHODS = frozenset({*_REGISTERS, "parameters", "modules", "children"})
-
-
-def broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    rank = max((len(shape) for shape in shapes), default=0)
-    result = []
-    for position in range(rank):
-        sizes = {
-            shape[len(shape) - rank + position]
-            for shape in shapes
-            if len(shape) - rank + position >= 0
-        }
-        sizes.discard(1)
-        if len(sizes) > 1:
-            shown = " and ".join(shape_text(shape) for shape in shapes)
-            raise Unsized(f"cannot broadcast shapes {shown} together")
-        result.append(sizes.pop() if sizes else 1)
-    return tuple(result)
 
 
 # --- standard layers --------------------------------------------------------------------
@@ -420,36 +417,6 @@ def _tuple_of_any(value: object) -> tuple[int, ...]:
     if isinstance(value, (tuple, list)):
         return tuple(as_int(item, "a size") for item in value)
     return (as_int(value, "a size"),)
-
-
-def window_output(
-    size: int, kernel: int, stride: int, padding: int, dilation: int, ceil: bool
-) -> int:
-    span = size + 2 * padding - dilation * (kernel - 1) - 1
-    out = (-(-span // stride) if ceil else span // stride) + 1
-    if ceil and (out - 1) * stride >= size + padding:
-        out -= 1  # the last window must start inside the input (torch's rule)
-    if out < 1:
-        raise Unsized(f"a window of {kernel} does not fit an input of size {size}")
-    return out
-
-
-# --- counting ----------------------------------------------------------------------------
-
-
-@dataclass
-class Counter:
-    forward: float = 0.0
-    backward: float = 0.0
-
-    def add(self, flops: float, backward_factor: float) -> None:
-        self.forward += flops
-        self.backward += flops * backward_factor
-
-
-MATMUL_BACKWARD = 2.0  # gradients for both operands
-ELEMENTWISE_BACKWARD = 1.0
-NORMALISE_FLOPS = 5  # per element: mean, variance, normalise, scale, shift
 
 
 # --- the interpreter ----------------------------------------------------------------------
@@ -1759,58 +1726,6 @@ def _call_math(short: str, args: list[object]) -> object:
         return function(*[as_number(arg) for arg in args])
     except (TypeError, ValueError, OverflowError) as error:
         raise Unsized(f"math.{short}() fails here: {error}") from None
-
-
-def pooled(
-    spatial: tuple[int, ...],
-    kernel: object,
-    stride: object,
-    padding: object,
-    dilation: object,
-    ceil: bool,
-) -> tuple[int, ...]:
-    rank = len(spatial)
-    kernels = as_ints(kernel, rank, "kernel_size")
-    strides = kernels if stride is None else as_ints(stride, rank, "stride")
-    paddings = as_ints(padding, rank, "padding")
-    dilations = as_ints(dilation, rank, "dilation")
-    return tuple(
-        window_output(size, k, s, p, d, ceil)
-        for size, k, s, p, d in zip(spatial, kernels, strides, paddings, dilations, strict=True)
-    )
-
-
-def flatten(x: Tensor, start: object, end: object) -> Tensor:
-    shape = x.shape
-    if not shape:
-        return Tensor((1,), x.kind)
-    first, last = as_dim(start, len(shape)), as_dim(end, len(shape))
-    if first > last:
-        raise Unsized("flattens with start_dim after end_dim")
-    merged = numel(shape[first : last + 1])
-    return Tensor((*shape[:first], merged, *shape[last + 1 :]), x.kind)
-
-
-def as_sizes(args: Sequence[object]) -> list[object]:
-    """``view(2, 3)`` and ``view((2, 3))`` alike."""
-    if len(args) == 1 and isinstance(args[0], (tuple, list)):
-        return list(args[0])
-    return list(args)
-
-
-def reshape(x: Tensor, sizes: list[object]) -> Tensor:
-    dims = [as_int(size, "a size") for size in sizes]
-    total = numel(x.shape)
-    if dims.count(-1) > 1:
-        raise Unsized("has more than one -1 size")
-    if -1 in dims:
-        known = numel([dim for dim in dims if dim != -1])
-        if known == 0 or total % known:
-            raise Unsized(f"cannot reshape {shape_text(x.shape)} to {shape_text(dims)}")
-        dims[dims.index(-1)] = total // known
-    if numel(dims) != total:
-        raise Unsized(f"reshapes {shape_text(x.shape)} ({total} elements) to {shape_text(dims)}")
-    return Tensor(tuple(dims), x.kind)
 
 
 def _dtype_kind(value: object, default: str) -> str:
