@@ -82,13 +82,24 @@ from syncpass.backends.torch.estimate.flops import (
     NORMALISE_FLOPS,
     Counter,
 )
+from syncpass.backends.torch.estimate.layers import (
+    LAYERS,
+    REQUIRED,
+    Signature,
+    apply_layer,
+    bind,
+    construct_layer,
+    layer_parameters,
+    layer_weight,
+    pool,
+    resize,
+)
 from syncpass.backends.torch.estimate.shapes import (
     as_sizes,
     broadcast,
     flatten,
-    pooled,
     reshape,
-    window_output,
+    unflatten,
 )
 from syncpass.backends.torch.estimate.values import (
     MODULES,
@@ -109,7 +120,6 @@ from syncpass.backends.torch.estimate.values import (
     argument,
     as_dim,
     as_int,
-    as_ints,
     as_number,
     as_tensor,
     describe,
@@ -215,47 +225,6 @@ _REGISTERS = {"register_buffer": "tensor", "register_parameter": "param", "add_m
 _INSTANCE_METHODS = frozenset({*_REGISTERS, "parameters", "modules", "children"})
 
 
-# --- standard layers --------------------------------------------------------------------
-
-REQUIRED = Opaque("a required argument")
-Signature = tuple[tuple[str, object], ...]
-
-_CONV: Signature = (
-    ("in_channels", REQUIRED),
-    ("out_channels", REQUIRED),
-    ("kernel_size", REQUIRED),
-    ("stride", 1),
-    ("padding", 0),
-    ("dilation", 1),
-    ("groups", 1),
-    ("bias", True),
-)
-_CONV_TRANSPOSE: Signature = (
-    ("in_channels", REQUIRED),
-    ("out_channels", REQUIRED),
-    ("kernel_size", REQUIRED),
-    ("stride", 1),
-    ("padding", 0),
-    ("output_padding", 0),
-    ("groups", 1),
-    ("bias", True),
-    ("dilation", 1),
-)
-_BATCH_NORM: Signature = (
-    ("num_features", REQUIRED),
-    ("eps", 1e-5),
-    ("momentum", 0.1),
-    ("affine", True),
-    ("track_running_stats", True),
-)
-_MAX_POOL: Signature = (
-    ("kernel_size", REQUIRED),
-    ("stride", None),
-    ("padding", 0),
-    ("dilation", 1),
-    ("return_indices", False),
-    ("ceil_mode", False),
-)
 #: ``F.max_pool1d/2d``: the functional form orders ``ceil_mode`` before ``return_indices``.
 _MAX_POOL_FUNCTION: Signature = (
     ("kernel_size", REQUIRED),
@@ -265,158 +234,6 @@ _MAX_POOL_FUNCTION: Signature = (
     ("ceil_mode", False),
     ("return_indices", False),
 )
-_AVG_POOL: Signature = (
-    ("kernel_size", REQUIRED),
-    ("stride", None),
-    ("padding", 0),
-    ("ceil_mode", False),
-    ("count_include_pad", True),
-    ("divisor_override", None),
-)
-_ACTIVATIONS = (
-    "ReLU",
-    "ReLU6",
-    "GELU",
-    "SiLU",
-    "Tanh",
-    "Sigmoid",
-    "LeakyReLU",
-    "ELU",
-    "Mish",
-    "Hardswish",
-    "Hardtanh",
-    "Softplus",
-    "Dropout",
-    "Dropout1d",
-    "Dropout2d",
-)
-
-#: Constructor signatures (name, default) of the layers the estimate knows.
-_LAYERS: dict[str, Signature] = {
-    "Linear": (("in_features", REQUIRED), ("out_features", REQUIRED), ("bias", True)),
-    "Embedding": (
-        ("num_embeddings", REQUIRED),
-        ("embedding_dim", REQUIRED),
-        ("padding_idx", None),
-    ),
-    "Conv1d": _CONV,
-    "Conv2d": _CONV,
-    "Conv3d": _CONV,
-    "ConvTranspose1d": _CONV_TRANSPOSE,
-    "ConvTranspose2d": _CONV_TRANSPOSE,
-    "LayerNorm": (
-        ("normalized_shape", REQUIRED),
-        ("eps", 1e-5),
-        ("elementwise_affine", True),
-        ("bias", True),
-    ),
-    "RMSNorm": (("normalized_shape", REQUIRED), ("eps", None), ("elementwise_affine", True)),
-    "BatchNorm1d": _BATCH_NORM,
-    "BatchNorm2d": _BATCH_NORM,
-    "GroupNorm": (
-        ("num_groups", REQUIRED),
-        ("num_channels", REQUIRED),
-        ("eps", 1e-5),
-        ("affine", True),
-    ),
-    **{name: () for name in _ACTIVATIONS},
-    "Identity": (),
-    "Softmax": (("dim", None),),
-    "LogSoftmax": (("dim", None),),
-    "MaxPool1d": _MAX_POOL,
-    "MaxPool2d": _MAX_POOL,
-    "AvgPool1d": _AVG_POOL,
-    "AvgPool2d": _AVG_POOL,
-    "AdaptiveAvgPool1d": (("output_size", REQUIRED),),
-    "AdaptiveAvgPool2d": (("output_size", REQUIRED),),
-    "AdaptiveMaxPool2d": (("output_size", REQUIRED), ("return_indices", False)),
-    "Flatten": (("start_dim", 1), ("end_dim", -1)),
-    "Unflatten": (("dim", REQUIRED), ("unflattened_size", REQUIRED)),
-    "Upsample": (("size", None), ("scale_factor", None), ("mode", "nearest")),
-    "MultiheadAttention": (
-        ("embed_dim", REQUIRED),
-        ("num_heads", REQUIRED),
-        ("dropout", 0.0),
-        ("bias", True),
-        ("add_bias_kv", False),
-        ("add_zero_attn", False),
-        ("kdim", None),
-        ("vdim", None),
-        ("batch_first", False),
-    ),
-}
-#: Layers that take any arguments and ignore them.
-_LOOSE_LAYERS = frozenset({*_ACTIVATIONS, "Identity"})
-
-
-def bind(
-    signature: Signature, args: Sequence[object], kwargs: Mapping[str, object], what: str
-) -> dict[str, object]:
-    """Arguments by name; keywords outside the signature (``device=``) are ignored."""
-    if len(args) > len(signature):
-        raise Unsized(f"{what} takes at most {len(signature)} positional argument(s)")
-    bound = {name: default for name, default in signature}
-    for (name, _), value in zip(signature, args, strict=False):
-        bound[name] = value
-    for name, value in kwargs.items():
-        if name in bound:
-            bound[name] = value
-    for name, value in bound.items():
-        if value is REQUIRED:
-            raise Unsized(f"{what} is missing its argument {name!r}")
-        if isinstance(value, Opaque):
-            raise Unsized(f"{what}: {name} is unknown ({value.reason})")
-    return bound
-
-
-def _spatial_rank(kind: str) -> int:
-    return 3 if kind.endswith("3d") else 1 if kind.endswith("1d") else 2
-
-
-def layer_parameters(layer: Layer) -> int:
-    """Number of parameters of a standard layer."""
-    kind, a = layer.kind, layer.args
-    bias = bool(a.get("bias", False))
-    if kind == "Linear":
-        inputs, outputs = as_int(a["in_features"], "in_features"), as_int(a["out_features"], "")
-        return inputs * outputs + (outputs if bias else 0)
-    if kind == "Embedding":
-        return as_int(a["num_embeddings"], "num_embeddings") * as_int(a["embedding_dim"], "")
-    if kind.startswith("Conv"):
-        inputs, outputs = as_int(a["in_channels"], ""), as_int(a["out_channels"], "")
-        groups = as_int(a["groups"], "groups")
-        kernel = numel(as_ints(a["kernel_size"], _spatial_rank(kind), "kernel_size"))
-        if kind.startswith("ConvTranspose"):
-            weights = inputs * (outputs // groups) * kernel
-        else:
-            weights = outputs * (inputs // groups) * kernel
-        return weights + (outputs if bias else 0)
-    if kind in ("LayerNorm", "RMSNorm"):
-        if not a["elementwise_affine"]:
-            return 0
-        size = numel(_tuple_of_any(a["normalized_shape"]))
-        return size * (2 if kind == "LayerNorm" and bias else 1)
-    if kind.startswith("BatchNorm"):
-        return 2 * as_int(a["num_features"], "num_features") if a["affine"] else 0
-    if kind == "GroupNorm":
-        return 2 * as_int(a["num_channels"], "num_channels") if a["affine"] else 0
-    if kind == "MultiheadAttention":
-        embed = as_int(a["embed_dim"], "embed_dim")
-        kdim = embed if a["kdim"] is None else as_int(a["kdim"], "kdim")
-        vdim = embed if a["vdim"] is None else as_int(a["vdim"], "vdim")
-        total = embed * (embed + kdim + vdim) + embed * embed  # in and out projections
-        if bias:
-            total += 3 * embed + embed
-        if a["add_bias_kv"]:
-            total += 2 * embed
-        return total
-    return 0
-
-
-def _tuple_of_any(value: object) -> tuple[int, ...]:
-    if isinstance(value, (tuple, list)):
-        return tuple(as_int(item, "a size") for item in value)
-    return (as_int(value, "a size"),)
 
 
 # --- the interpreter ----------------------------------------------------------------------
@@ -982,7 +799,7 @@ class Interpreter:
             if name == "training":
                 return self.training
             if name in ("weight", "bias"):
-                return self._layer_tensor(value, name)
+                return layer_weight(value, name)
             return Method(value, name)
         if isinstance(value, Super):
             return self._super_attribute(value, name)
@@ -993,17 +810,6 @@ class Interpreter:
         if isinstance(value, (Container, list, dict)):
             return Method(value, name)
         raise Unsized(f"reads .{name} of {describe(value)} ({self.code(node)})")
-
-    def _layer_tensor(self, layer: Layer, name: str) -> object:
-        a = layer.args
-        if layer.kind == "Linear":
-            out = as_int(a["out_features"], "out_features")
-            return Tensor(
-                (out, as_int(a["in_features"], "in_features")) if name == "weight" else (out,)
-            )
-        if layer.kind == "Embedding" and name == "weight":
-            return Tensor((as_int(a["num_embeddings"], ""), as_int(a["embedding_dim"], "")))
-        return Opaque(f"the {name} of {layer.text}")
 
     def find_method(
         self, classdef: cst.ClassDef, name: str, seen: frozenset[str] = frozenset()
@@ -1232,7 +1038,7 @@ class Interpreter:
     ) -> object:
         """Run a module's forward; an unsized reason inside names the module."""
         if isinstance(module, Layer):
-            return self.apply_layer(module, args, kwargs)
+            return apply_layer(module, args, kwargs, self.counter)
         if isinstance(module, Container):
             if module.kind != "Sequential":
                 raise Unsized(f"calls {callee}, an nn.{module.kind}, which has no forward")
@@ -1254,179 +1060,6 @@ class Interpreter:
         except Unsized as error:
             raise Unsized(f"{callee} is {module.text}, whose forward {error.reason}") from None
 
-    # --- standard layers' forwards ---------------------------------------------------------------
-
-    def apply_layer(self, layer: Layer, args: list[object], kwargs: dict[str, object]) -> object:
-        kind, a = layer.kind, layer.args
-        if kind == "MultiheadAttention":
-            return self.multihead_attention(layer, args, kwargs)
-        if not args:
-            raise Unsized(f"calls {layer.text} without an input")
-        x = as_tensor(args[0], f"the input of {layer.text}")
-        shape = x.shape
-        if kind == "Identity":
-            return x
-        if kind == "Linear":
-            inputs, outputs = as_int(a["in_features"], ""), as_int(a["out_features"], "")
-            if not shape or shape[-1] != inputs:
-                raise Unsized(
-                    f"{layer.text} expects a last dimension of {inputs}, gets {shape_text(shape)}"
-                )
-            self.counter.add(2 * numel(shape[:-1]) * inputs * outputs, MATMUL_BACKWARD)
-            return Tensor((*shape[:-1], outputs))
-        if kind == "Embedding":
-            return Tensor((*shape, as_int(a["embedding_dim"], "")))
-        if kind.startswith("Conv"):
-            return self.convolution(layer, x)
-        if kind in ("LayerNorm", "RMSNorm", "GroupNorm") or kind.startswith("BatchNorm"):
-            self.counter.add(NORMALISE_FLOPS * numel(shape), MATMUL_BACKWARD)
-            return Tensor(shape, x.kind)
-        if kind in ("Softmax", "LogSoftmax"):
-            self.counter.add(NORMALISE_FLOPS * numel(shape), MATMUL_BACKWARD)
-            return Tensor(shape, x.kind)
-        if kind in _ACTIVATIONS:
-            self.counter.add(numel(shape), ELEMENTWISE_BACKWARD)
-            return Tensor(shape, x.kind)
-        if "Pool" in kind:
-            return self.pool(layer, x)
-        if kind == "Flatten":
-            return flatten(x, a["start_dim"], a["end_dim"])
-        if kind == "Unflatten":
-            handler = _TENSOR_FUNCTIONS["unflatten"]
-            return handler(self, [x, a["dim"], a["unflattened_size"]], {})
-        if kind == "Upsample":
-            return self.resize(x, a["size"], a["scale_factor"])
-        raise Unsized(f"{layer.text} is a layer syncpass cannot size")
-
-    def convolution(self, layer: Layer, x: Tensor) -> Tensor:
-        a = layer.args
-        rank = _spatial_rank(layer.kind)
-        shape = x.shape
-        if len(shape) not in (rank + 1, rank + 2):
-            raise Unsized(f"{layer.text} expects {rank + 2} dimensions, gets {shape_text(shape)}")
-        inputs, outputs = as_int(a["in_channels"], ""), as_int(a["out_channels"], "")
-        groups = as_int(a["groups"], "groups")
-        channel = len(shape) - rank - 1
-        if shape[channel] != inputs:
-            raise Unsized(f"{layer.text} expects {inputs} channels, gets {shape_text(shape)}")
-        kernel = as_ints(a["kernel_size"], rank, "kernel_size")
-        stride = as_ints(a["stride"], rank, "stride")
-        dilation = as_ints(a["dilation"], rank, "dilation")
-        spatial = shape[channel + 1 :]
-        batch = numel(shape[:channel])
-        if layer.kind.startswith("ConvTranspose"):
-            padding = as_ints(a["padding"], rank, "padding")
-            extra = as_ints(a["output_padding"], rank, "output_padding")
-            out = tuple(
-                (size - 1) * s - 2 * p + d * (k - 1) + e + 1
-                for size, s, p, d, k, e in zip(
-                    spatial, stride, padding, dilation, kernel, extra, strict=True
-                )
-            )
-            flops = 2 * batch * inputs * numel(spatial) * (outputs // groups) * numel(kernel)
-        else:
-            if a["padding"] == "same":
-                out = spatial
-            else:
-                padding = (
-                    (0,) * rank
-                    if a["padding"] == "valid"
-                    else as_ints(a["padding"], rank, "padding")
-                )
-                out = tuple(
-                    window_output(size, k, s, p, d, False)
-                    for size, k, s, p, d in zip(
-                        spatial, kernel, stride, padding, dilation, strict=True
-                    )
-                )
-            flops = 2 * batch * outputs * numel(out) * (inputs // groups) * numel(kernel)
-        self.counter.add(flops, MATMUL_BACKWARD)
-        return Tensor((*shape[:channel], outputs, *out))
-
-    def pool(self, layer: Layer, x: Tensor) -> object:
-        a = layer.args
-        rank = _spatial_rank(layer.kind)
-        shape = x.shape
-        if len(shape) < rank + 1:
-            raise Unsized(f"{layer.text} gets too few dimensions: {shape_text(shape)}")
-        spatial = shape[len(shape) - rank :]
-        if layer.kind.startswith("Adaptive"):
-            wanted = a["output_size"]
-            sizes = list(wanted) if isinstance(wanted, (tuple, list)) else [wanted] * rank
-            out = tuple(
-                size if want is None else as_int(want, "output_size")
-                for size, want in zip(spatial, sizes, strict=True)
-            )
-            self.counter.add(numel(shape), ELEMENTWISE_BACKWARD)
-        else:
-            out = pooled(
-                spatial,
-                a["kernel_size"],
-                a["stride"],
-                a["padding"],
-                a.get("dilation", 1),
-                bool(a["ceil_mode"]),
-            )
-            kernel = numel(as_ints(a["kernel_size"], rank, "kernel_size"))
-            self.counter.add(numel(shape[: len(shape) - rank]) * numel(out) * kernel, 1.0)
-        result = Tensor((*shape[: len(shape) - rank], *out), x.kind)
-        if a.get("return_indices"):
-            return (result, Tensor(result.shape, "int"))
-        return result
-
-    def resize(self, x: Tensor, size: object, scale: object) -> Tensor:
-        spatial_rank = len(x.shape) - 2
-        if spatial_rank < 1:
-            raise Unsized(f"resizes a tensor of shape {shape_text(x.shape)}")
-        if size is not None:
-            out = as_ints(size, spatial_rank, "size")
-        elif scale is not None:
-            factors = list(scale) if isinstance(scale, (tuple, list)) else [scale] * spatial_rank
-            out = tuple(
-                math.floor(length * as_number(factor))
-                for length, factor in zip(x.shape[2:], factors, strict=True)
-            )
-        else:
-            raise Unsized("resizes without a size or a scale factor")
-        result = Tensor((*x.shape[:2], *out), x.kind)
-        self.counter.add(numel(result.shape), ELEMENTWISE_BACKWARD)
-        return result
-
-    def multihead_attention(
-        self, layer: Layer, args: list[object], kwargs: dict[str, object]
-    ) -> object:
-        names = ("query", "key", "value", "key_padding_mask", "need_weights")
-        bound = dict(zip(names, args, strict=False))
-        bound.update({key: value for key, value in kwargs.items() if key in names})
-        if not all(name in bound for name in names[:3]):
-            raise Unsized(f"calls {layer.text} without query, key and value")
-        query = as_tensor(bound["query"], "the query")
-        key = as_tensor(bound["key"], "the key")
-        a = layer.args
-        embed, heads = as_int(a["embed_dim"], ""), as_int(a["num_heads"], "")
-        kdim = embed if a["kdim"] is None else as_int(a["kdim"], "")
-        vdim = embed if a["vdim"] is None else as_int(a["vdim"], "")
-        if len(query.shape) == 2:
-            batch, target, source = 1, query.shape[0], key.shape[0]
-        elif len(query.shape) == 3:
-            first = bool(a["batch_first"])
-            batch = query.shape[0] if first else query.shape[1]
-            target = query.shape[1] if first else query.shape[0]
-            source = key.shape[1] if first else key.shape[0]
-        else:
-            raise Unsized(f"{layer.text} gets a query of shape {shape_text(query.shape)}")
-        projections = 2 * batch * (target * embed * embed + source * (kdim + vdim) * embed)
-        attention = 4 * batch * target * source * embed
-        output = 2 * batch * target * embed * embed
-        self.counter.add(projections + attention + output, MATMUL_BACKWARD)
-        self.counter.add(NORMALISE_FLOPS * batch * heads * target * source, MATMUL_BACKWARD)
-        out = Tensor(query.shape)
-        need = bound.get("need_weights", True)
-        if need is False:
-            return (out, None)
-        weights = (batch, target, source) if len(query.shape) == 3 else (target, source)
-        return (out, Tensor(weights))
-
     # --- library functions --------------------------------------------------------------------------
 
     def call_library(
@@ -1440,8 +1073,8 @@ class Interpreter:
         if name.startswith("math."):
             return _call_math(short, args)
         if name.startswith("torch.nn.") and not name.startswith("torch.nn.functional."):
-            if short in _LAYERS:
-                return self.construct_layer(short, args, kwargs, node)
+            if short in LAYERS:
+                return construct_layer(short, args, kwargs, self.code(node))
             if short in ("Sequential", "ModuleList", "ModuleDict"):
                 return self.construct_container(short, args, kwargs, node)
             if short == "Parameter":
@@ -1534,16 +1167,6 @@ class Interpreter:
             return function(*args, **kwargs)
         except (TypeError, ValueError, OverflowError, ZeroDivisionError) as error:
             raise Unsized(f"{short}() fails here: {error}") from None
-
-    def construct_layer(
-        self, kind: str, args: list[object], kwargs: dict[str, object], node: cst.Call
-    ) -> Layer:
-        text = self.code(node)
-        if kind in _LOOSE_LAYERS:
-            return Layer(kind, {}, text)
-        layer = Layer(kind, bind(_LAYERS[kind], args, kwargs, text), text)
-        layer_parameters(layer)  # arguments of the wrong type show here, not at first use
-        return layer
 
     def construct_container(
         self, kind: str, args: list[object], kwargs: dict[str, object], node: cst.Call
@@ -1842,11 +1465,9 @@ def _flatten_call(interp: Interpreter, args: list[object], kwargs: dict[str, obj
 @_handles("unflatten")
 def _unflatten(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
     x = as_tensor(args[0], "the input")
-    dim = as_dim(argument(args, kwargs, 1, "dim", None), len(x.shape))
-    part = reshape(
-        Tensor(x.shape[dim : dim + 1]), as_sizes([argument(args, kwargs, 2, "sizes", ())])
+    return unflatten(
+        x, argument(args, kwargs, 1, "dim", None), argument(args, kwargs, 2, "sizes", ())
     )
-    return Tensor((*x.shape[:dim], *part.shape, *x.shape[dim + 1 :]), x.kind)
 
 
 @_handles("transpose", "swapaxes", "swapdims")
@@ -2065,20 +1686,19 @@ def _attention(interp: Interpreter, args: list[object], kwargs: dict[str, object
 
 def _pool_by(name: str) -> _TensorHandler:
     kind = ("MaxPool" if name.startswith("max") else "AvgPool") + name[-2:]
+    signature = _MAX_POOL_FUNCTION if kind.startswith("MaxPool") else LAYERS[kind].signature
 
-    signature = _MAX_POOL_FUNCTION if kind.startswith("MaxPool") else _LAYERS[kind]
-
-    def pool(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
+    def apply(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
         layer_args = bind(signature, args[1:], kwargs, name)
-        return interp.pool(Layer(kind, layer_args, name), as_tensor(args[0], "the input"))
+        return pool(Layer(kind, layer_args, name), as_tensor(args[0], "the input"), interp.counter)
 
-    return pool
+    return apply
 
 
 def _adaptive_pool(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
     size = argument(args, kwargs, 1, "output_size", None)
     layer = Layer("AdaptiveAvgPool2d", {"output_size": size}, "adaptive_avg_pool2d")
-    return interp.pool(layer, as_tensor(args[0], "the input"))
+    return pool(layer, as_tensor(args[0], "the input"), interp.counter)
 
 
 for _name in ("max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d"):
@@ -2090,8 +1710,11 @@ _TENSOR_FUNCTIONS["adaptive_max_pool2d"] = _adaptive_pool
 @_handles("interpolate", "upsample")
 def _interpolate(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
     x = as_tensor(args[0], "the input")
-    return interp.resize(
-        x, argument(args, kwargs, 1, "size", None), argument(args, kwargs, 2, "scale_factor", None)
+    return resize(
+        x,
+        argument(args, kwargs, 1, "size", None),
+        argument(args, kwargs, 2, "scale_factor", None),
+        interp.counter,
     )
 
 

@@ -100,3 +100,10 @@ def reshape(x: Tensor, sizes: list[object]) -> Tensor:
     if numel(dims) != total:
         raise Unsized(f"reshapes {shape_text(x.shape)} ({total} elements) to {shape_text(dims)}")
     return Tensor(tuple(dims), x.kind)
+
+
+def unflatten(x: Tensor, dim: object, sizes: object) -> Tensor:
+    """``x`` with its dimension ``dim`` split into ``sizes`` (one of which may be ``-1``)."""
+    at = as_dim(dim, len(x.shape))
+    part = reshape(Tensor(x.shape[at : at + 1]), as_sizes([sizes]))
+    return Tensor((*x.shape[:at], *part.shape, *x.shape[at + 1 :]), x.kind)
