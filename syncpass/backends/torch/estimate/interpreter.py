@@ -77,29 +77,22 @@ import libcst.matchers as m
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
 from syncpass.backends.torch.estimate.flops import (
-    ELEMENTWISE_BACKWARD,
-    MATMUL_BACKWARD,
-    NORMALISE_FLOPS,
     Counter,
 )
 from syncpass.backends.torch.estimate.layers import (
     LAYERS,
-    REQUIRED,
-    Signature,
     apply_layer,
-    bind,
     construct_layer,
     layer_parameters,
     layer_weight,
-    pool,
-    resize,
 )
-from syncpass.backends.torch.estimate.shapes import (
-    as_sizes,
-    broadcast,
-    flatten,
-    reshape,
-    unflatten,
+from syncpass.backends.torch.estimate.tensors import (
+    apply_operator,
+    apply_unary,
+    call_tensor_function,
+    compare_tensors,
+    index_tensor,
+    tensor_attribute,
 )
 from syncpass.backends.torch.estimate.values import (
     MODULES,
@@ -118,13 +111,11 @@ from syncpass.backends.torch.estimate.values import (
     Tensor,
     Unsized,
     argument,
-    as_dim,
     as_int,
     as_number,
     as_tensor,
     describe,
     numel,
-    shape_text,
 )
 from syncpass.contracts.costs import Costs, CutCost, Hardware, OpCost
 from syncpass.contracts.graph import Op, OpGraph
@@ -223,17 +214,6 @@ _MAX_ITEMS = 100_000
 #: Methods of a module that register an attribute: the keyword of the value.
 _REGISTERS = {"register_buffer": "tensor", "register_parameter": "param", "add_module": "module"}
 _INSTANCE_METHODS = frozenset({*_REGISTERS, "parameters", "modules", "children"})
-
-
-#: ``F.max_pool1d/2d``: the functional form orders ``ceil_mode`` before ``return_indices``.
-_MAX_POOL_FUNCTION: Signature = (
-    ("kernel_size", REQUIRED),
-    ("stride", None),
-    ("padding", 0),
-    ("dilation", 1),
-    ("ceil_mode", False),
-    ("return_indices", False),
-)
 
 
 # --- the interpreter ----------------------------------------------------------------------
@@ -597,7 +577,7 @@ class Interpreter:
 
     def index(self, value: object, index: object, node: cst.CSTNode) -> object:
         if isinstance(value, Tensor):
-            return self.index_tensor(value, index)
+            return index_tensor(value, index)
         if isinstance(value, Container):
             if value.keys is not None:
                 if index not in value.keys:
@@ -617,36 +597,6 @@ class Interpreter:
         if isinstance(value, Opaque):
             raise Unsized(value.reason)
         raise Unsized(f"indexes {describe(value)} ({self.code(node)})")
-
-    def index_tensor(self, tensor: Tensor, index: object) -> Tensor:
-        items = list(index) if isinstance(index, tuple) else [index]
-        if sum(item is Ellipsis for item in items) > 1:
-            raise Unsized("indexes with more than one ...")
-        consuming = [item for item in items if item is not None and item is not Ellipsis]
-        if len(consuming) > len(tensor.shape):
-            raise Unsized(f"indexes a tensor of rank {len(tensor.shape)} with {len(consuming)}")
-        if Ellipsis in items:
-            at = items.index(Ellipsis)
-            items[at : at + 1] = [slice(None)] * (len(tensor.shape) - len(consuming))
-        shape: list[int] = []
-        dim = 0
-        for item in items:
-            if item is None:
-                shape.append(1)
-                continue
-            size = tensor.shape[dim]
-            dim += 1
-            if isinstance(item, slice):
-                shape.append(len(range(*item.indices(size))))
-            elif isinstance(item, list) and all(isinstance(i, int) for i in item):
-                shape.append(len(item))  # x[:, [-1], :] keeps the dimension
-            elif isinstance(item, int) and not isinstance(item, bool):
-                if not -size <= item < size:
-                    raise Unsized(f"index {item} is out of range of a dimension of {size}")
-            else:
-                raise Unsized(f"indexes a tensor with {describe(item)}")
-        shape.extend(tensor.shape[dim:])
-        return Tensor(tuple(shape), tensor.kind)
 
     # --- operators ------------------------------------------------------------------------------
 
@@ -670,15 +620,7 @@ class Interpreter:
             if isinstance(side, Opaque):
                 raise Unsized(side.reason)
         if isinstance(left, Tensor) or isinstance(right, Tensor):
-            if name == "MatrixMultiply":
-                return self.matmul(as_tensor(left, "@"), as_tensor(right, "@"))
-            shapes = [side.shape for side in (left, right) if isinstance(side, Tensor)]
-            for side in (left, right):
-                if not isinstance(side, (Tensor, int, float, bool)):
-                    raise Unsized(f"combines a tensor with {describe(side)}")
-            shape = broadcast(*shapes)
-            self.counter.add(numel(shape), ELEMENTWISE_BACKWARD)
-            return Tensor(shape, self._result_kind(left, right, name))
+            return apply_operator(name, left, right, self.counter)
         python = self._PYTHON_OPERATORS.get(name)
         if _too_large(name, left, right):
             raise Unsized(f"computes {name} with an operand above {_MAX_ITEMS}")
@@ -691,24 +633,13 @@ class Interpreter:
                 f"cannot compute {describe(left)} {name} {describe(right)}: {error}"
             ) from None
 
-    @staticmethod
-    def _result_kind(left: object, right: object, name: str) -> str:
-        kinds = {
-            side.kind if isinstance(side, Tensor) else "float" if isinstance(side, float) else ""
-            for side in (left, right)
-        }
-        if name == "Divide" or "float" in kinds:
-            return "float"
-        return "int" if "int" in kinds else "bool"
-
     def unary(self, node: cst.UnaryOperation, value: object) -> object:
         if isinstance(value, Opaque):
             raise Unsized(value.reason)
         if isinstance(node.operator, cst.Not):
             return not self.truth(value, node.expression)
         if isinstance(value, Tensor):
-            self.counter.add(numel(value.shape), ELEMENTWISE_BACKWARD)
-            return Tensor(value.shape, value.kind)
+            return apply_unary(value, self.counter)
         if isinstance(value, (int, float)):
             if isinstance(node.operator, cst.Minus):
                 return -value
@@ -732,10 +663,7 @@ class Interpreter:
                     same = left is right or (left is None and right is None)
                 outcome: object = same if isinstance(op, cst.Is) else not same
             elif isinstance(left, Tensor) or isinstance(right, Tensor):
-                shapes = [side.shape for side in (left, right) if isinstance(side, Tensor)]
-                shape = broadcast(*shapes)
-                self.counter.add(numel(shape), 0.0)
-                outcome = Tensor(shape, "bool")
+                outcome = compare_tensors(left, right, self.counter)
             else:
                 for side in (left, right):
                     if isinstance(side, Opaque):
@@ -781,18 +709,7 @@ class Interpreter:
                 return Method(value, name)
             raise Unsized(f"{value.text} has no attribute {name!r} that syncpass could resolve")
         if isinstance(value, Tensor):
-            if name == "shape":
-                return value.shape
-            if name == "ndim":
-                return len(value.shape)
-            if name in ("T", "mT"):
-                shape = value.shape
-                if name == "T":
-                    return Tensor(tuple(reversed(shape)), value.kind)
-                return Tensor((*shape[:-2], shape[-1], shape[-2]), value.kind)
-            if name in ("dtype", "device", "is_cuda", "requires_grad"):
-                return Opaque(f"a tensor's {name}")
-            return Method(value, name)
+            return tensor_attribute(value, name)
         if isinstance(value, Layer):
             if name in value.args:
                 return value.args[name]
@@ -1086,7 +1003,7 @@ class Interpreter:
             if short[:1].isupper():
                 raise Unsized(f"nn.{short} is a layer syncpass cannot size")
         if name.startswith("torch.") or name.startswith("einops"):
-            return self.tensor_function(short, args, kwargs, name)
+            return call_tensor_function(short, args, kwargs, name, self.counter)
         raise Unsized(f"calls {name}, which syncpass cannot size")
 
     def call_builtin(
@@ -1204,7 +1121,8 @@ class Interpreter:
     ) -> object:
         target, name = method.target, method.name
         if isinstance(target, Tensor):
-            return self.tensor_function(name, [target, *args], kwargs, f"Tensor.{name}")
+            qualified = f"Tensor.{name}"
+            return call_tensor_function(name, [target, *args], kwargs, qualified, self.counter)
         if isinstance(target, Instance) and name in _REGISTERS:
             key = argument(args, kwargs, 0, "name", None)
             value = argument(args, kwargs, 1, _REGISTERS[name], None)
@@ -1246,52 +1164,6 @@ class Interpreter:
             if name in ("children", "modules"):
                 return list(target.children)
         raise Unsized(f"calls .{name}() of {describe(target)}, which syncpass cannot follow")
-
-    # --- torch functions and tensor methods ------------------------------------------------------------
-
-    def tensor_function(
-        self, name: str, args: list[object], kwargs: dict[str, object], qualified: str
-    ) -> object:
-        """``torch.<name>``, ``torch.nn.functional.<name>`` or the tensor method ``name``
-        (``args[0]`` is then the tensor)."""
-        handler = _TENSOR_FUNCTIONS.get(name)
-        if handler is None:
-            raise Unsized(f"calls {qualified}, whose output shape syncpass does not know")
-        try:
-            return handler(self, args, kwargs)
-        except Unsized as error:
-            raise Unsized(f"calls {qualified}, which {error.reason}") from None
-        except (IndexError, KeyError):
-            raise Unsized(f"calls {qualified} with arguments syncpass cannot read") from None
-
-    def matmul(self, a: Tensor, b: Tensor) -> Tensor:
-        left, right = a.shape, b.shape
-        if not left or not right:
-            raise Unsized("multiplies a scalar tensor as a matrix")
-        lhs = (1, *left) if len(left) == 1 else left
-        rhs = (*right, 1) if len(right) == 1 else right
-        if lhs[-1] != rhs[-2]:
-            raise Unsized(
-                f"multiplies {shape_text(left)} by {shape_text(right)}: inner sizes differ"
-            )
-        batch = broadcast(lhs[:-2], rhs[:-2])
-        self.counter.add(2 * numel(batch) * lhs[-2] * lhs[-1] * rhs[-1], MATMUL_BACKWARD)
-        shape = (*batch, lhs[-2], rhs[-1])
-        if len(left) == 1:
-            shape = (*batch, rhs[-1])
-        if len(right) == 1:
-            shape = shape[:-1]
-        return Tensor(shape, a.kind)
-
-    def elementwise(
-        self, args: list[object], kwargs: dict[str, object], flops: int, backward: float
-    ) -> Tensor:
-        tensors = [arg for arg in (*args, *kwargs.values()) if isinstance(arg, Tensor)]
-        if not tensors:
-            raise Unsized("gets no tensor")
-        shape = broadcast(*(tensor.shape for tensor in tensors))
-        self.counter.add(flops * numel(shape), backward)
-        return Tensor(shape, tensors[0].kind)
 
 
 def _too_large(name: str, left: object, right: object) -> bool:
@@ -1349,452 +1221,6 @@ def _call_math(short: str, args: list[object]) -> object:
         return function(*[as_number(arg) for arg in args])
     except (TypeError, ValueError, OverflowError) as error:
         raise Unsized(f"math.{short}() fails here: {error}") from None
-
-
-def _dtype_kind(value: object, default: str) -> str:
-    if isinstance(value, Library):
-        short = value.name.rsplit(".", 1)[-1]
-        if short in _DTYPES:
-            return _DTYPES[short]
-    return default
-
-
-_DTYPES = {
-    "float": "float",
-    "float16": "float",
-    "float32": "float",
-    "float64": "float",
-    "bfloat16": "float",
-    "half": "float",
-    "double": "float",
-    "long": "int",
-    "int": "int",
-    "int64": "int",
-    "int32": "int",
-    "int16": "int",
-    "int8": "int",
-    "uint8": "int",
-    "bool": "bool",
-}
-
-_TensorHandler = Callable[[Interpreter, list[object], dict[str, object]], object]
-_TENSOR_FUNCTIONS: dict[str, _TensorHandler] = {}
-
-
-def _handles(*names: str) -> Callable[[_TensorHandler], _TensorHandler]:
-    def register(handler: _TensorHandler) -> _TensorHandler:
-        for name in names:
-            _TENSOR_FUNCTIONS[name] = handler
-        return handler
-
-    return register
-
-
-@_handles(
-    "relu", "relu_", "gelu", "silu", "sigmoid", "tanh", "exp", "log", "sqrt", "rsqrt", "abs",
-    "neg", "sin", "cos", "dropout", "leaky_relu", "elu", "softplus", "mish", "hardswish",
-    "hardtanh", "relu6", "erf", "clamp", "clip", "square", "reciprocal", "sign", "masked_fill",
-    "tril", "triu", "add", "sub", "mul", "div", "pow", "maximum", "minimum", "where", "lerp",
-    "masked_fill_", "add_", "mul_", "clamp_", "dropout1d", "dropout2d", "floor", "ceil", "round",
-)  # fmt: skip
-def _elementwise(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    return interp.elementwise(args, kwargs, 1, ELEMENTWISE_BACKWARD)
-
-
-@_handles(
-    "softmax", "log_softmax", "layer_norm", "group_norm", "batch_norm", "rms_norm",
-    "instance_norm", "normalize",
-)  # fmt: skip
-def _normalising(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0] if args else kwargs.get("input"), "the input")
-    interp.counter.add(NORMALISE_FLOPS * numel(x.shape), MATMUL_BACKWARD)
-    return Tensor(x.shape, x.kind)
-
-
-@_handles("contiguous", "detach", "to", "requires_grad_", "cpu", "cuda", "type_as")
-def _same(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the tensor")
-    if len(args) > 1 and isinstance(args[1], Tensor):  # x.to(other) / x.type_as(other)
-        return Tensor(x.shape, args[1].kind)
-    wanted = _dtype_kind(kwargs.get("dtype", args[1] if len(args) > 1 else None), x.kind)
-    return x if wanted == x.kind else Tensor(x.shape, wanted)
-
-
-def _conversion(kind: str | None) -> _TensorHandler:
-    def convert(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        x = as_tensor(args[0], "the tensor")
-        return Tensor(x.shape, kind or x.kind)
-
-    return convert
-
-
-for _name, _kind in (
-    ("clone", None),
-    ("float", "float"),
-    ("half", "float"),
-    ("double", "float"),
-    ("bfloat16", "float"),
-    ("long", "int"),
-    ("int", "int"),
-    ("bool", "bool"),
-):
-    _TENSOR_FUNCTIONS[_name] = _conversion(_kind)
-
-
-@_handles("view", "reshape")
-def _view(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the tensor")
-    sizes = as_sizes(args[1:]) if len(args) > 1 else as_sizes([kwargs.get("shape", ())])
-    return reshape(x, sizes)
-
-
-@_handles("view_as", "reshape_as", "expand_as")
-def _like_other(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x, other = as_tensor(args[0], "the tensor"), as_tensor(args[1], "the other tensor")
-    return Tensor(other.shape, x.kind)
-
-
-@_handles("flatten")
-def _flatten_call(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    return flatten(
-        x, argument(args, kwargs, 1, "start_dim", 0), argument(args, kwargs, 2, "end_dim", -1)
-    )
-
-
-@_handles("unflatten")
-def _unflatten(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    return unflatten(
-        x, argument(args, kwargs, 1, "dim", None), argument(args, kwargs, 2, "sizes", ())
-    )
-
-
-@_handles("transpose", "swapaxes", "swapdims")
-def _transpose(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    shape = list(x.shape)
-    first = as_dim(argument(args, kwargs, 1, "dim0", None), len(shape))
-    second = as_dim(argument(args, kwargs, 2, "dim1", None), len(shape))
-    shape[first], shape[second] = shape[second], shape[first]
-    return Tensor(tuple(shape), x.kind)
-
-
-@_handles("t")
-def _t(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    return Tensor(tuple(reversed(x.shape)), x.kind)
-
-
-@_handles("permute")
-def _permute(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    dims = [as_dim(dim, len(x.shape)) for dim in as_sizes(args[1:] or [kwargs.get("dims", ())])]
-    if sorted(dims) != list(range(len(x.shape))):
-        raise Unsized(f"permutes {shape_text(x.shape)} by {dims}")
-    return Tensor(tuple(x.shape[dim] for dim in dims), x.kind)
-
-
-@_handles("unsqueeze")
-def _unsqueeze(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    dim = as_dim(argument(args, kwargs, 1, "dim", None), len(x.shape) + 1)
-    return Tensor((*x.shape[:dim], 1, *x.shape[dim:]), x.kind)
-
-
-@_handles("squeeze")
-def _squeeze(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    dim = argument(args, kwargs, 1, "dim", None)
-    if dim is None:
-        return Tensor(tuple(size for size in x.shape if size != 1), x.kind)
-    at = as_dim(dim, len(x.shape))
-    if x.shape[at] != 1:
-        return x
-    return Tensor((*x.shape[:at], *x.shape[at + 1 :]), x.kind)
-
-
-@_handles("expand")
-def _expand(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    sizes = [as_int(size, "a size") for size in as_sizes(args[1:])]
-    padded = (1,) * (len(sizes) - len(x.shape)) + x.shape
-    if len(padded) != len(sizes):
-        raise Unsized(f"gets {len(sizes)} sizes for a tensor of rank {len(x.shape)}")
-    shape = tuple(have if size == -1 else size for have, size in zip(padded, sizes, strict=True))
-    return Tensor(shape, x.kind)
-
-
-@_handles("repeat")
-def _repeat(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    times = [as_int(size, "a count") for size in as_sizes(args[1:])]
-    padded = (1,) * (len(times) - len(x.shape)) + x.shape
-    if len(padded) != len(times):
-        raise Unsized(f"gets {len(times)} counts for a tensor of rank {len(x.shape)}")
-    return Tensor(tuple(have * count for have, count in zip(padded, times, strict=True)), x.kind)
-
-
-@_handles("size")
-def _size(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the tensor")
-    dim = argument(args, kwargs, 1, "dim", None)
-    return x.shape if dim is None else x.shape[as_dim(dim, len(x.shape))]
-
-
-@_handles("dim", "ndimension")
-def _rank(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    return len(as_tensor(args[0], "the tensor").shape)
-
-
-@_handles("numel")
-def _count(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    return numel(as_tensor(args[0], "the tensor").shape)
-
-
-def _reduce_by(name: str) -> _TensorHandler:
-    def reduce(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        x = as_tensor(args[0], "the input")
-        if len(args) > 1 and isinstance(args[1], Tensor):  # torch.max(a, b): elementwise
-            return interp.elementwise(args, kwargs, 1, ELEMENTWISE_BACKWARD)
-        dim = argument(args, kwargs, 1, "dim", None)
-        keep = bool(argument(args, kwargs, 2, "keepdim", False))
-        interp.counter.add(numel(x.shape), ELEMENTWISE_BACKWARD)
-        shape: tuple[int, ...] = ()
-        if dim is not None:
-            listed = dim if isinstance(dim, (tuple, list)) else [dim]
-            dims = {as_dim(item, len(x.shape)) for item in listed}
-            shape = tuple(
-                1 if position in dims else size
-                for position, size in enumerate(x.shape)
-                if keep or position not in dims
-            )
-        if name in ("argmax", "argmin"):
-            return Tensor(shape, "int")
-        if name in ("max", "min") and dim is not None:
-            return (Tensor(shape, x.kind), Tensor(shape, "int"))  # values, indices
-        return Tensor(shape, x.kind)
-
-    return reduce
-
-
-for _name in (
-    "mean", "sum", "amax", "amin", "std", "var", "norm", "logsumexp", "prod", "argmax",
-    "argmin", "max", "min",
-):  # fmt: skip
-    _TENSOR_FUNCTIONS[_name] = _reduce_by(_name)
-
-
-def _split_by(kind: str) -> _TensorHandler:
-    def split(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        x = as_tensor(args[0], "the input")
-        if kind == "unbind":
-            dim = as_dim(argument(args, kwargs, 1, "dim", 0), len(x.shape))
-            rest = (*x.shape[:dim], *x.shape[dim + 1 :])
-            return tuple(Tensor(rest, x.kind) for _ in range(x.shape[dim]))
-        how = argument(
-            args, kwargs, 1, "split_size_or_sections" if kind == "split" else "chunks", None
-        )
-        dim = as_dim(argument(args, kwargs, 2, "dim", 0), len(x.shape))
-        size = x.shape[dim]
-        if isinstance(how, (list, tuple)):
-            pieces = [as_int(piece, "a section") for piece in how]
-            if sum(pieces) != size:
-                raise Unsized(f"splits a dimension of {size} into {pieces}")
-        else:
-            count = as_int(how, "the split size")
-            if count < 1:
-                raise Unsized("splits into pieces of size 0")
-            step = count if kind == "split" else -(-size // count)
-            pieces = [min(step, size - start) for start in range(0, size, step)]
-        return tuple(
-            Tensor((*x.shape[:dim], piece, *x.shape[dim + 1 :]), x.kind) for piece in pieces
-        )
-
-    return split
-
-
-for _name in ("split", "chunk", "unbind"):
-    _TENSOR_FUNCTIONS[_name] = _split_by(_name)
-
-
-def _join_by(kind: str) -> _TensorHandler:
-    def join(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        parts = argument(args, kwargs, 0, "tensors", None)
-        if not isinstance(parts, (list, tuple)) or not parts:
-            raise Unsized(f"gets {describe(parts)} instead of a list of tensors")
-        tensors = [as_tensor(part, "each piece") for part in parts]
-        first = tensors[0].shape
-        if kind == "stack":
-            dim = as_dim(argument(args, kwargs, 1, "dim", 0), len(first) + 1)
-            if any(tensor.shape != first for tensor in tensors):
-                raise Unsized("stacks tensors of different shapes")
-            return Tensor((*first[:dim], len(tensors), *first[dim:]), tensors[0].kind)
-        dim = as_dim(argument(args, kwargs, 1, "dim", 0), len(first))
-        for tensor in tensors:
-            if len(tensor.shape) != len(first) or any(
-                a != b for i, (a, b) in enumerate(zip(tensor.shape, first, strict=True)) if i != dim
-            ):
-                shown = ", ".join(shape_text(t.shape) for t in tensors)
-                raise Unsized(f"joins tensors whose shapes differ off dim {dim}: {shown}")
-        total = sum(tensor.shape[dim] for tensor in tensors)
-        return Tensor((*first[:dim], total, *first[dim + 1 :]), tensors[0].kind)
-
-    return join
-
-
-for _name in ("cat", "concat", "concatenate", "stack"):
-    _TENSOR_FUNCTIONS[_name] = _join_by(_name)
-
-
-@_handles("matmul", "mm", "bmm")
-def _matmul(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    return interp.matmul(as_tensor(args[0], "the left operand"), as_tensor(args[1], "the right"))
-
-
-@_handles("linear")
-def _linear(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    weight = as_tensor(argument(args, kwargs, 1, "weight", None), "the weight")
-    if len(weight.shape) != 2 or not x.shape or x.shape[-1] != weight.shape[1]:
-        raise Unsized(f"applies a weight {shape_text(weight.shape)} to {shape_text(x.shape)}")
-    interp.counter.add(2 * numel(x.shape) * weight.shape[0], MATMUL_BACKWARD)
-    return Tensor((*x.shape[:-1], weight.shape[0]))
-
-
-@_handles("embedding")
-def _embedding(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    ids = as_tensor(args[0], "the ids")
-    weight = as_tensor(argument(args, kwargs, 1, "weight", None), "the weight")
-    return Tensor((*ids.shape, weight.shape[-1]))
-
-
-@_handles("scaled_dot_product_attention")
-def _attention(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    query = as_tensor(argument(args, kwargs, 0, "query", None), "the query")
-    key = as_tensor(argument(args, kwargs, 1, "key", None), "the key")
-    value = as_tensor(argument(args, kwargs, 2, "value", None), "the value")
-    if len(query.shape) < 2 or len(key.shape) < 2 or len(value.shape) < 2:
-        raise Unsized("gets a query, key or value of rank below 2")
-    rows = numel(query.shape[:-1])
-    source = key.shape[-2]
-    # Q K^T and the weighted sum of V, as torch.utils.flop_counter counts attention.
-    interp.counter.add(2 * rows * source * (query.shape[-1] + value.shape[-1]), MATMUL_BACKWARD)
-    interp.counter.add(NORMALISE_FLOPS * rows * source, MATMUL_BACKWARD)
-    return Tensor((*query.shape[:-1], value.shape[-1]), query.kind)
-
-
-def _pool_by(name: str) -> _TensorHandler:
-    kind = ("MaxPool" if name.startswith("max") else "AvgPool") + name[-2:]
-    signature = _MAX_POOL_FUNCTION if kind.startswith("MaxPool") else LAYERS[kind].signature
-
-    def apply(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        layer_args = bind(signature, args[1:], kwargs, name)
-        return pool(Layer(kind, layer_args, name), as_tensor(args[0], "the input"), interp.counter)
-
-    return apply
-
-
-def _adaptive_pool(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    size = argument(args, kwargs, 1, "output_size", None)
-    layer = Layer("AdaptiveAvgPool2d", {"output_size": size}, "adaptive_avg_pool2d")
-    return pool(layer, as_tensor(args[0], "the input"), interp.counter)
-
-
-for _name in ("max_pool1d", "max_pool2d", "avg_pool1d", "avg_pool2d"):
-    _TENSOR_FUNCTIONS[_name] = _pool_by(_name)
-_TENSOR_FUNCTIONS["adaptive_avg_pool2d"] = _adaptive_pool
-_TENSOR_FUNCTIONS["adaptive_max_pool2d"] = _adaptive_pool
-
-
-@_handles("interpolate", "upsample")
-def _interpolate(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    return resize(
-        x,
-        argument(args, kwargs, 1, "size", None),
-        argument(args, kwargs, 2, "scale_factor", None),
-        interp.counter,
-    )
-
-
-@_handles("pad")
-def _pad(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    pads = [as_int(p, "a padding") for p in as_sizes([argument(args, kwargs, 1, "pad", ())])]
-    shape = list(x.shape)
-    for position in range(len(pads) // 2):
-        shape[-1 - position] += pads[2 * position] + pads[2 * position + 1]
-    return Tensor(tuple(shape), x.kind)
-
-
-@_handles(
-    "cross_entropy", "mse_loss", "l1_loss", "nll_loss", "binary_cross_entropy",
-    "binary_cross_entropy_with_logits", "smooth_l1_loss", "kl_div",
-)  # fmt: skip
-def _loss(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the input")
-    interp.counter.add(NORMALISE_FLOPS * numel(x.shape), ELEMENTWISE_BACKWARD)
-    reduction = kwargs.get("reduction", "mean")
-    return Tensor(x.shape[:1] if reduction == "none" else ())
-
-
-@_handles("arange")
-def _arange(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    bounds = [as_number(arg) for arg in args[:3]]
-    if not bounds and "end" in kwargs:
-        bounds = [as_number(kwargs["end"])]
-    start, end, step = (0.0, bounds[0], 1.0) if len(bounds) == 1 else (*bounds, 1.0)[:3]
-    if step == 0:
-        raise Unsized("steps by 0")
-    count = max(0, math.ceil((end - start) / step))
-    integral = all(isinstance(arg, int) for arg in args[:3])
-    kind = _dtype_kind(kwargs.get("dtype"), "int" if integral else "float")
-    return Tensor((count,), kind)
-
-
-def _creator(default_kind: str) -> _TensorHandler:
-    def create(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-        sizes = as_sizes(args) if args else as_sizes([kwargs.get("size", ())])
-        shape = tuple(as_int(size, "a size") for size in sizes)
-        return Tensor(shape, _dtype_kind(kwargs.get("dtype"), default_kind))
-
-    return create
-
-
-def _full(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    shape = tuple(
-        as_int(size, "a size") for size in as_sizes([argument(args, kwargs, 0, "size", ())])
-    )
-    return Tensor(shape, _dtype_kind(kwargs.get("dtype"), "float"))
-
-
-def _randint(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    size = kwargs.get("size", args[-1] if args else ())
-    return Tensor(tuple(as_int(s, "a size") for s in as_sizes([size])), "int")
-
-
-def _like(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    x = as_tensor(args[0], "the tensor")
-    return Tensor(x.shape, _dtype_kind(kwargs.get("dtype"), x.kind))
-
-
-for _name in ("zeros", "ones", "empty", "randn", "rand"):
-    _TENSOR_FUNCTIONS[_name] = _creator("float")
-_TENSOR_FUNCTIONS["full"] = _full
-_TENSOR_FUNCTIONS["randint"] = _randint
-for _name in ("zeros_like", "ones_like", "empty_like", "randn_like", "rand_like", "full_like"):
-    _TENSOR_FUNCTIONS[_name] = _like
-
-
-def _new_creator(interp: Interpreter, args: list[object], kwargs: dict[str, object]) -> object:
-    tensor = as_tensor(args[0], "the tensor")
-    sizes = as_sizes(args[1:])
-    return Tensor(tuple(as_int(size, "a size") for size in sizes), tensor.kind)
-
-
-for _name in ("new_zeros", "new_ones", "new_empty"):
-    _TENSOR_FUNCTIONS[_name] = _new_creator
 
 
 # --- the estimate -------------------------------------------------------------------------------
