@@ -76,6 +76,12 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from syncpass.backends.torch.estimate.containers import (
+    CONTAINERS,
+    call_container_method,
+    construct_container,
+    index_container,
+)
 from syncpass.backends.torch.estimate.flops import (
     Counter,
 )
@@ -116,6 +122,7 @@ from syncpass.backends.torch.estimate.values import (
     as_tensor,
     describe,
     numel,
+    unfollowed_method,
 )
 from syncpass.contracts.costs import Costs, CutCost, Hardware, OpCost
 from syncpass.contracts.graph import Op, OpGraph
@@ -579,16 +586,7 @@ class Interpreter:
         if isinstance(value, Tensor):
             return index_tensor(value, index)
         if isinstance(value, Container):
-            if value.keys is not None:
-                if index not in value.keys:
-                    raise Unsized(f"{value.text} has no entry {index!r}")
-                return value.children[value.keys.index(str(index))]
-            if isinstance(index, slice):
-                return Container(value.kind, value.children[index], None, value.text)
-            try:
-                return value.children[as_int(index, "an index")]
-            except IndexError:
-                raise Unsized(f"index {index} is out of range of {value.text}") from None
+            return index_container(value, index)
         if isinstance(value, (list, tuple, str, range, dict)):
             try:
                 return value[index]  # type: ignore[call-overload,index]
@@ -992,8 +990,9 @@ class Interpreter:
         if name.startswith("torch.nn.") and not name.startswith("torch.nn.functional."):
             if short in LAYERS:
                 return construct_layer(short, args, kwargs, self.code(node))
-            if short in ("Sequential", "ModuleList", "ModuleDict"):
-                return self.construct_container(short, args, kwargs, node)
+            if short in CONTAINERS:
+                text = self.code(node)
+                return construct_container(short, args, kwargs, text, self.iterate, node)
             if short == "Parameter":
                 return Tensor(
                     as_tensor(args[0] if args else None, "nn.Parameter").shape, parameter=True
@@ -1085,37 +1084,6 @@ class Interpreter:
         except (TypeError, ValueError, OverflowError, ZeroDivisionError) as error:
             raise Unsized(f"{short}() fails here: {error}") from None
 
-    def construct_container(
-        self, kind: str, args: list[object], kwargs: dict[str, object], node: cst.Call
-    ) -> Container:
-        text = self.code(node)
-        if kind == "Sequential":
-            if len(args) == 1 and isinstance(args[0], dict):
-                items = list(args[0].items())
-                return self._container(kind, [value for _, value in items], text, None)
-            return self._container(kind, args, text, None)
-        source = args[0] if args else kwargs.get("modules", [])
-        if kind == "ModuleDict":
-            if isinstance(source, dict):
-                pairs = list(source.items())
-            else:
-                pairs = [_pair(item) for item in self.iterate(source, node)]
-            return self._container(
-                kind, [value for _, value in pairs], text, [str(key) for key, _ in pairs]
-            )
-        return self._container(kind, self.iterate(source, node), text, None)
-
-    @staticmethod
-    def _container(
-        kind: str, children: list[object], text: str, keys: list[str] | None
-    ) -> Container:
-        for child in children:
-            if isinstance(child, Opaque):
-                raise Unsized(child.reason)
-            if not isinstance(child, MODULES):
-                raise Unsized(f"{text} holds {describe(child)}, not a module")
-        return Container(kind, list(children), keys, text)
-
     def call_method(
         self, method: Method, args: list[object], kwargs: dict[str, object], node: cst.Call
     ) -> object:
@@ -1148,22 +1116,8 @@ class Interpreter:
             if name == "get":
                 return target.get(self.hashable(args[0]), args[1] if len(args) > 1 else None)
         if isinstance(target, Container):
-            if name in ("append", "add_module") and target.keys is None:
-                target.children.append(self._container("", [args[-1]], "", None).children[0])
-                return None
-            if name == "extend":
-                target.children.extend(
-                    self._container("", self.iterate(args[0], node), "", None).children
-                )
-                return None
-            if name in ("items", "keys", "values") and target.keys is not None:
-                pairs = list(zip(target.keys, target.children, strict=True))
-                if name == "items":
-                    return pairs
-                return [pair[0 if name == "keys" else 1] for pair in pairs]
-            if name in ("children", "modules"):
-                return list(target.children)
-        raise Unsized(f"calls .{name}() of {describe(target)}, which syncpass cannot follow")
+            return call_container_method(target, name, args, self.iterate, node)
+        raise unfollowed_method(target, name)
 
 
 def _too_large(name: str, left: object, right: object) -> bool:
@@ -1199,12 +1153,6 @@ def _assigned_targets(
         elif isinstance(small, (cst.AnnAssign, cst.AugAssign)):
             targets.append(small.target)
     return targets
-
-
-def _pair(item: object) -> tuple[object, object]:
-    if isinstance(item, (tuple, list)) and len(item) == 2:
-        return item[0], item[1]
-    raise Unsized(f"needs (name, module) pairs, got {describe(item)}")
 
 
 def _is_plain(value: object) -> bool:

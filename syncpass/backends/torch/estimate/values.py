@@ -207,3 +207,8 @@ def argument(
     if position < len(args):
         return args[position]
     return kwargs.get(name, default)
+
+
+def unfollowed_method(target: object, name: str) -> Unsized:
+    """The reason for a call of a method of ``target`` that the estimate does not model."""
+    return Unsized(f"calls .{name}() of {describe(target)}, which syncpass cannot follow")
