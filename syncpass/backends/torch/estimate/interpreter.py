@@ -24,9 +24,7 @@ from syncpass.backends.torch.estimate.containers import (
     construct_container,
     index_container,
 )
-from syncpass.backends.torch.estimate.flops import (
-    Counter,
-)
+from syncpass.backends.torch.estimate.flops import Counter
 from syncpass.backends.torch.estimate.layers import (
     LAYERS,
     apply_layer,
@@ -64,26 +62,18 @@ from syncpass.backends.torch.estimate.values import (
     describe,
     unfollowed_method,
 )
-from syncpass.frontend.analysis import (
-    ImportAliases,
-)
+from syncpass.frontend.analysis import ImportAliases
 
+#: Deepest nesting of calls the interpreter follows.
 _RECURSION_LIMIT = 40
-
-
 #: Errors of plain Python evaluation on values of the user's code: they make a statement
 #: unsized, never fail the estimate.
 _PYTHON_ERRORS = (ArithmeticError, LookupError, TypeError, ValueError, RecursionError)
 #: Longest loop or list the interpreter builds, and largest exponent it computes.
 _MAX_ITEMS = 100_000
-
-
 #: Methods of a module that register an attribute: the keyword of the value.
 _REGISTERS = {"register_buffer": "tensor", "register_parameter": "param", "add_module": "module"}
 _INSTANCE_METHODS = frozenset({*_REGISTERS, "parameters", "modules", "children"})
-
-
-# --- the interpreter ----------------------------------------------------------------------
 
 
 class Interpreter:

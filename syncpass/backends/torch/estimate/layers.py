@@ -134,7 +134,7 @@ def _spatial_rank(kind: str) -> int:
     return 3 if kind.endswith("3d") else 1 if kind.endswith("1d") else 2
 
 
-# --- nn.Linear and nn.Embedding ----------------------------------------------------------
+# --- nn.Linear and nn.Embedding ---------------------------------------------------------
 
 _LINEAR: Signature = (("in_features", REQUIRED), ("out_features", REQUIRED), ("bias", True))
 _EMBEDDING: Signature = (
@@ -179,7 +179,7 @@ def _embedding(layer: Layer, x: Tensor, counter: Counter) -> object:
     return Tensor((*x.shape, as_int(layer.args["embedding_dim"], "")))  # a lookup: 0 FLOPs
 
 
-# --- convolutions ------------------------------------------------------------------------
+# --- convolutions -----------------------------------------------------------------------
 
 _CONV: Signature = (
     ("in_channels", REQUIRED),
@@ -258,7 +258,7 @@ def _convolution(layer: Layer, x: Tensor, counter: Counter) -> object:
     return Tensor((*shape[:channel], outputs, *out))
 
 
-# --- normalisations and softmax ----------------------------------------------------------
+# --- normalisations and softmax ---------------------------------------------------------
 
 _LAYER_NORM: Signature = (
     ("normalized_shape", REQUIRED),
@@ -316,7 +316,7 @@ def _normalise(layer: Layer, x: Tensor, counter: Counter) -> object:
     return Tensor(x.shape, x.kind)
 
 
-# --- activations, dropout and nn.Identity ------------------------------------------------
+# --- activations, dropout and nn.Identity -----------------------------------------------
 
 _ACTIVATIONS = (
     "ReLU",
@@ -346,7 +346,7 @@ def _identity(layer: Layer, x: Tensor, counter: Counter) -> object:
     return x  # the same tensor: its bytes count once
 
 
-# --- pooling ---------------------------------------------------------------------------
+# --- pooling ----------------------------------------------------------------------------
 
 _MAX_POOL: Signature = (
     ("kernel_size", REQUIRED),
@@ -400,7 +400,7 @@ def pool(layer: Layer, x: Tensor, counter: Counter) -> object:
     return result
 
 
-# --- reshaping and resizing ------------------------------------------------------------
+# --- reshaping and resizing -------------------------------------------------------------
 
 _FLATTEN: Signature = (("start_dim", 1), ("end_dim", -1))
 _UNFLATTEN: Signature = (("dim", REQUIRED), ("unflattened_size", REQUIRED))
@@ -440,7 +440,7 @@ def _upsample(layer: Layer, x: Tensor, counter: Counter) -> object:
     return resize(x, layer.args["size"], layer.args["scale_factor"], counter)
 
 
-# --- nn.MultiheadAttention -----------------------------------------------------------------
+# --- nn.MultiheadAttention --------------------------------------------------------------
 
 _MULTIHEAD_ATTENTION: Signature = (
     ("embed_dim", REQUIRED),
@@ -504,7 +504,7 @@ def _multihead_attention(
     return (out, Tensor(weights))
 
 
-# --- the table -------------------------------------------------------------------------
+# --- the table --------------------------------------------------------------------------
 
 _CONVOLUTION = LayerRule(_CONV, _of_input(_convolution), _convolution_parameters)
 _TRANSPOSED_CONVOLUTION = LayerRule(

@@ -78,7 +78,7 @@ def call_tensor_function(
         raise Unsized(f"calls {qualified} with arguments syncpass cannot read") from None
 
 
-# --- shared rules --------------------------------------------------------------------
+# --- shared rules -----------------------------------------------------------------------
 
 
 def matmul(a: Tensor, b: Tensor, counter: Counter) -> Tensor:
@@ -139,7 +139,7 @@ _DTYPES = {
 }
 
 
-# --- Python's operators, indexing and attributes on tensors --------------------------------
+# --- Python's operators, indexing and attributes on tensors -----------------------------
 
 
 def apply_operator(name: str, left: object, right: object, counter: Counter) -> Tensor:
@@ -227,7 +227,7 @@ def tensor_attribute(value: Tensor, name: str) -> object:
     return Method(value, name)
 
 
-# --- elementwise functions and normalisations ---------------------------------------------
+# --- elementwise functions and normalisations -------------------------------------------
 
 
 @_handles(
@@ -251,7 +251,7 @@ def _normalising(counter: Counter, args: list[object], kwargs: dict[str, object]
     return Tensor(x.shape, x.kind)
 
 
-# --- conversions --------------------------------------------------------------------
+# --- conversions ------------------------------------------------------------------------
 
 
 @_handles("contiguous", "detach", "to", "requires_grad_", "cpu", "cuda", "type_as")
@@ -284,7 +284,7 @@ for _name, _kind in (
     _FUNCTIONS[_name] = _conversion(_kind)
 
 
-# --- shapes and views ---------------------------------------------------------------
+# --- shapes and views -------------------------------------------------------------------
 
 
 @_handles("view", "reshape")
@@ -398,7 +398,7 @@ def _count(counter: Counter, args: list[object], kwargs: dict[str, object]) -> o
     return numel(as_tensor(args[0], "the tensor").shape)
 
 
-# --- reductions, splits and joins ---------------------------------------------------
+# --- reductions, splits and joins -------------------------------------------------------
 
 
 def _reduce_by(name: str) -> TensorHandler:
@@ -496,7 +496,7 @@ for _name in ("cat", "concat", "concatenate", "stack"):
     _FUNCTIONS[_name] = _join_by(_name)
 
 
-# --- matrix products, embedding and attention ---------------------------------------
+# --- matrix products, embedding and attention -------------------------------------------
 
 
 @_handles("matmul", "mm", "bmm")
@@ -536,7 +536,7 @@ def _attention(counter: Counter, args: list[object], kwargs: dict[str, object]) 
     return Tensor((*query.shape[:-1], value.shape[-1]), query.kind)
 
 
-# --- pooling, resizing and padding --------------------------------------------------
+# --- pooling, resizing and padding ------------------------------------------------------
 
 
 #: ``F.max_pool1d/2d``: the functional form orders ``ceil_mode`` before ``return_indices``.
@@ -594,7 +594,7 @@ def _pad(counter: Counter, args: list[object], kwargs: dict[str, object]) -> obj
     return Tensor(tuple(shape), x.kind)
 
 
-# --- losses -------------------------------------------------------------------------
+# --- losses -----------------------------------------------------------------------------
 
 
 @_handles(
@@ -608,7 +608,7 @@ def _loss(counter: Counter, args: list[object], kwargs: dict[str, object]) -> ob
     return Tensor(x.shape[:1] if reduction == "none" else ())
 
 
-# --- new tensors --------------------------------------------------------------------
+# --- new tensors ------------------------------------------------------------------------
 
 
 @_handles("arange")

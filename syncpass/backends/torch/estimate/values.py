@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import libcst as cst
 
-# --- values ----------------------------------------------------------------------------
+# --- values -----------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,7 +104,7 @@ class Method:
 MODULES = (Layer, Container, Instance)
 
 
-# --- control flow ----------------------------------------------------------------------
+# --- control flow -----------------------------------------------------------------------
 
 
 class Unsized(Exception):
@@ -132,7 +132,7 @@ class Continue(Exception):
     """A ``continue`` statement, going on with the loop's next item."""
 
 
-# --- reading values --------------------------------------------------------------------
+# --- reading values ---------------------------------------------------------------------
 
 
 def numel(shape: Sequence[int]) -> int:
