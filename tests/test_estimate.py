@@ -13,6 +13,7 @@ import pytest
 import torch
 from conftest import REPO
 
+from syncpass.backends.torch.backend import BACKEND as TORCH
 from syncpass.backends.torch.estimate import (
     DEFAULT_FLOPS_PER_S,
     StaticEstimate,
@@ -26,7 +27,7 @@ from syncpass.contracts.graph import OpGraph
 from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import PlanRequest
-from syncpass.rewrite.driver import rewrite_source
+from syncpass.rewrite.driver import rewrite_text
 from syncpass.runtime.example import Example, load_example
 
 HARDWARE = load_profile("cpu-gloo-loopback").hardware
@@ -137,7 +138,7 @@ def test_the_estimate_round_trips_and_rewrites_the_source() -> None:
     costs = estimate_example("transformer_lm.py", "TransformerLM", [(8, 32)], 1)
     assert parse_costs(costs_to_json(costs)) == costs
     request = PlanRequest(stages=2, config=default_sync_config())
-    result = rewrite_source(path.read_text(), str(path), costs, request)
+    result = rewrite_text(path.read_text(), str(path), TORCH, request, costs)
     assert result.rewritten.count("pipe_split()  # syncpass sync") == 1
     assert len(result.plan.stages) == 2
     assert costs.memory_multiplier == 4
@@ -404,7 +405,10 @@ def test_estimating_does_not_import_torch() -> None:
 def test_torch_is_only_the_tests_concern() -> None:
     assert torch.__version__  # the estimate itself never needs it (tests above)
     assert (
-        Path(REPO / "syncpass" / "backends" / "torch" / "estimate.py").read_text().count("import torch") == 0
+        Path(REPO / "syncpass" / "backends" / "torch" / "estimate.py")
+        .read_text()
+        .count("import torch")
+        == 0
     )
 
 

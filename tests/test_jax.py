@@ -12,8 +12,9 @@ import libcst as cst
 import pytest
 
 from syncpass.backends.jax.analysis import analyse_jax_model
+from syncpass.backends.jax.backend import BACKEND as JAX
 from syncpass.backends.jax.example import line_map
-from syncpass.backends.jax.rewrite import rewrite_jax_source, strip_jax_sync_points
+from syncpass.backends.jax.rewrite import strip_jax_sync_points
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs, parse_costs
 from syncpass.contracts.graph import OpGraph
@@ -21,6 +22,7 @@ from syncpass.core.errors import SyncpassError
 from syncpass.frontend.numbers import JAX_RULES, host_values
 from syncpass.frontend.source import parse_source
 from syncpass.plan.planner import PlanRequest
+from syncpass.rewrite.driver import rewrite_text
 from syncpass.transformers.jax_transfer import retarget_device_puts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +56,7 @@ def rewrite(text: str, path: str, name: str | None, stages: int) -> str:
     request = PlanRequest(
         stages=stages, config=SyncConfig().replace(communication_cost_threshold=float("inf"))
     )
-    return rewrite_jax_source(text, path, costs, request, name).rewritten
+    return rewrite_text(text, path, JAX, request, costs, class_name=name).rewritten
 
 
 CASES = [

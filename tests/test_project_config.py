@@ -9,7 +9,7 @@ import pytest
 from costbuilder import cost_dict
 
 from syncpass.cli import main
-from syncpass.contracts.config import SyncConfig, load_config_file
+from syncpass.contracts.config import SyncConfig
 from syncpass.core.errors import SyncpassError
 from syncpass.settings.project import (
     ModelEntry,
@@ -85,7 +85,9 @@ def test_a_toml_file_of_its_own_has_the_keys_at_the_top(tmp_path: Path) -> None:
     assert config.stages == 2 and config.sync.communication_cost_threshold == float("inf")
     assert config.models[0].source == tmp_path / "conf" / ".." / "m.py"
     # The sync settings alone, as `plan/rewrite --config` always read them:
-    assert load_config_file(path, SyncConfig()).communication_cost_threshold == float("inf")
+    assert load_project_config(path).sync_over(SyncConfig()).communication_cost_threshold == float(
+        "inf"
+    )
 
 
 def test_found_in_the_nearest_pyproject_with_a_syncpass_table(tmp_path: Path) -> None:

@@ -22,10 +22,15 @@ from golden_cases import GOLDEN, read_case
 CASE = read_case(GOLDEN / "container_loop.py")
 
 PLUGIN = '''
+import dataclasses
 import os
 from pathlib import Path
 
-from syncpass.rewrite.driver import rewrite_source
+import libcst as cst
+
+from syncpass.backends.registry import load_backend
+
+TORCH = load_backend("torch")
 
 
 def last_cuts(problem, stages, costs):
@@ -42,26 +47,24 @@ def explodes(problem, stages, costs):
     raise RuntimeError("no idea")
 
 
-class Demo:
-    description = "the torch pass, leaving a trace that it ran"
-
-    def rewrite(self, text, path, costs, request, class_name=None, max_stages=None):
-        Path(os.environ["DEMO_TRACE"]).write_text(path)
-        return rewrite_source(text, path, costs, request, class_name, max_stages)
+def traced_insert(source, sites, path):
+    Path(os.environ["DEMO_TRACE"]).write_text(path)
+    return TORCH.insert(source, sites, path)
 
 
-BACKEND = Demo()
+BACKEND = dataclasses.replace(
+    TORCH, name="demo", description="the torch pass, leaving a trace that it ran",
+    insert=traced_insert,
+)
 
 
-class Garbage:
-    def rewrite(self, text, path, costs, request, class_name=None, max_stages=None):
-        import dataclasses
-
-        result = rewrite_source(text, path, costs, request, class_name, max_stages)
-        return dataclasses.replace(result, rewritten=result.rewritten + "\\ndef (:\\n")
+def garbage_insert(source, sites, path):
+    module, warnings = TORCH.insert(source, sites, path)
+    broken = cst.SimpleStatementLine([cst.Expr(cst.Name("def"))])
+    return module.with_changes(body=[*module.body, broken]), warnings
 
 
-GARBAGE = Garbage()
+GARBAGE = dataclasses.replace(TORCH, name="garbage", insert=garbage_insert)
 '''
 
 ENTRY_POINTS = """

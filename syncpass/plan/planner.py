@@ -18,12 +18,12 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from syncpass.backends.registry import load_strategy, strategy_names
 from syncpass.contracts.config import (
     BASELINE_STRATEGIES,
     OPTIMISING_STRATEGIES,
     SCHEDULES,
     SyncConfig,
+    strategy_names,
 )
 from syncpass.contracts.costs import Costs
 from syncpass.contracts.graph import INPUT, OUTPUT
@@ -32,6 +32,7 @@ from syncpass.core.units import num_bytes, percent
 from syncpass.plan.explain import broken_constraints, explain_sync_points
 from syncpass.plan.optimizer import Infeasible, PlanScore, Problem, score_cuts, solve
 from syncpass.plan.schedule import Link, Prediction, StageLoad, simulate
+from syncpass.plan.strategies import load_strategy
 
 
 @dataclass(frozen=True)
@@ -348,6 +349,16 @@ def compare_baselines(costs: Costs, request: PlanRequest) -> tuple[Plan, ...]:
         except SyncpassError:
             continue
     return tuple(plans)
+
+
+def plan_for(
+    costs: Costs, request: PlanRequest, origin: str = "", max_stages: int | None = None
+) -> Plan:
+    """The plan ``request`` asks for; with ``request.stages`` of ``None`` and ``max_stages``,
+    the stage count with the least predicted step (``manual``: the pins decide the count)."""
+    if request.stages is None and max_stages is not None and request.config.strategy != "manual":
+        return best_stage_count(costs, request, max_stages, origin)
+    return make_plan(costs, request, origin)
 
 
 def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin: str = "") -> Plan:

@@ -76,6 +76,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import CodeRange, MetadataWrapper, PositionProvider
 
+from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.contracts.costs import Costs, CutCost, Hardware, OpCost
 from syncpass.contracts.graph import Op, OpGraph
 from syncpass.core.errors import SyncpassError
@@ -92,7 +93,6 @@ from syncpass.frontend.analysis import (
     match_container_loop,
     match_sequential_call,
 )
-from syncpass.rewrite.driver import strip_sync_points
 
 #: The compute rate assumed when the hardware gives none (a few CPU cores' worth).
 DEFAULT_FLOPS_PER_S = 50e9

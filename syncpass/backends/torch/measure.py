@@ -52,6 +52,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 import syncpass
+from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.contracts.costs import Costs, CutCost, OpCost
 from syncpass.contracts.graph import OpGraph
 from syncpass.contracts.hardware import load_profile
@@ -63,7 +64,6 @@ from syncpass.frontend import (
     parse_source,
     sequential_calls,
 )
-from syncpass.rewrite.driver import strip_sync_points
 from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
 
 #: Until link calibration exists: a gloo link between local processes, roughly.

@@ -19,8 +19,8 @@ from syncpass.contracts.graph import INPUT, OUTPUT
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import percent, seconds
 from syncpass.frontend import analyse_model, loop_containers, parse_source, sequential_calls
+from syncpass.frontend.match import container_sizes, match_costs
 from syncpass.plan.planner import Plan, PlanRequest, make_plan
-from syncpass.rewrite.driver import container_sizes, match_costs
 from syncpass.runtime.contracts import RunResult
 
 

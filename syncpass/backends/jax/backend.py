@@ -1,0 +1,33 @@
+"""The JAX backend's spec: every hook the commands call (:class:`~syncpass.backends.spec.Backend`).
+
+It has no static estimator (``estimate`` is ``None``). Importing this module
+imports no jax: the measure and run hooks import it when they are called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from syncpass.backends.jax.rewrite import analyse, insert, remove, strip_jax_sync_points
+from syncpass.backends.spec import Backend, MeasureRequest
+
+if TYPE_CHECKING:
+    from syncpass.contracts.costs import Costs
+
+
+def _measure(request: MeasureRequest) -> Costs:
+    from syncpass.backends.jax.profile import measure
+
+    return measure(request)
+
+
+BACKEND = Backend(
+    name="jax",
+    description="jax.device_put transfers in a JAX function or a Flax module (docs/jax.md)",
+    sync_call="jax.device_put",
+    analyse=analyse,
+    insert=insert,
+    remove=remove,
+    strip=strip_jax_sync_points,
+    measure=_measure,
+)

@@ -1,0 +1,177 @@
+"""The rewrite driver: plan, then apply the plan through a backend's hooks.
+
+The pass, step by step, the same for every backend:
+
+1. the backend analyses the source (:attr:`Backend.analyse`): the sync points
+   an earlier run wrote are taken out, so a rewritten file plans exactly like
+   the original (idempotence), and the model's op graph is built;
+2. the cost file is matched to that graph (same ops, same order) and the
+   source's own steering applied (:mod:`syncpass.frontend.match`);
+3. :func:`~syncpass.plan.planner.plan_for` plans (any strategy of :mod:`syncpass.plan`), or a saved
+   plan is checked against the graph (:func:`check_saved_plan`);
+4. :func:`apply_plan` has the backend insert one sync statement per sync point,
+   each with a one-line comment, and verifies before anything is written: the
+   output parses, and removing the inserted statements gives back the input.
+
+Transformers carry out a plan; they never decide. Nothing here imports torch
+or jax, runs the user's code or writes files.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from syncpass.contracts.costs import Costs
+from syncpass.contracts.graph import OpGraph
+from syncpass.core.errors import SyncpassError
+from syncpass.core.units import num_bytes, seconds
+from syncpass.frontend.match import match_costs, steer_by_source
+from syncpass.plan.planner import Plan, PlanRequest, plan_for
+from syncpass.transformers.torch_pipeline import SyncSite
+
+if TYPE_CHECKING:
+    from syncpass.backends.spec import Backend, ModelSource
+
+
+@dataclass(frozen=True)
+class RewriteResult:
+    """The rewritten source, and the plan and op graph it came from."""
+
+    original: str
+    rewritten: str
+    plan: Plan
+    graph: OpGraph
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def changed(self) -> bool:
+        return self.original != self.rewritten
+
+
+def check_saved_plan(plan: Plan, graph: OpGraph) -> Plan:
+    """``plan`` if it was made for the model of ``graph``: the same ops in the same order,
+    every sync point at a cut the source allows; else an error naming the first op that
+    differs, at its line."""
+    planned = [op for stage in plan.stages for op in stage.ops]
+    here = [op.id for op in graph.ops]
+    for position, (source_id, plan_id) in enumerate(zip(here, planned, strict=False)):
+        if source_id != plan_id:
+            raise SyncpassError(
+                f"the plan does not match the source: op {position} is {source_id!r} "
+                f"here but {plan_id!r} in the plan; plan the model again (syncpass plan) after "
+                "changing it",
+                str(graph.ops[position].location),
+            )
+    if len(here) != len(planned):
+        extra = here[len(planned)] if len(here) > len(planned) else planned[len(here)]
+        raise SyncpassError(
+            f"the plan does not match the source: {len(here)} ops here, "
+            f"{len(planned)} in the plan (first unmatched: {extra!r}); plan the model again "
+            "(syncpass plan)",
+            str(graph.forward),
+        )
+    allowed = {cut.after for cut in graph.cuts}
+    for point in plan.sync_points:
+        if point.after not in allowed:
+            raise SyncpassError(
+                f"the plan puts a sync point after {point.after!r}, where the source "
+                "allows none (a region, or a # syncpass: no-sync line); plan the model again",
+                str(graph.op(point.after).location),
+            )
+    return plan
+
+
+def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
+    """Where each of the plan's sync points goes in the forward, with its comment."""
+    last_iteration: dict[int, int] = {}
+    for op in graph.ops:
+        if op.loop is not None:
+            last_iteration[op.statement] = op.loop.index
+    sites = []
+    live = {cut.after: cut.live for cut in graph.cuts}
+    count = len(plan.sync_points)
+    for number, point in enumerate(plan.sync_points, start=1):
+        if point.after in graph.written:
+            continue  # the user's own pipe_split() is already there
+        op = graph.op(point.after)
+        comment = (
+            f"{number}/{count}: {num_bytes(point.live_bytes)}, "
+            f"{seconds(point.comm_s)}/step predicted"
+        )
+        inside_loop = op.loop is not None and op.loop.index != last_iteration[op.statement]
+        sites.append(
+            SyncSite(
+                statement=op.statement,
+                split_after=op.loop.index if inside_loop and op.loop is not None else None,
+                comment=comment,
+                values=live.get(point.after, ()),
+                stage=number,
+            )
+        )
+    return sites
+
+
+def ensure_parses(rewritten: str, path: str) -> None:
+    """Refuse output Python's own parser rejects (a backend's last check before writing)."""
+    try:
+        ast.parse(rewritten)
+    except SyntaxError as error:
+        raise SyncpassError(
+            f"internal check failed: the rewritten source does not parse ({error.msg}); "
+            "nothing was written (please report this with the file)",
+            f"{path}:{error.lineno}",
+        ) from None
+
+
+def apply_plan(source: ModelSource, plan: Plan, backend: Backend, path: str) -> RewriteResult:
+    """Write ``plan``'s sync points into ``source`` with ``backend``'s hooks, and check the output.
+
+    Refused, with nothing to write: a planned sync point the backend could not
+    place, output that does not parse, and output from which removing the
+    inserted sync statements does not give back the input.
+    """
+    module, warnings = backend.insert(source, sync_sites(source.graph, plan), path)
+    warnings = tuple(warnings)
+    if warnings and plan.sync_points:
+        raise SyncpassError("could not place the planned sync points: " + "; ".join(warnings), path)
+    rewritten: str = module.code
+    if rewritten != source.text:  # output equal to the input was verified when it was read
+        ensure_parses(rewritten, path)
+        if rewritten != source.base and backend.remove(module, source, path) != source.base:
+            raise SyncpassError(
+                "internal check failed: removing the inserted sync points does not give back "
+                "the input; nothing was written (please report this with the file)",
+                path,
+            )
+    return RewriteResult(
+        original=source.text, rewritten=rewritten, plan=plan, graph=source.graph, warnings=warnings
+    )
+
+
+def rewrite_text(
+    text: str,
+    path: str,
+    backend: Backend,
+    request: PlanRequest | None,
+    costs: Costs | None = None,
+    *,
+    class_name: str | None = None,
+    max_stages: int | None = None,
+    plan: Plan | None = None,
+) -> RewriteResult:
+    """Plan the model in ``text`` from ``costs`` (or apply the saved ``plan``) and write its
+    sync points with ``backend``. Raises :class:`SyncpassError` for bad input; writes nothing.
+    """
+    from syncpass.backends.spec import KnownOps
+
+    if plan is not None:
+        known = KnownOps(plan.model, tuple(op for stage in plan.stages for op in stage.ops))
+        source = backend.analyse(text, path, known, class_name)
+        return apply_plan(source, check_saved_plan(plan, source.graph), backend, path)
+    if costs is None or request is None:
+        raise ValueError("rewrite_text needs costs and a request to plan from, or a saved plan")
+    source = backend.analyse(text, path, KnownOps.of_costs(costs), class_name)
+    matched = steer_by_source(source.graph, match_costs(source.graph, costs))
+    return apply_plan(source, plan_for(matched, request, path, max_stages), backend, path)
