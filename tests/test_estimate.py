@@ -20,6 +20,7 @@ from syncpass.backends.torch.estimate import (
     estimate_costs,
     parse_input_shapes,
 )
+from syncpass.backends.torch.example import Example, load_example
 from syncpass.backends.torch.measure import build_graph, parameter_bytes, profile_costs
 from syncpass.contracts.config import default_sync_config
 from syncpass.contracts.costs import Costs, Hardware, costs_to_json, parse_costs
@@ -28,7 +29,6 @@ from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import PlanRequest
 from syncpass.rewrite.driver import rewrite_text
-from syncpass.runtime.example import Example, load_example
 
 HARDWARE = load_profile("cpu-gloo-loopback").hardware
 EXAMPLES = REPO / "examples"

@@ -19,6 +19,7 @@ import torch
 from conftest import REPO
 
 from syncpass.backends.torch.backend import BACKEND as TORCH
+from syncpass.backends.torch.example import load_example
 from syncpass.backends.torch.measure import (
     _backward_spans,
     _forward_spans,
@@ -34,7 +35,6 @@ from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import PlanRequest
 from syncpass.rewrite.driver import rewrite_text
-from syncpass.runtime.example import load_example
 from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
 
 BATCH, IN, WIDTH, OUT = 4, 8, 16, 3

@@ -162,10 +162,10 @@ def _plan(
     microbatches: int | None,
     schedule: str,
 ) -> tuple[Plan, dict[str, str]]:
+    from syncpass.backends.torch.example import default_loss
     from syncpass.backends.torch.measure import batch_size_of, profile_costs
     from syncpass.backends.torch.profile import smaller_batch
     from syncpass.frontend.source import read_model_text
-    from syncpass.runtime.example import default_loss
 
     try:
         source = inspect.getsourcefile(type(model))

@@ -93,8 +93,9 @@ def measure_file(
 
     The one place where user code runs, for ``profile`` and ``rewrite --example``.
     """
+    from syncpass.backends.torch.example import load_example
     from syncpass.frontend.source import parse_source
-    from syncpass.runtime.example import example_for_file, load_example
+    from syncpass.runtime.example import example_for_file
 
     parse_source(text, str(file))  # a syntax error is reported before any user code runs
     spec = example_for_file(file, example)
