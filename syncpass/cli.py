@@ -223,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Imported here, not at the top: `plan` must start without them (they add
     # subcommands only; torch is imported when a command runs).
-    from syncpass.backends.torch.calibrate import register as register_calibrate
+    from syncpass.commands.calibrate import register as register_calibrate
     from syncpass.commands.check import register as register_check
     from syncpass.commands.profile import register as register_profile
     from syncpass.commands.run import register as register_run

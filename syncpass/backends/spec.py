@@ -31,47 +31,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from syncpass.core.errors import SyncpassError
+from syncpass.rewrite.source import KnownOps, ModelSource
 
 if TYPE_CHECKING:
     import libcst as cst
 
     from syncpass.contracts.costs import Costs
-    from syncpass.contracts.graph import OpGraph
     from syncpass.runtime.contracts import RunRequest, RunResult
     from syncpass.transformers.torch_pipeline import SyncSite
-
-
-@dataclass(frozen=True)
-class KnownOps:
-    """What a cost file or a plan says of the model it was made for: its name and op ids.
-
-    The analysis reads the length of each loop container off the ids
-    (``blocks.11`` -> 12), and picks the model the file or plan names.
-    """
-
-    model: str | None
-    ids: tuple[str, ...]
-
-    @classmethod
-    def of_costs(cls, costs: Costs) -> KnownOps:
-        return cls(costs.model, tuple(op.id for op in costs.ops))
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """A model's source as the analysis read it: the contract between analysis and rewrite.
-
-    ``base`` is ``text`` without the sync points syncpass wrote before (equal to
-    ``text`` when there were none); ``module`` is ``base`` parsed and ``graph``
-    the op graph of its model. ``handle`` is the backend's own note of where
-    the model is (opaque to everything else).
-    """
-
-    text: str
-    base: str
-    module: cst.Module
-    graph: OpGraph
-    handle: Any = None
 
 
 @dataclass(frozen=True)

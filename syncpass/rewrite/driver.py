@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from syncpass.contracts.costs import Costs
 from syncpass.contracts.graph import OpGraph
@@ -29,10 +28,8 @@ from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
 from syncpass.frontend.match import match_costs, steer_by_source
 from syncpass.plan.planner import Plan, PlanRequest, plan_for
+from syncpass.rewrite.source import KnownOps, ModelSource, SyncWriter
 from syncpass.transformers.torch_pipeline import SyncSite
-
-if TYPE_CHECKING:
-    from syncpass.backends.spec import Backend, ModelSource
 
 
 @dataclass(frozen=True)
@@ -125,7 +122,7 @@ def ensure_parses(rewritten: str, path: str) -> None:
         ) from None
 
 
-def apply_plan(source: ModelSource, plan: Plan, backend: Backend, path: str) -> RewriteResult:
+def apply_plan(source: ModelSource, plan: Plan, backend: SyncWriter, path: str) -> RewriteResult:
     """Write ``plan``'s sync points into ``source`` with ``backend``'s hooks, and check the output.
 
     Refused, with nothing to write: a planned sync point the backend could not
@@ -153,7 +150,7 @@ def apply_plan(source: ModelSource, plan: Plan, backend: Backend, path: str) -> 
 def rewrite_text(
     text: str,
     path: str,
-    backend: Backend,
+    backend: SyncWriter,
     request: PlanRequest | None,
     costs: Costs | None = None,
     *,
@@ -164,8 +161,6 @@ def rewrite_text(
     """Plan the model in ``text`` from ``costs`` (or apply the saved ``plan``) and write its
     sync points with ``backend``. Raises :class:`SyncpassError` for bad input; writes nothing.
     """
-    from syncpass.backends.spec import KnownOps
-
     if plan is not None:
         known = KnownOps(plan.model, tuple(op for stage in plan.stages for op in stage.ops))
         source = backend.analyse(text, path, known, class_name)

@@ -21,9 +21,9 @@ from syncpass.backends.jax.analysis import (
     jax_model_names,
     resolve_jax_model,
 )
-from syncpass.backends.spec import KnownOps, ModelSource
 from syncpass.frontend.match import pick_model, sizes_from_ids
 from syncpass.frontend.source import parse_source
+from syncpass.rewrite.source import KnownOps, ModelSource
 from syncpass.transformers.jax_transfer import insert_device_puts, remove_device_puts
 from syncpass.transformers.torch_pipeline import SYNC_COMMENT_PREFIX, SyncSite
 

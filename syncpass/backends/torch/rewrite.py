@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from syncpass.backends.spec import KnownOps, ModelSource
 from syncpass.frontend import (
     analyse_model,
     loop_containers,
@@ -22,6 +21,7 @@ from syncpass.frontend import (
     sequential_calls,
 )
 from syncpass.frontend.match import pick_model, sizes_from_ids
+from syncpass.rewrite.source import KnownOps, ModelSource
 from syncpass.transformers.torch_pipeline import (
     SYNC_COMMENT_PREFIX,
     Module,
