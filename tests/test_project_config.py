@@ -16,8 +16,8 @@ from syncpass.settings.project import (
     ProjectConfig,
     find_project_config,
     load_project_config,
-    resolve_project_config,
 )
+from syncpass.settings.resolve import Overrides, resolve_settings
 
 PYPROJECT = """\
 [project]
@@ -98,14 +98,14 @@ def test_found_in_the_nearest_pyproject_with_a_syncpass_table(tmp_path: Path) ->
     assert find_project_config(model.parent) == outer
     inner = write(tmp_path / "pkg" / "models" / "pyproject.toml", "[tool.syncpass]\n")  # empty
     assert find_project_config(model) == inner
-    assert resolve_project_config(None, model).stages is None
-    assert resolve_project_config(outer, model).stages == 2  # --config wins over discovery
+    assert resolve_settings(model).stages is None
+    assert resolve_settings(model, Overrides(config=outer)).stages == 2  # --config wins
 
 
 def test_nothing_found_gives_the_defaults(tmp_path: Path) -> None:
     model = write(tmp_path / "m.py", "")
     if find_project_config(tmp_path) is None:  # (a [tool.syncpass] above /tmp would count)
-        assert resolve_project_config(None, model) == ProjectConfig()
+        assert resolve_settings(model).project is None
 
 
 @pytest.mark.parametrize(

@@ -35,7 +35,7 @@ from __future__ import annotations
 import io
 import re
 import tokenize
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import libcst as cst
@@ -269,8 +269,3 @@ def _prints_plainly(node: cst.BaseExpression, numbers: HostValues) -> bool:
     if isinstance(node, cst.ConcatenatedString):
         return _prints_plainly(node.left, numbers) and _prints_plainly(node.right, numbers)
     return numbers.holds(node)
-
-
-def format_findings(findings: Iterable[Finding]) -> str:
-    """One ``path:line:col: CODE message`` line per finding."""
-    return "".join(f"{finding}\n" for finding in findings)

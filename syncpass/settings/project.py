@@ -207,12 +207,6 @@ def load_project_config(path: Path) -> ProjectConfig:
     )
 
 
-def resolve_project_config(explicit: Path | None, start: Path) -> ProjectConfig:
-    """``--config FILE`` when given, else the config found from ``start``, else the defaults."""
-    path = explicit if explicit is not None else find_project_config(start)
-    return ProjectConfig() if path is None else load_project_config(path)
-
-
 def _reject_unknown(
     table: Mapping[str, Any],
     valid: tuple[str, ...],
