@@ -72,7 +72,7 @@ def backend_description(name: str) -> str:
 def _checked(backend: Backend) -> Backend:
     """``backend`` with every hook's own exceptions turned into errors that name it."""
     hooks: dict[str, Any] = {}
-    for hook in ("analyse", "insert", "remove", "strip", "measure", "estimate", "run"):
+    for hook in ("analyse", "insert", "remove", "strip", "measure", "estimate", "run", "lint"):
         function = getattr(backend, hook)
         if function is not None:
             hooks[hook] = _guarded(backend.name, hook, function)

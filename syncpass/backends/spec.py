@@ -20,6 +20,9 @@ is the same for every backend:
   statements (the driver checks that it gives back ``source.base``);
 * ``strip(text, path, name)``: ``text`` without syncpass's sync statements.
 
+``lint(text, path)`` is what ``syncpass check`` reports about a model file
+(the torch backend's finds implicit host-device synchronisation).
+
 Importing this module imports neither torch nor jax.
 """
 
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     import libcst as cst
 
     from syncpass.contracts.costs import Costs
+    from syncpass.frontend.findings import Finding
     from syncpass.runtime.contracts import RunRequest, RunResult
     from syncpass.transformers.torch_pipeline import SyncSite
 
@@ -80,6 +84,7 @@ Strip = Callable[[str, str, "str | None"], str]
 Measure = Callable[[MeasureRequest], "Costs"]
 Estimate = Callable[[EstimateRequest], "Costs"]
 Run = Callable[["RunRequest"], "RunResult"]
+Lint = Callable[[str, str], "Sequence[Finding]"]
 
 
 @dataclass(frozen=True)
@@ -99,6 +104,7 @@ class Backend:
     measure: Measure | None = None
     estimate: Estimate | None = None
     run: Run | None = None
+    lint: Lint | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():

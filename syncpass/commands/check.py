@@ -4,7 +4,8 @@ For each ``[[tool.syncpass.models]]`` entry of the project configuration
 (:mod:`syncpass.settings.project`), the generated file must be exactly what
 ``syncpass rewrite SOURCE --costs COSTS --stages STAGES`` writes now, with the
 project's settings; and the model sources' ``forward`` methods are linted for
-implicit host-device synchronisation (:mod:`syncpass.frontend.lint`). This is what the
+implicit host-device synchronisation (the backend's ``lint`` hook; torch's is
+:mod:`syncpass.backends.torch.lint`). This is what the
 ``syncpass-check`` pre-commit hook runs, on the files a commit changes.
 
 Nothing here imports torch, jax or the user's code: the sources are parsed,
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from syncpass.backends.registry import load_backend
 from syncpass.commands.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
 from syncpass.contracts.config import strategy_names
 from syncpass.core.errors import SyncpassError
@@ -38,7 +40,8 @@ from syncpass.settings.project import (
 )
 
 if TYPE_CHECKING:
-    from syncpass.frontend.lint import Finding
+    from syncpass.backends.spec import Lint
+    from syncpass.frontend.findings import Finding
     from syncpass.rewrite.driver import RewriteResult
 
 
@@ -119,14 +122,15 @@ def run_check(request: CheckRequest) -> CheckResult:
                 outcomes.append(_check_entry(item.project, entry, request))
             except SyncpassError as error:
                 errors.append(error)
-        if not request.lint:
+        lint = load_backend(item.project.backend).lint if request.lint else None
+        if lint is None:  # --no-lint, or a backend without a lint
             continue
         for path in item.lint:
             if path.resolve() in seen:
                 continue
             seen.add(path.resolve())
             try:
-                findings.extend(_lint_file(path))
+                findings.extend(_lint_file(path, lint))
                 linted.append(path)
             except SyncpassError as error:
                 errors.append(error)
@@ -327,8 +331,7 @@ _FLAGS = {
 }
 
 
-def _lint_file(path: Path) -> tuple[Finding, ...]:
-    from syncpass.frontend.lint import lint_source
+def _lint_file(path: Path, lint: Lint) -> tuple[Finding, ...]:
     from syncpass.frontend.source import decode_source
 
     try:
@@ -337,7 +340,7 @@ def _lint_file(path: Path) -> tuple[Finding, ...]:
         raise SyncpassError(f"cannot read the file: {error.strerror}", shown(path)) from None
     if not data.strip():
         return ()  # an empty __init__.py: nothing to lint
-    return lint_source(decode_source(data, shown(path)), shown(path))
+    return tuple(lint(decode_source(data, shown(path)), shown(path)))
 
 
 def shown(path: Path) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from syncpass.backends.spec import Backend, EstimateRequest, MeasureRequest
+from syncpass.backends.torch.lint import lint_source
 from syncpass.backends.torch.rewrite import analyse, insert, remove, strip_sync_points
 
 if TYPE_CHECKING:
@@ -45,4 +46,5 @@ BACKEND = Backend(
     measure=_measure,
     estimate=_estimate,
     run=_run,
+    lint=lint_source,
 )
