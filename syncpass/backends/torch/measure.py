@@ -51,7 +51,6 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-import syncpass
 from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.contracts.costs import Costs, CutCost, OpCost
 from syncpass.contracts.graph import OpGraph
@@ -556,7 +555,7 @@ def _library_folders() -> tuple[Path, ...]:
     names = ("stdlib", "platstdlib", "purelib", "platlib")
     folders = {Path(sysconfig.get_paths()[name]).resolve() for name in names}
     folders.add(Path(torch.__file__).resolve().parent)
-    folders.add(Path(syncpass.__file__).resolve().parent)
+    folders.add(Path(__file__).resolve().parents[2])  # syncpass/, this being backends/torch/
     return tuple(folders)
 
 
