@@ -4,13 +4,14 @@
     python -m libcst.tool codemod -x syncpass.transformers.codemod.PipelineSyncCommand \\
         --stages 4 models/
 
-Each Python file that holds a model (a class with a ``forward``) and has a cost
-file is planned and rewritten in place, as ``syncpass rewrite --in-place``
-would, with the same settings: ``[tool.syncpass]`` of the nearest
-``pyproject.toml`` (its strategy, threshold, interval, hardware, and the stages
-and class of the file's model entry) under the flags given here. Files without
-a model or without a cost file, and projects configured for another backend,
-are skipped with the reason. The cost file of ``models/gpt.py`` is ``models/gpt.costs.json`` unless
+Each Python file that holds a model and has a cost file is planned and
+rewritten in place, as ``syncpass rewrite --in-place`` would, with the same
+settings from the same resolver (:mod:`syncpass.settings.resolve`):
+``[tool.syncpass]`` of the nearest ``pyproject.toml`` (its backend, strategy,
+threshold, interval, stages, hardware, and the stages and class of the file's
+model entry) under the flags given here; the sync points are written for the
+project's backend (``pipe_split()`` for torch, ``jax.device_put`` for JAX).
+Files without a model or without a cost file are skipped with the reason. The cost file of ``models/gpt.py`` is ``models/gpt.costs.json`` unless
 ``--costs`` gives another pattern (``{dir}`` and ``{stem}`` are the file's
 folder and name without ``.py``), or one file for all. A file the pass refuses
 (a cost file of another model, an impossible constraint) fails with the
@@ -31,18 +32,18 @@ from libcst.codemod import CodemodCommand, CodemodContext, SkipFile
 from syncpass.api import rewrite_module
 from syncpass.contracts.config import strategy_names
 from syncpass.contracts.costs import Costs, load_costs
-from syncpass.core.errors import SyncpassError
+from syncpass.core.errors import NoModelError, SyncpassError
 from syncpass.settings.resolve import Overrides, Settings, resolve_settings
 
 DEFAULT_COSTS = "{dir}/{stem}.costs.json"
 
 
 class PipelineSyncCommand(CodemodCommand):
-    """Write the planned pipeline sync points (``pipe_split()``) into each model file."""
+    """Write the planned pipeline sync points into each model file, for the project's backend."""
 
     DESCRIPTION: str = (
-        "Plan each model's pipeline sync points from its cost file and write them as "
-        "pipe_split() calls (syncpass)."
+        "Plan each model's pipeline sync points from its cost file and write them into its "
+        "source: pipe_split() calls, or the project backend's sync calls (syncpass)."
     )
 
     @staticmethod
@@ -89,8 +90,6 @@ class PipelineSyncCommand(CodemodCommand):
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         filename = self.context.filename or "<module>"
-        if "forward" not in tree.code:
-            raise SkipFile("no model forward in this file")
         cost_path = self.cost_file(filename)
         if not cost_path.is_file():
             raise SkipFile(f"no cost file {cost_path} (run syncpass profile first)")
@@ -109,7 +108,10 @@ class PipelineSyncCommand(CodemodCommand):
             schedule=request.schedule,
             class_name=settings.model,
             max_stages=settings.auto_limit,
+            backend=settings.backend,
         )
+        if isinstance(result.error, NoModelError):
+            raise SkipFile(result.error.message)
         if result.error is not None:
             raise CodemodRefused(result.error)
         for warning in result.warnings:
@@ -128,8 +130,6 @@ class PipelineSyncCommand(CodemodCommand):
                 model=self.model,
             ),
         )
-        if settings.backend != "torch":
-            raise SkipFile(f"the project configures the {settings.backend} backend")
         costs = settings.retarget(load_costs(cost_path))
         if settings.stages is None and settings.sync_config(costs.config).strategy != "manual":
             raise SyncpassError(

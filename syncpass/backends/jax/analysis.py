@@ -50,7 +50,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from syncpass.contracts.graph import OpGraph
-from syncpass.core.errors import SyncpassError
+from syncpass.core.errors import NoModelError, SyncpassError
 from syncpass.frontend.analysis import (
     ContainerSizes,
     FunctionSite,
@@ -113,7 +113,7 @@ def resolve_jax_model(module: cst.Module, name: str | None, path: str) -> tuple[
         if len(classes) == 1:
             return classes[0], False
         if not classes:
-            raise SyncpassError(
+            raise NoModelError(
                 "no JAX model: no top-level function forward(params, ...) and no class with "
                 "a __call__ method",
                 path,
