@@ -41,14 +41,14 @@ from libcst.codemod import Codemod, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
 from syncpass.backends.jax.analysis import names_a_device
-from syncpass.transformers.torch_pipeline import (
-    _SYNC_COMMENT,
+from syncpass.transformers.common import (
     SYNC_COMMENT_PREFIX,
-    InsertPipeSplitsCommand,
-    RemovePipeSplitsCommand,
+    SYNC_TRAILER,
     SyncSite,
-    _with_import,
+    add_import,
+    sync_comment,
 )
+from syncpass.transformers.torch_pipeline import InsertPipeSplitsCommand, RemovePipeSplitsCommand
 
 FLAX_METHOD = "__call__"
 JAX_IMPORT = ImportItem("jax")
@@ -106,18 +106,15 @@ def _replace_body(
     return tree.with_changes(body=tuple(body))
 
 
+_TRANSFER_LINE = m.SimpleStatementLine(
+    body=[m.Assign(value=m.Call(func=m.Attribute(attr=m.Name("device_put"))))],
+    trailing_whitespace=SYNC_TRAILER,
+)
+
+
 def is_transfer_line(statement: cst.CSTNode) -> bool:
     """A line syncpass wrote: ``names = jax.device_put(...)  # syncpass sync ...``."""
-    if not m.matches(
-        statement,
-        m.SimpleStatementLine(
-            body=[m.Assign(value=m.Call(func=m.Attribute(attr=m.Name("device_put"))))]
-        ),
-    ):
-        return False
-    assert isinstance(statement, cst.SimpleStatementLine)
-    comment = statement.trailing_whitespace.comment
-    return comment is not None and bool(_SYNC_COMMENT.match(comment.value))
+    return m.matches(statement, _TRANSFER_LINE)
 
 
 class InsertDevicePutsCommand(InsertPipeSplitsCommand):
@@ -148,7 +145,7 @@ class InsertDevicePutsCommand(InsertPipeSplitsCommand):
         AddImportsVisitor.add_needed_import(self.context, JAX_IMPORT.module)
 
     def _sync_line(self, site: SyncSite, tree: cst.Module) -> cst.SimpleStatementLine:
-        code = f"{transfer_code(site.values, site.stage)}  {SYNC_COMMENT_PREFIX} {site.comment}\n"
+        code = f"{transfer_code(site.values, site.stage)}  {sync_comment(site.comment)}\n"
         line = cst.parse_statement(code, config=tree.config_for_parsing)
         assert isinstance(line, cst.SimpleStatementLine)
         return line
@@ -229,7 +226,7 @@ class RetargetDevicePutsCommand(Codemod):
         assert isinstance(function, cst.FunctionDef)
         assert isinstance(function.body, cst.IndentedBlock)
         tree = _replace_body(tree, self.name, self.is_function, function.body.body)
-        return tree if _imports_jax(tree) else _with_import(tree, self.context, JAX_IMPORT)
+        return tree if _imports_jax(tree) else add_import(tree, self.context, JAX_IMPORT)
 
 
 def retarget_device_puts(
@@ -242,15 +239,14 @@ def retarget_device_puts(
     )
 
 
+_ADDED_IMPORT = m.SimpleStatementLine(
+    body=[m.Import(names=[m.ImportAlias(name=m.Name("jax"))])], trailing_whitespace=SYNC_TRAILER
+)
+
+
 def _is_added_import(statement: cst.CSTNode) -> bool:
     """``import jax  # syncpass sync: ...``: the import syncpass added, never the user's own."""
-    if not m.matches(
-        statement, m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("jax"))])])
-    ):
-        return False
-    assert isinstance(statement, cst.SimpleStatementLine)
-    comment = statement.trailing_whitespace.comment
-    return comment is not None and bool(_SYNC_COMMENT.match(comment.value))
+    return m.matches(statement, _ADDED_IMPORT)
 
 
 def _drop_added_import(tree: cst.Module) -> cst.Module:
@@ -293,7 +289,7 @@ def insert_device_puts(
     command = InsertDevicePutsCommand(context, name, is_function, sites)
     rewritten = command.transform_module_impl(module)
     if rewritten is not module and not _imports_jax(rewritten):
-        rewritten = _mark_added_import(_with_import(rewritten, context, JAX_IMPORT))
+        rewritten = _mark_added_import(add_import(rewritten, context, JAX_IMPORT))
     return rewritten, tuple(context.warnings)
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
@@ -30,55 +29,46 @@ from syncpass.frontend.analysis import (
     match_container_loop,
     match_sequential_call,
 )
+from syncpass.transformers.common import (
+    SYNC_COMMENT_PREFIX,
+    SYNC_TRAILER,
+    SyncSite,
+    add_import,
+    sync_comment,
+)
+
+__all__ = [
+    "PIPE_SPLIT",
+    "PIPE_SPLIT_IMPORT",
+    "PIPE_SPLIT_MODULE",
+    "SYNC_COMMENT_PREFIX",
+    "InsertPipeSplitsCommand",
+    "Module",
+    "RemovePipeSplitsCommand",
+    "SyncSite",
+    "insert_pipe_splits",
+    "remove_pipe_splits",
+    "strips_back_to",
+]
 
 PIPE_SPLIT_MODULE = "torch.distributed.pipelining"
 PIPE_SPLIT = "pipe_split"
-#: Every sync line syncpass writes carries a comment with this prefix.
-SYNC_COMMENT_PREFIX = "# syncpass sync"
-_SYNC_COMMENT = re.compile(r"^#\s*syncpass sync\b")
 PIPE_SPLIT_IMPORT = ImportItem(PIPE_SPLIT_MODULE, PIPE_SPLIT)
-
-
-@dataclass(frozen=True)
-class SyncSite:
-    """Where one sync call goes in the forward.
-
-    ``statement`` indexes the forward's top-level statements. With
-    ``split_after`` set, the statement is a loop over a layer container and
-    the sync goes between iterations ``split_after`` and ``split_after + 1``
-    (absolute container indices); otherwise it goes after the statement.
-    ``comment`` is the text after ``# syncpass sync``. ``values`` (the names
-    live across the sync point) and ``stage`` (the stage it opens) are for
-    backends whose sync call names what it moves and where (JAX).
-    """
-
-    statement: int
-    split_after: int | None
-    comment: str
-    values: tuple[str, ...] = ()
-    stage: int = 0
 
 
 def _site_order(site: SyncSite) -> tuple[int, int]:
     return site.statement, -1 if site.split_after is None else site.split_after
 
 
+_SYNC_LINE = m.SimpleStatementLine(
+    body=[m.Expr(m.Call(func=m.Name(PIPE_SPLIT) | m.Attribute(attr=m.Name(PIPE_SPLIT)), args=[]))],
+    trailing_whitespace=SYNC_TRAILER,
+)
+
+
 def _is_sync_line(statement: cst.CSTNode) -> bool:
     """A line syncpass wrote: ``pipe_split()  # syncpass sync ...``."""
-    if not m.matches(
-        statement,
-        m.SimpleStatementLine(
-            body=[
-                m.Expr(
-                    m.Call(func=m.Name(PIPE_SPLIT) | m.Attribute(attr=m.Name(PIPE_SPLIT)), args=[])
-                )
-            ]
-        ),
-    ):
-        return False
-    assert isinstance(statement, cst.SimpleStatementLine)
-    comment = statement.trailing_whitespace.comment
-    return comment is not None and bool(_SYNC_COMMENT.match(comment.value))
+    return m.matches(statement, _SYNC_LINE)
 
 
 def _model_forward(
@@ -174,7 +164,7 @@ class InsertPipeSplitsCommand(VisitorBasedCodemodCommand):
         return self.replace_body(tree, new_body)
 
     def _sync_line(self, site: SyncSite, tree: cst.Module) -> cst.SimpleStatementLine:
-        code = f"{PIPE_SPLIT}()  {SYNC_COMMENT_PREFIX} {site.comment}\n"
+        code = f"{PIPE_SPLIT}()  {sync_comment(site.comment)}\n"
         line = cst.parse_statement(code, config=tree.config_for_parsing)
         assert isinstance(line, cst.SimpleStatementLine)
         return line
@@ -512,28 +502,8 @@ def insert_pipe_splits(
     command = InsertPipeSplitsCommand(context, class_name, sites)
     rewritten = command.transform_module_impl(module)
     if rewritten is not module:
-        rewritten = _with_import(rewritten, context)
+        rewritten = add_import(rewritten, context, PIPE_SPLIT_IMPORT)
     return rewritten, tuple(context.warnings)
-
-
-def _with_import(
-    module: cst.Module,
-    context: CodemodContext,
-    item: ImportItem = PIPE_SPLIT_IMPORT,
-) -> cst.Module:
-    """Add ``item`` (``from torch.distributed.pipelining import pipe_split``) where
-    AddImportsVisitor puts it, looking only at the module's leading imports."""
-    cut = 0
-    for index, statement in enumerate(module.body):
-        if isinstance(statement, cst.SimpleStatementLine):
-            if any(isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body):
-                cut = index + 1
-        else:
-            break
-    head = module.with_changes(body=module.body[:cut])
-    visitor = AddImportsVisitor(context, [item])
-    new_head = head.visit(visitor)
-    return module.with_changes(header=new_head.header, body=(*new_head.body, *module.body[cut:]))
 
 
 def remove_pipe_splits(
