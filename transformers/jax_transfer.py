@@ -29,6 +29,9 @@ those lines use) stay.
 :class:`RetargetDevicePutsCommand` points every transfer to a device in the
 model at one device (``jax.devices()[0]``): the profiler's copy of a file
 traces on one device, hand-written transfers included.
+
+The insert and remove commands subclass the backend-neutral ones of
+:mod:`syncpass.transformers.common`, as the torch transformer's do.
 """
 
 from __future__ import annotations
@@ -44,11 +47,11 @@ from syncpass.backends.jax.analysis import names_a_device
 from syncpass.transformers.common import (
     SYNC_COMMENT_PREFIX,
     SYNC_TRAILER,
+    InsertSyncPointsCommand,
+    RemoveSyncPointsCommand,
     SyncSite,
     add_import,
-    sync_comment,
 )
-from syncpass.transformers.torch_pipeline import InsertPipeSplitsCommand, RemovePipeSplitsCommand
 
 FLAX_METHOD = "__call__"
 JAX_IMPORT = ImportItem("jax")
@@ -117,7 +120,7 @@ def is_transfer_line(statement: cst.CSTNode) -> bool:
     return m.matches(statement, _TRANSFER_LINE)
 
 
-class InsertDevicePutsCommand(InsertPipeSplitsCommand):
+class InsertDevicePutsCommand(InsertSyncPointsCommand):
     """Insert ``jax.device_put`` transfers at the planned sites of a JAX function or Flax module."""
 
     DESCRIPTION = (
@@ -127,31 +130,29 @@ class InsertDevicePutsCommand(InsertPipeSplitsCommand):
     def __init__(
         self, context: CodemodContext, name: str, is_function: bool, sites: Sequence[SyncSite]
     ) -> None:
-        super().__init__(context, name, sites)
+        super().__init__(context, sites)
+        self.name = name
         self.is_function = is_function
 
     @property
     def title(self) -> str:
-        return self.class_name if self.is_function else f"{self.class_name}.{FLAX_METHOD}"
+        return self.name if self.is_function else f"{self.name}.{FLAX_METHOD}"
 
     def find_function(self, tree: cst.Module) -> cst.FunctionDef | None:
-        found = _find_function(tree, self.class_name, self.is_function)
+        found = _find_function(tree, self.name, self.is_function)
         return None if found is None else found[2]
 
     def replace_body(self, tree: cst.Module, new_body: Sequence[cst.BaseStatement]) -> cst.Module:
-        return _replace_body(tree, self.class_name, self.is_function, new_body)
+        return _replace_body(tree, self.name, self.is_function, new_body)
 
     def schedule_import(self) -> None:
         AddImportsVisitor.add_needed_import(self.context, JAX_IMPORT.module)
 
-    def _sync_line(self, site: SyncSite, tree: cst.Module) -> cst.SimpleStatementLine:
-        code = f"{transfer_code(site.values, site.stage)}  {sync_comment(site.comment)}\n"
-        line = cst.parse_statement(code, config=tree.config_for_parsing)
-        assert isinstance(line, cst.SimpleStatementLine)
-        return line
+    def sync_statement(self, site: SyncSite) -> str:
+        return transfer_code(site.values, site.stage)
 
 
-class RemoveDevicePutsCommand(RemovePipeSplitsCommand):
+class RemoveDevicePutsCommand(RemoveSyncPointsCommand):
     """Remove the transfers syncpass wrote, merge the loops it split, and the ``import jax``
     it added (recognised by its comment; a user's ``import jax`` always stays)."""
 
