@@ -43,7 +43,6 @@ import libcst.matchers as m
 from libcst.codemod import Codemod, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
-from syncpass.backends.jax.analysis import names_a_device
 from syncpass.transformers.common import (
     SYNC_COMMENT_PREFIX,
     SYNC_TRAILER,
@@ -57,6 +56,15 @@ FLAX_METHOD = "__call__"
 JAX_IMPORT = ImportItem("jax")
 #: The comment on an ``import jax`` syncpass adds, by which stripping tells it from a user's.
 ADDED_IMPORT_NOTE = "imported for the transfers"
+
+
+def names_a_device(call: cst.Call) -> bool:
+    """Whether a ``jax.device_put`` call gives a device: a second positional argument or
+    ``device=``, other than ``None``."""
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    given = [arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "device"]
+    device = given[0] if given else positional[1] if len(positional) > 1 else None
+    return device is not None and not m.matches(device.value, m.Name("None"))
 
 
 def device_expression(stage: int) -> str:

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
     from syncpass.contracts.costs import Costs
     from syncpass.frontend.findings import Finding
     from syncpass.runtime.contracts import RunRequest, RunResult
-    from syncpass.transformers.torch_pipeline import SyncSite
+    from syncpass.transformers.common import SyncSite
 
 
 @dataclass(frozen=True)

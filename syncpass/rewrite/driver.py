@@ -29,7 +29,7 @@ from syncpass.core.units import num_bytes, seconds
 from syncpass.frontend.match import match_costs, steer_by_source
 from syncpass.plan.planner import Plan, PlanRequest, plan_for
 from syncpass.rewrite.source import KnownOps, ModelSource, SyncWriter
-from syncpass.transformers.torch_pipeline import SyncSite
+from syncpass.transformers.common import SyncSite
 
 
 @dataclass(frozen=True)

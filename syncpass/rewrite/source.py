@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
     from syncpass.contracts.costs import Costs
     from syncpass.contracts.graph import OpGraph
-    from syncpass.transformers.torch_pipeline import SyncSite
+    from syncpass.transformers.common import SyncSite
 
 
 @dataclass(frozen=True)

@@ -24,8 +24,8 @@ from syncpass.backends.jax.analysis import (
 from syncpass.frontend.match import pick_model, sizes_from_ids
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
+from syncpass.transformers.common import SYNC_COMMENT_PREFIX, SyncSite
 from syncpass.transformers.jax_transfer import insert_device_puts, remove_device_puts
-from syncpass.transformers.torch_pipeline import SYNC_COMMENT_PREFIX, SyncSite
 
 
 def strip_jax_sync_points(text: str, path: str, name: str | None = None) -> str:
