@@ -11,7 +11,18 @@ from dataclasses import dataclass
 from syncpass.plan.planner import default_microbatches as plan_microbatches
 
 SCHEDULES = ("gpipe", "1f1b")
+DEFAULT_SCHEDULE = "1f1b"
 DEVICES = ("auto", "cpu", "cuda")
+
+
+def default_schedule(run: object) -> str:
+    """The schedule a backend's run hook runs when none is asked for.
+
+    A hook that runs another than :data:`DEFAULT_SCHEDULE` (torch's) by
+    default says so in a ``default_schedule`` attribute (the JAX hook: gpipe).
+    """
+    named = getattr(run, "default_schedule", DEFAULT_SCHEDULE)
+    return named if isinstance(named, str) else DEFAULT_SCHEDULE
 
 
 def default_microbatches(batch: int, stages: int) -> int:
@@ -28,7 +39,9 @@ class RunRequest:
     the defaults of the parameter's dtype and device (see
     :func:`syncpass.backends.torch.verify.tolerances`). ``timeline``, when set, is
     where the timed steps' profile goes (``.json`` and ``.png``, by
-    :class:`syncpass.backends.torch.profiler.Profile`).
+    :class:`syncpass.backends.torch.profiler.Profile`). ``costs``, when set, is
+    the cost file whose prediction is set beside the run (read by the command;
+    a backend whose run cannot be predicted refuses it).
     """
 
     file: str
@@ -45,6 +58,7 @@ class RunRequest:
     timeout_s: float = 300.0
     port: int = 0
     timeline: str | None = None
+    costs: str | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +102,10 @@ class StageFigures:
     the neighbouring stages (pipeline bubbles included) and schedule overhead.
     The summary figures are those of the median step, so that step = compute +
     comm wait.
+
+    ``device`` is the stage's own device where one process holds several
+    stages (JAX: ``cpu:1``), and empty where each stage is a process of its
+    own (``rank`` says which; the run's ``device`` is rank 0's).
     """
 
     stage: int
@@ -98,6 +116,7 @@ class StageFigures:
     compute_times_s: tuple[float, ...]
     checks: tuple[ParamCheck, ...] = ()
     loss_checks: tuple[LossCheck, ...] = ()
+    device: str = ""
 
     @property
     def median_step(self) -> int:
@@ -123,7 +142,13 @@ class StageFigures:
 
 @dataclass(frozen=True)
 class RunResult:
-    """The whole run, as rank 0 gathered it from every stage."""
+    """The whole run, as rank 0 gathered it from every stage.
+
+    ``backend`` is what carried the stages' traffic (torch: ``gloo`` or
+    ``nccl``; JAX: ``jax``), ``device`` rank 0's device. ``own_threads`` is
+    False where the backend leaves the CPU threads to its runtime (XLA sizes
+    its own pool) instead of setting ``request.threads`` per process.
+    """
 
     request: RunRequest
     batch: int
@@ -133,6 +158,7 @@ class RunResult:
     stages: tuple[StageFigures, ...]
     model_parameters: int
     unplaced: tuple[ParamCheck, ...] = ()
+    own_threads: bool = True
 
     @property
     def checks(self) -> tuple[ParamCheck, ...]:

@@ -6,6 +6,7 @@ imports no jax: the measure and run hooks import it when they are called.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from syncpass.backends.jax.rewrite import analyse, insert, remove, strip_jax_sync_points
@@ -13,12 +14,26 @@ from syncpass.backends.spec import Backend, MeasureRequest
 
 if TYPE_CHECKING:
     from syncpass.contracts.costs import Costs
+    from syncpass.runtime.contracts import RunRequest, RunResult
 
 
 def _measure(request: MeasureRequest) -> Costs:
     from syncpass.backends.jax.profile import measure
 
     return measure(request)
+
+
+@dataclass(frozen=True)
+class _Run:
+    """The run hook; GPipe is its default schedule, as it is its only one
+    (:func:`syncpass.runtime.contracts.default_schedule` reads it)."""
+
+    default_schedule: str = "gpipe"
+
+    def __call__(self, request: RunRequest) -> RunResult:
+        from syncpass.backends.jax.run import run_jax
+
+        return run_jax(request)
 
 
 BACKEND = Backend(
@@ -30,4 +45,5 @@ BACKEND = Backend(
     remove=remove,
     strip=strip_jax_sync_points,
     measure=_measure,
+    run=_Run(),
 )
