@@ -354,7 +354,6 @@ def test_gpipe_matches_the_unsplit_model_on_three_devices() -> None:
         ("--device cuda", "--device cuda: the JAX run puts its stages on N host (CPU) devices"),
         ("--threads 2", "--threads 2: the JAX run's one process holds every stage"),
         ("--timeline TIMELINE", "--timeline: the timeline profiles torch pipelines only"),
-        ("--costs COSTS", "--costs: the prediction beside a run reads the sync points with the"),
     ],
 )
 def test_run_refuses_a_flag_it_cannot_honour(
@@ -373,19 +372,34 @@ def test_run_refuses_a_flag_it_cannot_honour(
     assert f"--backend jax cannot honour {reason}" in capsys.readouterr().err
 
 
+def test_run_refuses_costs_as_the_backend_has_no_prediction(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--costs needs the backend's predict hook; the JAX spec has none, so nothing starts."""
+    from syncpass.cli import main as cli_main
+
+    model = tmp_path / "model.py"
+    model.write_text("def forward(params, x):\n    return x\n")
+    costs = ROOT / "examples" / "costs" / "gpt_24x1024.costs.json"
+    argv = ["run", str(model), "--backend", "jax", "--stages", "2", "--costs", str(costs)]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the jax backend has no prediction of a run" in err
+    assert "drop --costs" in err
+
+
 @pytest.mark.parametrize("flags", ["", "--schedule gpipe", "--device cpu", "--threads 1"])
 def test_run_honours_the_defaults_and_what_it_runs(flags: str, tmp_path: Path) -> None:
     """gpipe (its default), the CPU and the default thread count pass the refusals."""
     from syncpass.backends.jax.run import refusals
     from syncpass.cli import build_parser
     from syncpass.commands.run import request_from_args
-    from syncpass.runtime.contracts import default_schedule
 
     model = tmp_path / "model.py"
     model.write_text("def forward(params, x):\n    return x\n")
     argv = ["run", str(model), "--backend", "jax", "--stages", "2", *flags.split()]
     args = build_parser().parse_args(argv)
-    request = request_from_args(args, default_schedule(JAX.run))
+    request = request_from_args(args, JAX.schedules[0])
     assert request.schedule == "gpipe"
     assert refusals(request) == []
 

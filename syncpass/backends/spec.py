@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from syncpass.contracts.costs import Costs
     from syncpass.frontend.findings import Finding
     from syncpass.runtime.contracts import RunRequest, RunResult
+    from syncpass.runtime.prediction import RunPrediction
     from syncpass.transformers.common import SyncSite
 
 
@@ -85,13 +86,17 @@ Measure = Callable[[MeasureRequest], "Costs"]
 Estimate = Callable[[EstimateRequest], "Costs"]
 Run = Callable[["RunRequest"], "RunResult"]
 Lint = Callable[[str, str], "Sequence[Finding]"]
+Predict = Callable[[str, str, "Costs", "RunResult"], "RunPrediction"]
 
 
 @dataclass(frozen=True)
 class Backend:
     """Every per-backend hook; one instance per backend (``BACKEND`` in its folder's ``backend.py``).
 
-    ``sync_call`` names what a sync point is written as, for messages and help.
+    ``sync_call`` names what a sync point is written as, for messages and help;
+    ``schedules`` the pipeline schedules its ``run`` hook runs, its default first.
+    ``predict(text, path, costs, result)`` plans the sync points a rewritten file
+    carries on a cost file, beside a run of it (``syncpass run --costs``).
     """
 
     name: str
@@ -105,6 +110,8 @@ class Backend:
     estimate: Estimate | None = None
     run: Run | None = None
     lint: Lint | None = None
+    predict: Predict | None = None
+    schedules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():
@@ -125,4 +132,5 @@ _HOOK_NAMES = {
     "measure": "profiler (it cannot time a model on an example)",
     "estimate": "static estimator (it cannot estimate costs from source)",
     "run": "runtime (it cannot run a pipeline)",
+    "predict": "prediction of a run (it cannot plan the sync points a file carries)",
 }

@@ -20,7 +20,8 @@ from syncpass.backends.registry import load_backend
 from syncpass.commands.cliargs import EXIT_FOUND, EXIT_OK, positive_float, positive_int
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import write_atomically
-from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest, default_schedule
+from syncpass.core.plugins import backend_names
+from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
 from syncpass.runtime.example import example_for_file
 from syncpass.runtime.render import render_run, report_document
 
@@ -131,7 +132,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--backend",
-        choices=("torch", "jax"),
+        choices=backend_names(),
         default="torch",
         help="torch: pipe_split() stages over gloo/NCCL processes (default); jax: the "
         "jax.device_put stages of a JAX function or Flax module, one jax.jit per stage over N "
@@ -168,7 +169,6 @@ def request_from_args(args: argparse.Namespace, schedule_default: str = "1f1b") 
         raise SyncpassError(
             f"--schedule 1f1b needs --microbatches >= --stages ({args.microbatches} < {args.stages})"
         )
-    costs: Path | None = getattr(args, "costs", None)
     return RunRequest(
         file=str(file),
         example=example_for_file(file, args.example),
@@ -183,7 +183,6 @@ def request_from_args(args: argparse.Namespace, schedule_default: str = "1f1b") 
         atol=args.atol,
         timeout_s=args.timeout,
         timeline=None if args.timeline is None else str(args.timeline.resolve()),
-        costs=None if costs is None else str(costs),
     )
 
 
@@ -195,11 +194,12 @@ def run_command(args: argparse.Namespace) -> int:
     """
     backend = load_backend(getattr(args, "backend", "torch"))
     run = backend.need("run", "choose a backend that runs pipelines with --backend")
-    request = request_from_args(args, default_schedule(run))
-    costs = None
-    if args.costs is not None:  # read before the run: a bad cost file fails fast
+    request = request_from_args(args, backend.schedules[0] if backend.schedules else "1f1b")
+    costs = predict = None
+    if args.costs is not None:  # checked and read before the run: a bad cost file fails fast
         from syncpass.contracts.costs import load_costs
 
+        predict = backend.need("predict", "drop --costs (syncpass plan shows a plan's figures)")
         costs = load_costs(args.costs)
     result = run(request)
     if request.timeline is not None:
@@ -210,15 +210,11 @@ def run_command(args: argparse.Namespace) -> int:
         )
     document = report_document(result)
     text = render_run(result)
-    if costs is not None:
-        from syncpass.backends.torch.prediction import (
-            predict_run,
-            prediction_to_json,
-            render_prediction,
-        )
+    if predict is not None and costs is not None:
+        from syncpass.runtime.prediction import prediction_to_json, render_prediction
 
         source = Path(request.file).read_text(encoding="utf-8")
-        prediction = predict_run(source, request.file, costs, result)
+        prediction = predict(source, request.file, costs, result)
         document["prediction"] = prediction_to_json(prediction)
         text += render_prediction(prediction)
     if args.json_report is not None:

@@ -11,18 +11,7 @@ from dataclasses import dataclass
 from syncpass.plan.planner import default_microbatches as plan_microbatches
 
 SCHEDULES = ("gpipe", "1f1b")
-DEFAULT_SCHEDULE = "1f1b"
 DEVICES = ("auto", "cpu", "cuda")
-
-
-def default_schedule(run: object) -> str:
-    """The schedule a backend's run hook runs when none is asked for.
-
-    A hook that runs another than :data:`DEFAULT_SCHEDULE` (torch's) by
-    default says so in a ``default_schedule`` attribute (the JAX hook: gpipe).
-    """
-    named = getattr(run, "default_schedule", DEFAULT_SCHEDULE)
-    return named if isinstance(named, str) else DEFAULT_SCHEDULE
 
 
 def default_microbatches(batch: int, stages: int) -> int:
@@ -39,9 +28,7 @@ class RunRequest:
     the defaults of the parameter's dtype and device (see
     :func:`syncpass.backends.torch.verify.tolerances`). ``timeline``, when set, is
     where the timed steps' profile goes (``.json`` and ``.png``, by
-    :class:`syncpass.backends.torch.profiler.Profile`). ``costs``, when set, is
-    the cost file whose prediction is set beside the run (read by the command;
-    a backend whose run cannot be predicted refuses it).
+    :class:`syncpass.backends.torch.profiler.Profile`).
     """
 
     file: str
@@ -58,7 +45,6 @@ class RunRequest:
     timeout_s: float = 300.0
     port: int = 0
     timeline: str | None = None
-    costs: str | None = None
 
 
 @dataclass(frozen=True)

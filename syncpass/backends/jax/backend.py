@@ -1,12 +1,11 @@
 """The JAX backend's spec: every hook the commands call (:class:`~syncpass.backends.spec.Backend`).
 
-It has no static estimator (``estimate`` is ``None``). Importing this module
+It has no static estimator, lint or run prediction (those hooks are ``None``). Importing this module
 imports no jax: the measure and run hooks import it when they are called.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from syncpass.backends.jax.rewrite import analyse, insert, remove, strip_jax_sync_points
@@ -23,17 +22,10 @@ def _measure(request: MeasureRequest) -> Costs:
     return measure(request)
 
 
-@dataclass(frozen=True)
-class _Run:
-    """The run hook; GPipe is its default schedule, as it is its only one
-    (:func:`syncpass.runtime.contracts.default_schedule` reads it)."""
+def _run(request: RunRequest) -> RunResult:
+    from syncpass.backends.jax.run import run_jax
 
-    default_schedule: str = "gpipe"
-
-    def __call__(self, request: RunRequest) -> RunResult:
-        from syncpass.backends.jax.run import run_jax
-
-        return run_jax(request)
+    return run_jax(request)
 
 
 BACKEND = Backend(
@@ -45,5 +37,6 @@ BACKEND = Backend(
     remove=remove,
     strip=strip_jax_sync_points,
     measure=_measure,
-    run=_Run(),
+    run=_run,
+    schedules=("gpipe",),
 )

@@ -71,12 +71,6 @@ def refusals(request: RunRequest) -> list[str]:
         )
     if request.timeline is not None:
         found.append("--timeline: the timeline profiles torch pipelines only")
-    if request.costs is not None:
-        found.append(
-            "--costs: the prediction beside a run reads the sync points with the torch frontend "
-            "(pipe_split()); for a JAX model, `syncpass rewrite --backend jax --costs` prints the "
-            "predicted figures of its plan"
-        )
     return found
 
 

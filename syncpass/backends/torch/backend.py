@@ -15,6 +15,7 @@ from syncpass.backends.torch.rewrite import analyse, insert, remove, strip_sync_
 if TYPE_CHECKING:
     from syncpass.contracts.costs import Costs
     from syncpass.runtime.contracts import RunRequest, RunResult
+    from syncpass.runtime.prediction import RunPrediction
 
 
 def _measure(request: MeasureRequest) -> Costs:
@@ -27,6 +28,12 @@ def _estimate(request: EstimateRequest) -> Costs:
     from syncpass.backends.torch.static import estimate
 
     return estimate(request)
+
+
+def _predict(text: str, path: str, costs: Costs, result: RunResult) -> RunPrediction:
+    from syncpass.backends.torch.prediction import predict_run
+
+    return predict_run(text, path, costs, result)
 
 
 def _run(request: RunRequest) -> RunResult:
@@ -47,4 +54,6 @@ BACKEND = Backend(
     estimate=_estimate,
     run=_run,
     lint=lint_source,
+    predict=_predict,
+    schedules=("1f1b", "gpipe"),
 )
