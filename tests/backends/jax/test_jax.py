@@ -10,6 +10,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+from conftest import REPO
 
 from syncpass.backends.jax.analysis import analyse_jax_model
 from syncpass.backends.jax.backend import BACKEND as JAX
@@ -26,10 +27,10 @@ from syncpass.rewrite.driver import rewrite_text
 from syncpass.runtime.contracts import RunRequest
 from syncpass.transformers.jax_transfer import retarget_device_puts
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 EXAMPLES = ROOT / "examples"
-GOLDEN = Path(__file__).parent / "golden" / "jax"
-DATA = Path(__file__).parent / "data"
+GOLDEN = REPO / "tests" / "golden" / "jax"
+DATA = REPO / "tests" / "data"
 MARKER = "# output:\n"
 SIZES = {"TransformerLM": {"blocks": 4}, "Net": {"blocks": 4}}
 
