@@ -3,7 +3,12 @@ that run without torch. (`lint-imports`, run by `.ci/run`, checks the layer orde
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import grimp
+import pytest
 from conftest import REPO
 
 
@@ -58,3 +63,37 @@ def test_no_import_cycle_among_syncpass_modules() -> None:
 def test_the_top_level_holds_at_most_a_dozen_files() -> None:
     files = sorted(path.name for path in (REPO / "syncpass").iterdir() if path.is_file())
     assert len(files) <= 12, files
+
+
+#: The tests of the parts that need neither torch nor jax: they must run on a machine without them.
+TORCH_FREE = ("core", "contracts", "plan", "settings", "frontend", "rewrite", "commands")
+
+
+@pytest.mark.slow
+def test_the_torch_free_parts_are_tested_without_torch_or_jax() -> None:
+    hidden = REPO / "tests" / "data" / "without_torch"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hidden), str(REPO)]))
+    probe = subprocess.run(
+        [sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True, check=False
+    )
+    assert probe.returncode != 0 and "hidden for this run" in probe.stderr
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-m",
+            "not slow",
+            *(str(REPO / "tests" / folder) for folder in TORCH_FREE),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-4000:]
+    assert " passed" in done.stdout and "skipped" in done.stdout  # parallelize's test skips

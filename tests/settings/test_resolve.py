@@ -87,16 +87,23 @@ def test_the_five_entry_points_resolve_one_project_alike(
     command = PipelineSyncCommand(CodemodContext(filename=str(project / "model.py")))
     tree = command.transform_module(cst.parse_module(CASE.source))
     assert tree.code == rewritten
-    # parallelize's settings (the stage count is the world size: the one rewrite chose).
+
+
+def test_parallelize_resolves_as_the_others_do(project: Path) -> None:
+    """parallelize's settings: the stage count is the world size; the rest from the project."""
+    pytest.importorskip("torch")
     from syncpass.backends.torch.parallelize import resolve_parallel_settings
 
     costs = load_costs(project / "model.costs.json")
-    stages = int(planned["num_stages"])  # type: ignore[call-overload]
-    here = resolve_settings(project / "model.py", Overrides(stages=stages))
-    there = resolve_parallel_settings(project / "model.py", stages, None)
+    here = resolve_settings(project / "model.py", Overrides(stages=3))
+    there = resolve_parallel_settings(project / "model.py", 3, None)
     assert there.request(costs) == here.request(costs)
     assert there.retarget(costs) == here.retarget(costs)
     assert there.hardware == "pcie4-gpus"
+    assert there.request(costs).config.min_sync_interval == 2
+    mapping = resolve_parallel_settings(project / "model.py", 3, {"min_sync_interval": 1})
+    assert mapping.request(costs).config.min_sync_interval == 1  # the caller's over the project's
+    assert mapping.request(costs).config.communication_cost_threshold == 0.5
 
 
 def test_flags_win_over_the_project_the_same_way_everywhere(
