@@ -37,6 +37,11 @@ from syncpass.core.plugins import (
     load_entry_point,
 )
 
+_HOOKS = tuple(
+    field.name
+    for field in dataclasses.fields(Backend)
+    if field.name not in ("name", "description", "schedules")
+)
 #: The module whose ``BACKEND`` is each built-in backend's spec.
 _BUILTIN_MODULES = {
     "torch": "syncpass.backends.torch.backend",
@@ -56,23 +61,16 @@ def load_backend(name: str) -> Backend:
     found = load_entry_point(point, BACKEND_GROUP)
     if not isinstance(found, Backend):
         raise SyncpassError(
-            f"backend {name!r} ({point.value}) is a {type(found).__name__}, not a "
-            "syncpass.backends.spec.Backend; see docs/plugin.md"
+            f"backend {name!r} ({point.value}) is not a syncpass.backends.spec.Backend but a "
+            f"{type(found).__name__}; see docs/plugin.md"
         )
     return _checked(dataclasses.replace(found, name=name))
-
-
-def backend_description(name: str) -> str:
-    """A line about backend ``name`` for ``--help``; an installed one is not loaded for it."""
-    if name in _BUILTIN_MODULES:
-        return load_backend(name).description
-    return "an installed backend (docs/plugin.md)"
 
 
 def _checked(backend: Backend) -> Backend:
     """``backend`` with every hook's own exceptions turned into errors that name it."""
     hooks: dict[str, Any] = {}
-    for hook in ("analyse", "insert", "remove", "strip", "measure", "estimate", "run", "lint"):
+    for hook in _HOOKS:
         function = getattr(backend, hook)
         if function is not None:
             hooks[hook] = _guarded(backend.name, hook, function)

@@ -87,21 +87,22 @@ Estimate = Callable[[EstimateRequest], "Costs"]
 Run = Callable[["RunRequest"], "RunResult"]
 Lint = Callable[[str, str], "Sequence[Finding]"]
 Predict = Callable[[str, str, "Costs", "RunResult"], "RunPrediction"]
+LoadExample = Callable[[str], Any]
 
 
 @dataclass(frozen=True)
 class Backend:
     """Every per-backend hook; one instance per backend (``BACKEND`` in its folder's ``backend.py``).
 
-    ``sync_call`` names what a sync point is written as, for messages and help;
-    ``schedules`` the pipeline schedules its ``run`` hook runs, its default first.
+    ``schedules`` are the pipeline schedules its ``run`` hook runs, its default first;
+    ``load_example(spec)`` loads the user's example factory (``PATH.py:FUNC``) as
+    the backend's profiler and runtime do, running the user's code.
     ``predict(text, path, costs, result)`` plans the sync points a rewritten file
     carries on a cost file, beside a run of it (``syncpass run --costs``).
     """
 
     name: str
     description: str
-    sync_call: str
     analyse: Analyse
     insert: Insert
     remove: Remove
@@ -111,6 +112,7 @@ class Backend:
     run: Run | None = None
     lint: Lint | None = None
     predict: Predict | None = None
+    load_example: LoadExample | None = None
     schedules: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -133,4 +135,5 @@ _HOOK_NAMES = {
     "estimate": "static estimator (it cannot estimate costs from source)",
     "run": "runtime (it cannot run a pipeline)",
     "predict": "prediction of a run (it cannot plan the sync points a file carries)",
+    "load_example": "example loader (it cannot run the user's example)",
 }

@@ -65,6 +65,14 @@ def garbage_insert(source, sites, path):
 
 
 GARBAGE = dataclasses.replace(TORCH, name="garbage", insert=garbage_insert)
+
+
+def failing_analyse(text, path, known, name):
+    raise RuntimeError("cannot read this")
+
+
+FAILING = dataclasses.replace(TORCH, name="failing", analyse=failing_analyse)
+NOT_A_SPEC = object()
 '''
 
 ENTRY_POINTS = """
@@ -78,6 +86,8 @@ adaptive = syncpass_demo_plugin:last_cuts
 [syncpass.backends]
 demo = syncpass_demo_plugin:BACKEND
 garbage = syncpass_demo_plugin:GARBAGE
+failing = syncpass_demo_plugin:FAILING
+not_a_spec = syncpass_demo_plugin:NOT_A_SPEC
 """
 
 
@@ -183,3 +193,18 @@ def test_an_installed_backend_whose_output_does_not_parse_writes_nothing(
     assert done.returncode == 2
     assert "does not parse" in done.stderr
     assert not out.exists()
+
+
+def test_an_installed_backend_that_raises_is_an_error_naming_it_and_the_hook(
+    site: Path, tmp_path: Path
+) -> None:
+    source = tmp_path / "model.py"
+    source.write_text(CASE.source)
+    args = ["rewrite", str(source), "--costs", str(CASE.costs_path), "--stages", "3"]
+    done = syncpass(site, *args, "--backend", "failing")
+    assert done.returncode == 2
+    assert "backend 'failing' failed in analyse: RuntimeError: cannot read this" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = syncpass(site, *args, "--backend", "not_a_spec")
+    assert done.returncode == 2
+    assert "is not a syncpass.backends.spec.Backend but a object" in done.stderr

@@ -12,6 +12,7 @@ from syncpass.backends.jax.rewrite import analyse, insert, remove, strip_jax_syn
 from syncpass.backends.spec import Backend, MeasureRequest
 
 if TYPE_CHECKING:
+    from syncpass.backends.jax.example import JaxExample
     from syncpass.contracts.costs import Costs
     from syncpass.runtime.contracts import RunRequest, RunResult
 
@@ -28,10 +29,15 @@ def _run(request: RunRequest) -> RunResult:
     return run_jax(request)
 
 
+def _load_example(spec: str) -> JaxExample:
+    from syncpass.backends.jax.example import load_jax_example
+
+    return load_jax_example(spec)
+
+
 BACKEND = Backend(
     name="jax",
     description="jax.device_put transfers in a JAX function or a Flax module (docs/jax.md)",
-    sync_call="jax.device_put",
     analyse=analyse,
     insert=insert,
     remove=remove,
@@ -39,4 +45,5 @@ BACKEND = Backend(
     measure=_measure,
     run=_run,
     schedules=("gpipe",),
+    load_example=_load_example,
 )

@@ -13,6 +13,7 @@ from syncpass.backends.torch.lint import lint_source
 from syncpass.backends.torch.rewrite import analyse, insert, remove, strip_sync_points
 
 if TYPE_CHECKING:
+    from syncpass.backends.torch.example import Example
     from syncpass.contracts.costs import Costs
     from syncpass.runtime.contracts import RunRequest, RunResult
     from syncpass.runtime.prediction import RunPrediction
@@ -42,10 +43,15 @@ def _run(request: RunRequest) -> RunResult:
     return launch(request)
 
 
+def _load_example(spec: str) -> Example:
+    from syncpass.backends.torch.example import load_example
+
+    return load_example(spec)
+
+
 BACKEND = Backend(
     name="torch",
     description="pipe_split() calls in an nn.Module's forward (torch.distributed.pipelining)",
-    sync_call="pipe_split()",
     analyse=analyse,
     insert=insert,
     remove=remove,
@@ -56,4 +62,5 @@ BACKEND = Backend(
     lint=lint_source,
     predict=_predict,
     schedules=("1f1b", "gpipe"),
+    load_example=_load_example,
 )
