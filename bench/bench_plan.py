@@ -56,7 +56,7 @@ import numpy as np
 
 from syncpass.contracts.costs import parse_costs
 from syncpass.plan.optimizer import Infeasible, Problem, Solution, score_cuts, solve
-from syncpass.plan.planner import problem_from_costs
+from syncpass.plan.problem import problem_from_costs
 
 ALPHA_S = 2e-5
 BETA_BYTES_PER_S = 5e9

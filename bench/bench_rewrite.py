@@ -20,11 +20,12 @@ from collections.abc import Callable
 
 import libcst as cst
 
+from syncpass.backends.torch.backend import BACKEND as TORCH
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs, parse_costs
 from syncpass.frontend import analyse_model, loop_containers, parse_source
 from syncpass.plan.planner import PlanRequest
-from syncpass.rewrite.driver import rewrite_source
+from syncpass.rewrite.driver import rewrite_text
 
 TARGET_RATIO = 3.0
 LAYERS = 48
@@ -129,15 +130,15 @@ def main() -> int:
     text = generated_model(args.lines)
     costs = synthetic_costs(text)
     request = PlanRequest(stages=8, config=SyncConfig())
-    rewritten = rewrite_source(text, "big_model.py", costs, request).rewritten
-    assert rewrite_source(rewritten, "big_model.py", costs, request).rewritten == rewritten
+    rewritten = rewrite_text(text, "big_model.py", TORCH, request, costs).rewritten
+    assert rewrite_text(rewritten, "big_model.py", TORCH, request, costs).rewritten == rewritten
 
     bare = best_and_median(lambda: cst.parse_module(text).code, args.repeats)
     first = best_and_median(
-        lambda: rewrite_source(text, "big_model.py", costs, request), args.repeats
+        lambda: rewrite_text(text, "big_model.py", TORCH, request, costs), args.repeats
     )
     again = best_and_median(
-        lambda: rewrite_source(rewritten, "big_model.py", costs, request), args.repeats
+        lambda: rewrite_text(rewritten, "big_model.py", TORCH, request, costs), args.repeats
     )
     print(
         f"model file: {text.count(chr(10))} lines, {len(costs.ops)} ops in forward, "

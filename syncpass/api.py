@@ -30,11 +30,12 @@ from typing import Any
 
 import libcst as cst
 
+from syncpass.backends.registry import load_backend
 from syncpass.contracts.config import SyncConfig, sync_config_from_mapping
 from syncpass.contracts.costs import Costs, load_costs
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import Plan, PlanRequest
-from syncpass.rewrite.driver import rewrite_source as _rewrite_text
+from syncpass.rewrite.driver import rewrite_text
 
 
 @dataclass(frozen=True)
@@ -69,8 +70,9 @@ def rewrite_source(
     schedule: str = "1f1b",
     class_name: str | None = None,
     max_stages: int | None = None,
+    backend: str = "torch",
 ) -> ApiResult:
-    """Plan ``costs`` for the model in ``code`` and write its sync points.
+    """Plan ``costs`` for the model in ``code`` and write its sync points with ``backend``.
 
     ``stages`` of ``None`` with ``max_stages`` picks the stage count with the
     least predicted step. Bad input (a syntax error, a cost file of another
@@ -84,7 +86,15 @@ def rewrite_source(
             microbatches=microbatches,
             schedule=schedule,
         )
-        result = _rewrite_text(code, path, loaded, request, class_name, max_stages)
+        result = rewrite_text(
+            code,
+            path,
+            load_backend(backend),
+            request,
+            loaded,
+            class_name=class_name,
+            max_stages=max_stages,
+        )
         module = cst.parse_module(result.rewritten)
     except SyncpassError as error:
         return _failed(code, error)
@@ -104,6 +114,7 @@ def rewrite_module(
     schedule: str = "1f1b",
     class_name: str | None = None,
     max_stages: int | None = None,
+    backend: str = "torch",
 ) -> ApiResult:
     """:func:`rewrite_source` for a module already parsed; :attr:`ApiResult.module`
     is the new tree (``module`` itself when nothing changed or the rewrite failed)."""
@@ -117,6 +128,7 @@ def rewrite_module(
         schedule=schedule,
         class_name=class_name,
         max_stages=max_stages,
+        backend=backend,
     )
     if not result.ok or not result.changed:
         return ApiResult(module.code, module, result.plan, result.warnings, result.error)

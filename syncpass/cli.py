@@ -17,19 +17,21 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from syncpass import __version__
-from syncpass.backends.registry import backend_names, strategy_names
+from syncpass.backends.registry import load_backend
+from syncpass.backends.spec import EstimateRequest, MeasureRequest
 from syncpass.commands.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
-from syncpass.contracts.config import SCHEDULES, SyncConfig
+from syncpass.contracts.config import SCHEDULES, strategy_names
 from syncpass.contracts.costs import Costs, load_costs
-from syncpass.contracts.hardware import load_profile, profile_names, retarget_hardware
+from syncpass.contracts.hardware import profile_names
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import write_atomically
+from syncpass.core.plugins import backend_names
 from syncpass.core.units import seconds
-from syncpass.plan.planfile import dumps_plan, plan_to_json
-from syncpass.plan.planner import Plan, PlanRequest, best_stage_count, compare_baselines, make_plan
+from syncpass.plan.planfile import dumps_plan, load_plan, plan_to_json
+from syncpass.plan.planner import Plan, PlanRequest, compare_baselines, plan_for
 from syncpass.plan.report import render_plan, render_sweep
-from syncpass.plan.retarget import retarget_batch, sweep_batch, sweep_to_json
-from syncpass.settings.project import find_project_config, load_project_config
+from syncpass.plan.retarget import sweep_batch, sweep_to_json
+from syncpass.settings.resolve import Overrides, Settings, resolve_settings
 
 
 def _stages(text: str) -> int | str:
@@ -169,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="estimate the costs from the source for these forward input shapes (8x128, or "
         "8x3x64x64,8x10); runs nothing (see syncpass profile --static)",
     )
+    source.add_argument(
+        "--plan",
+        type=Path,
+        metavar="PLAN",
+        help="apply this saved plan (syncpass plan -o PLAN) as it is; refused, naming the op, "
+        "when its ops are not this file's",
+    )
     rewrite.add_argument(
         "--input-dtype",
         metavar="KINDS",
@@ -214,7 +223,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     # Imported here, not at the top: `plan` must start without them (they add
     # subcommands only; torch is imported when a command runs).
-    from syncpass.backends.torch.calibrate import register as register_calibrate
+    from syncpass.commands.calibrate import register as register_calibrate
     from syncpass.commands.check import register as register_check
     from syncpass.commands.profile import register as register_profile
     from syncpass.commands.run import register as register_run
@@ -226,78 +235,36 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _read_config(args: argparse.Namespace, start: Path) -> None:
-    """Resolve the config file: ``--config FILE``, else the nearest pyproject.toml with a
-    ``[tool.syncpass]`` table from ``start`` up. Its stages and hardware stand in for
-    flags not given (a model entry's own stages and class first, when ``start`` is its
-    source or cost file, so that a rewrite by hand writes what ``check`` expects); its
-    sync settings go over the cost file's (in :func:`_settings`)."""
-    path = args.config if args.config is not None else find_project_config(start)
-    args.project = None if path is None else load_project_config(path)
-    if args.project is not None:
-        entry = args.project.entry_for(start)
-        if args.stages is None:
-            args.stages = (
-                args.project.stages_for(entry) if entry is not None else args.project.stages
-            )
-        if entry is not None and getattr(args, "model", None) is None:
-            args.model = entry.model
-        if args.hardware is None:
-            args.hardware = args.project.hardware
-
-
-def _settings(args: argparse.Namespace, costs: Costs) -> tuple[PlanRequest, bool]:
-    """The plan request the flags describe over the cost file's settings; and 'auto'."""
-    config: SyncConfig = costs.config
-    if args.project is not None:
-        config = args.project.sync_over(config)
-    try:
-        config = config.replace(
-            strategy=args.strategy,
-            min_sync_interval=args.min_sync_interval,
-            communication_cost_threshold=args.threshold,
-        )
-    except ValueError as error:
-        raise SyncpassError(str(error)) from None
+def _overrides(args: argparse.Namespace) -> Overrides:
+    """What the flags of ``plan`` and ``rewrite`` say; ``None`` for a flag not given."""
     pinned = (
         tuple(part.strip() for part in args.cuts.split(",") if part.strip()) if args.cuts else ()
     )
-    auto = args.stages == "auto"
-    request = PlanRequest(
-        stages=None if auto else args.stages,
-        config=config,
+    return Overrides(
+        stages=args.stages,
+        strategy=args.strategy,
+        min_sync_interval=args.min_sync_interval,
+        communication_cost_threshold=args.threshold,
         microbatches=args.microbatches,
         schedule=args.schedule,
         pinned=pinned,
+        hardware=args.hardware,
+        batch_size=args.batch_size,
+        model=getattr(args, "model", None),
+        backend=getattr(args, "backend", None),
+        config=args.config,
+        max_stages=args.max_stages,
     )
-    return request, auto
-
-
-def _load_costs(args: argparse.Namespace) -> Costs:
-    return _retargeted(args, load_costs(args.costs))
-
-
-def _retargeted(args: argparse.Namespace, costs: Costs) -> Costs:
-    """``costs`` for ``--hardware`` and ``--batch-size`` when given (the report says so)."""
-    if args.hardware is not None:
-        costs = retarget_hardware(costs, load_profile(args.hardware))
-    if args.batch_size is not None:
-        costs = retarget_batch(costs, args.batch_size)
-    return costs
 
 
 def _run_plan(args: argparse.Namespace) -> int:
-    _read_config(args, args.costs)
-    costs = _load_costs(args)
-    request, auto = _settings(args, costs)
+    settings = resolve_settings(args.costs, _overrides(args))
+    costs = settings.retarget(load_costs(args.costs))
+    request = settings.request(costs)
+    auto = settings.auto
     if args.sweep_batch is not None:
         return _run_sweep(args, costs, request)
-    origin = str(args.costs)
-    plan: Plan
-    if auto and request.config.strategy != "manual":  # manual: the pins decide the count
-        plan = best_stage_count(costs, request, args.max_stages, origin)
-    else:
-        plan = make_plan(costs, request, origin)
+    plan = plan_for(costs, request, str(args.costs), settings.auto_limit)
     baselines: tuple[Plan, ...] = ()
     if not args.no_baselines and len(plan.stages) > 1:
         baselines = compare_baselines(
@@ -340,48 +307,72 @@ def _run_sweep(args: argparse.Namespace, costs: Costs, request: PlanRequest) -> 
     return EXIT_OK
 
 
-def _rewrite_costs(args: argparse.Namespace, text: str) -> Costs:
+def _rewrite_costs(args: argparse.Namespace, text: str, settings: Settings) -> Costs:
     """The costs ``rewrite`` plans with: the cost file, a profile of the example, or an
     estimate from the source."""
+    backend = load_backend(settings.backend)
     if args.input_shape is not None:
-        if args.backend != "torch":
-            raise SyncpassError("--input-shape estimates torch models only; give --costs")
-        from syncpass.backends.torch.static import estimate_file
-
+        estimate = backend.need("estimate", "give --costs or --example")
         # Estimated for --hardware directly: there is nothing to re-target from.
-        estimated = estimate_file(
-            str(args.file),
-            text,
-            args.model,
-            args.input_shape,
-            args.input_dtype,
-            args.hardware,
-            args.depth,
+        estimated = estimate(
+            EstimateRequest(
+                file=str(args.file),
+                text=text,
+                input_shape=args.input_shape,
+                model=settings.model,
+                input_dtype=args.input_dtype,
+                hardware=settings.hardware,
+                depth=args.depth,
+            )
         )
-        return retarget_batch(estimated, args.batch_size) if args.batch_size else estimated
+        return settings.retarget(estimated, estimated_for_hardware=True)
     if args.input_dtype is not None:
         raise SyncpassError("--input-dtype goes with --input-shape")
     if args.example is None:
-        return _load_costs(args)
+        return settings.retarget(load_costs(args.costs))
     if args.file == "-":
         raise SyncpassError("--example needs the model file itself, not stdin")
-    if args.backend == "jax":
-        from syncpass.backends.jax.profile import measure_jax_file
-
-        return _retargeted(args, measure_jax_file(Path(args.file), text, args.example, args.model))
-    if args.backend != "torch":
-        raise SyncpassError(
-            f"the {args.backend} backend has no profiler in syncpass; give its cost file "
-            "with --costs"
+    measure = backend.need("measure", "give its cost file with --costs")
+    measured = measure(
+        MeasureRequest(
+            file=Path(args.file),
+            text=text,
+            example=args.example,
+            model=settings.model,
+            depth=args.depth,
         )
-    from syncpass.commands.profile import measure_file
+    )
+    return settings.retarget(measured)
 
-    measured = measure_file(Path(args.file), text, args.example, args.model, depth=args.depth)
-    return _retargeted(args, measured)
+
+def _saved_plan(args: argparse.Namespace) -> Plan:
+    """The plan file of ``--plan``; the planning flags cannot change a saved plan."""
+    given = [
+        flag
+        for flag, value in (
+            ("--stages", args.stages),
+            ("--strategy", args.strategy),
+            ("--min-sync-interval", args.min_sync_interval),
+            ("--threshold", args.threshold),
+            ("--microbatches", args.microbatches),
+            ("--cuts", args.cuts),
+            ("--hardware", args.hardware),
+            ("--batch-size", args.batch_size),
+            ("--depth", args.depth if args.depth != 1 else None),
+        )
+        if value is not None
+    ]
+    if given:
+        raise SyncpassError(
+            f"--plan applies a saved plan as it is; drop {', '.join(given)} (or plan again with "
+            "syncpass plan)"
+        )
+    return load_plan(args.plan)
 
 
 def _run_rewrite(args: argparse.Namespace) -> int:
-    from syncpass.backends.registry import load_backend
+    from syncpass.frontend.source import read_model_text
+    from syncpass.rewrite.driver import rewrite_text
     from syncpass.rewrite.report import analysis_to_json
 
     if args.diff and (args.in_place or args.output not in (None, "-")):
@@ -389,23 +380,25 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     path = "<stdin>" if args.file == "-" else args.file
     if args.in_place and args.file == "-":
         raise SyncpassError("--in-place needs a file, not stdin")
-    _read_config(args, Path.cwd() if args.file == "-" else Path(args.file))
-    from syncpass.frontend.source import read_model_text
-
-    text = read_model_text(args.file)
-    if args.backend is None:
-        args.backend = args.project.backend if args.project is not None else "torch"
-    backend = load_backend(args.backend)
-    costs = _rewrite_costs(args, text)
-    request, auto = _settings(args, costs)
-    result = backend.rewrite(
-        text,
-        path,
-        costs,
-        request,
-        class_name=args.model,
-        max_stages=args.max_stages if auto else None,
+    settings = resolve_settings(
+        Path.cwd() if args.file == "-" else Path(args.file), _overrides(args)
     )
+    text = read_model_text(args.file)
+    backend = load_backend(settings.backend)
+    if args.plan is not None:
+        plan = _saved_plan(args)
+        result = rewrite_text(text, path, backend, None, class_name=settings.model, plan=plan)
+    else:
+        costs = _rewrite_costs(args, text, settings)
+        result = rewrite_text(
+            text,
+            path,
+            backend,
+            settings.request(costs),
+            costs,
+            class_name=settings.model,
+            max_stages=settings.auto_limit,
+        )
     points = len(result.plan.sync_points)
     summary = (
         f"{points} sync point(s), {len(result.plan.stages)} stage(s): bottleneck "

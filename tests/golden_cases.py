@@ -14,12 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from syncpass.backends.torch.backend import BACKEND as TORCH
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs, costs_to_json, load_costs, parse_costs
 from syncpass.frontend import analyse_model, loop_containers, parse_source, sequential_calls
 from syncpass.plan.planfile import plan_to_json
 from syncpass.plan.planner import PlanRequest
-from syncpass.rewrite.driver import RewriteResult, rewrite_source
+from syncpass.rewrite.driver import RewriteResult, rewrite_text
 
 GOLDEN = Path(__file__).parent / "golden" / "rewrite"
 MARKER = "# output:\n"
@@ -128,8 +129,8 @@ def run_case(case: Case, source: str | None = None) -> RewriteResult:
             else None
         ),
     )
-    return rewrite_source(
-        case.source if source is None else source, f"{case.name}.py", costs, request
+    return rewrite_text(
+        case.source if source is None else source, f"{case.name}.py", TORCH, request, costs
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+from conftest import REPO
 from golden_cases import GOLDEN, read_case
 
 from syncpass.api import rewrite_module, rewrite_source
@@ -189,3 +191,42 @@ def test_the_codemod_takes_its_settings_from_the_project_as_rewrite_does(tmp_pat
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert (models / "tower.py").read_text() == CASE.expected
+
+
+def test_the_codemod_writes_for_the_project_backend(tmp_path: Path) -> None:
+    """A JAX project gets jax.device_put transfers, the same that `rewrite --backend jax` writes."""
+    from syncpass.backends.jax.analysis import analyse_jax_model
+    from syncpass.frontend.source import parse_source
+
+    golden = (REPO / "tests" / "golden" / "jax" / "mlp_function.py").read_text()
+    source = golden.split("# output:\n")[0]
+    graph = analyse_jax_model(parse_source(source, "mlp.py"), "mlp.py", None, {}, source)
+    costs = {
+        "version": 1,
+        "model": graph.model_class,
+        "batch_size": 8,
+        "hardware": {"alpha_s": 2e-05, "beta_bytes_per_s": 5e9},
+        "ops": [{"id": op.id, "compute_s": 0.001, "backward_s": 0.002} for op in graph.ops],
+        "cuts": [{"after": cut.after, "live_bytes": 65536} for cut in graph.cuts],
+    }
+    (tmp_path / "mlp.py").write_text(source)
+    (tmp_path / "mlp.costs.json").write_text(json.dumps(costs))
+    (tmp_path / "pyproject.toml").write_text('[tool.syncpass]\nbackend = "jax"\nstages = 2\n')
+    expected = subprocess.run(
+        [sys.executable, "-m", "syncpass", "rewrite", "mlp.py", "--costs", "mlp.costs.json"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    assert "jax.device_put" in expected
+    subprocess.run(
+        [sys.executable, "-m", "libcst.tool", "initialize", "."], cwd=tmp_path, check=True
+    )
+    command = [
+        *(sys.executable, "-m", "libcst.tool", "codemod", "--no-format", "-x"),
+        *("syncpass.transformers.codemod.PipelineSyncCommand", "mlp.py"),
+    ]
+    done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "mlp.py").read_text() == expected

@@ -15,20 +15,21 @@ from functools import cache
 import pytest
 from conftest import REPO
 
+from syncpass.backends.torch.backend import BACKEND as TORCH
 from syncpass.backends.torch.estimate import (
     DEFAULT_FLOPS_PER_S,
     StaticEstimate,
     estimate_costs,
     parse_input_shapes,
 )
+from syncpass.backends.torch.example import Example, load_example
 from syncpass.contracts.config import default_sync_config
 from syncpass.contracts.costs import Costs, Hardware, costs_to_json, parse_costs
 from syncpass.contracts.graph import OpGraph
 from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import PlanRequest
-from syncpass.rewrite.driver import rewrite_source
-from syncpass.runtime.example import Example, load_example
+from syncpass.rewrite.driver import rewrite_text
 
 HARDWARE = load_profile("cpu-gloo-loopback").hardware
 EXAMPLES = REPO / "examples"
@@ -148,7 +149,7 @@ def test_the_estimate_round_trips_and_rewrites_the_source() -> None:
     costs = estimate_example("transformer_lm.py", "TransformerLM", [(8, 32)], 1)
     assert parse_costs(costs_to_json(costs)) == costs
     request = PlanRequest(stages=2, config=default_sync_config())
-    result = rewrite_source(path.read_text(), str(path), costs, request)
+    result = rewrite_text(path.read_text(), str(path), TORCH, request, costs)
     assert result.rewritten.count("pipe_split()  # syncpass sync") == 1
     assert len(result.plan.stages) == 2
     assert costs.memory_multiplier == 4

@@ -4,13 +4,14 @@
     python -m libcst.tool codemod -x syncpass.transformers.codemod.PipelineSyncCommand \\
         --stages 4 models/
 
-Each Python file that holds a model (a class with a ``forward``) and has a cost
-file is planned and rewritten in place, as ``syncpass rewrite --in-place``
-would, with the same settings: ``[tool.syncpass]`` of the nearest
-``pyproject.toml`` (its strategy, threshold, interval, hardware, and the stages
-and class of the file's model entry) under the flags given here. Files without
-a model or without a cost file, and projects configured for another backend,
-are skipped with the reason. The cost file of ``models/gpt.py`` is ``models/gpt.costs.json`` unless
+Each Python file that holds a model and has a cost file is planned and
+rewritten in place, as ``syncpass rewrite --in-place`` would, with the same
+settings from the same resolver (:mod:`syncpass.settings.resolve`):
+``[tool.syncpass]`` of the nearest ``pyproject.toml`` (its backend, strategy,
+threshold, interval, stages, hardware, and the stages and class of the file's
+model entry) under the flags given here; the sync points are written for the
+project's backend (``pipe_split()`` for torch, ``jax.device_put`` for JAX).
+Files without a model or without a cost file are skipped with the reason. The cost file of ``models/gpt.py`` is ``models/gpt.costs.json`` unless
 ``--costs`` gives another pattern (``{dir}`` and ``{stem}`` are the file's
 folder and name without ``.py``), or one file for all. A file the pass refuses
 (a cost file of another model, an impossible constraint) fails with the
@@ -29,30 +30,29 @@ import libcst as cst
 from libcst.codemod import CodemodCommand, CodemodContext, SkipFile
 
 from syncpass.api import rewrite_module
-from syncpass.contracts.config import STRATEGIES, SyncConfig
+from syncpass.contracts.config import strategy_names
 from syncpass.contracts.costs import Costs, load_costs
-from syncpass.contracts.hardware import load_profile, retarget_hardware
-from syncpass.core.errors import SyncpassError
-from syncpass.settings.project import find_project_config, load_project_config
+from syncpass.core.errors import NoModelError, SyncpassError
+from syncpass.settings.resolve import Overrides, Settings, resolve_settings
 
 DEFAULT_COSTS = "{dir}/{stem}.costs.json"
 
 
 class PipelineSyncCommand(CodemodCommand):
-    """Write the planned pipeline sync points (``pipe_split()``) into each model file."""
+    """Write the planned pipeline sync points into each model file, for the project's backend."""
 
     DESCRIPTION: str = (
-        "Plan each model's pipeline sync points from its cost file and write them as "
-        "pipe_split() calls (syncpass)."
+        "Plan each model's pipeline sync points from its cost file and write them into its "
+        "source: pipe_split() calls, or the project backend's sync calls (syncpass)."
     )
 
     @staticmethod
     def add_args(arg_parser: argparse.ArgumentParser) -> None:
         arg_parser.add_argument(
             "--stages",
-            type=int,
+            type=_stages,
             default=None,
-            help="pipeline stages per model (default: the project's configuration)",
+            help="pipeline stages per model, or auto (default: the project's configuration)",
         )
         arg_parser.add_argument(
             "--costs",
@@ -60,7 +60,7 @@ class PipelineSyncCommand(CodemodCommand):
             help="cost file of each model file: a path, or a pattern with {dir} and {stem} "
             f"(default {DEFAULT_COSTS})",
         )
-        arg_parser.add_argument("--strategy", choices=STRATEGIES, default=None)
+        arg_parser.add_argument("--strategy", choices=strategy_names(), default=None)
         arg_parser.add_argument("--min-sync-interval", type=int, default=None)
         arg_parser.add_argument("--microbatches", type=int, default=None)
         arg_parser.add_argument("--model", default=None, help="the model class in each file")
@@ -68,7 +68,7 @@ class PipelineSyncCommand(CodemodCommand):
     def __init__(
         self,
         context: CodemodContext,
-        stages: int | None = None,
+        stages: int | str | None = None,
         costs: str = DEFAULT_COSTS,
         strategy: str | None = None,
         min_sync_interval: int | None = None,
@@ -78,11 +78,8 @@ class PipelineSyncCommand(CodemodCommand):
         super().__init__(context)
         self.stages = stages
         self.costs = costs
-        self.settings = {
-            key: value
-            for key, value in (("strategy", strategy), ("min_sync_interval", min_sync_interval))
-            if value is not None
-        }
+        self.strategy = strategy
+        self.min_sync_interval = min_sync_interval
         self.microbatches = microbatches
         self.model = model
 
@@ -93,60 +90,56 @@ class PipelineSyncCommand(CodemodCommand):
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         filename = self.context.filename or "<module>"
-        if "forward" not in tree.code:
-            raise SkipFile("no model forward in this file")
         cost_path = self.cost_file(filename)
         if not cost_path.is_file():
             raise SkipFile(f"no cost file {cost_path} (run syncpass profile first)")
         try:
-            costs, config, stages, model = self._settings(Path(filename), cost_path)
+            costs, settings = self._settings(Path(filename), cost_path)
+            request = settings.request(costs)
         except SyncpassError as error:
             raise CodemodRefused(error) from None
         result = rewrite_module(
             tree,
             filename,
             costs=costs,
-            stages=stages,
-            sync_config=config,
-            microbatches=self.microbatches,
-            class_name=model,
+            stages=request.stages,
+            sync_config=request.config,
+            microbatches=request.microbatches,
+            schedule=request.schedule,
+            class_name=settings.model,
+            max_stages=settings.auto_limit,
+            backend=settings.backend,
         )
+        if isinstance(result.error, NoModelError):
+            raise SkipFile(result.error.message)
         if result.error is not None:
             raise CodemodRefused(result.error)
         for warning in result.warnings:
             self.warn(warning)
         return result.module
 
-    def _settings(
-        self, path: Path, cost_path: Path
-    ) -> tuple[Costs, SyncConfig, int | None, str | None]:
-        """The costs, settings, stage count and class ``syncpass rewrite`` would use."""
-        costs = load_costs(cost_path)
-        config = costs.config
-        stages, model = self.stages, self.model
-        found = find_project_config(path)
-        if found is not None:
-            project = load_project_config(found)
-            if project.backend != "torch":
-                raise SkipFile(f"{found} configures the {project.backend} backend")
-            if project.hardware is not None:
-                costs = retarget_hardware(costs, load_profile(project.hardware))
-            config = project.sync_over(config)
-            entry = project.entry_for(path)
-            configured = project.stages_for(entry) if entry is not None else project.stages
-            if stages is None and isinstance(configured, int):
-                stages = configured
-            if model is None and entry is not None:
-                model = entry.model
-        if stages is None:
+    def _settings(self, path: Path, cost_path: Path) -> tuple[Costs, Settings]:
+        """The costs and settings ``syncpass rewrite`` would use, from the same resolver."""
+        settings = resolve_settings(
+            path,
+            Overrides(
+                stages=self.stages,
+                strategy=self.strategy,
+                min_sync_interval=self.min_sync_interval,
+                microbatches=self.microbatches,
+                model=self.model,
+            ),
+        )
+        costs = settings.retarget(load_costs(cost_path))
+        if settings.stages is None and settings.sync_config(costs.config).strategy != "manual":
             raise SyncpassError(
                 "no stage count: give --stages, or stages in [tool.syncpass]", str(path)
             )
-        try:
-            config = config.replace(**self.settings)
-        except ValueError as error:
-            raise SyncpassError(str(error)) from None
-        return costs, config, stages, model
+        return costs, settings
+
+
+def _stages(text: str) -> int | str:
+    return "auto" if text == "auto" else int(text)
 
 
 class CodemodRefused(Exception):

@@ -29,6 +29,9 @@ those lines use) stay.
 :class:`RetargetDevicePutsCommand` points every transfer to a device in the
 model at one device (``jax.devices()[0]``): the profiler's copy of a file
 traces on one device, hand-written transfers included.
+
+The insert and remove commands subclass the backend-neutral ones of
+:mod:`syncpass.transformers.common`, as the torch transformer's do.
 """
 
 from __future__ import annotations
@@ -40,20 +43,28 @@ import libcst.matchers as m
 from libcst.codemod import Codemod, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
-from syncpass.backends.jax.analysis import names_a_device
-from syncpass.transformers.torch_pipeline import (
-    _SYNC_COMMENT,
+from syncpass.transformers.common import (
     SYNC_COMMENT_PREFIX,
-    InsertPipeSplitsCommand,
-    RemovePipeSplitsCommand,
+    SYNC_TRAILER,
+    InsertSyncPointsCommand,
+    RemoveSyncPointsCommand,
     SyncSite,
-    _with_import,
+    add_import,
 )
 
 FLAX_METHOD = "__call__"
 JAX_IMPORT = ImportItem("jax")
 #: The comment on an ``import jax`` syncpass adds, by which stripping tells it from a user's.
 ADDED_IMPORT_NOTE = "imported for the transfers"
+
+
+def names_a_device(call: cst.Call) -> bool:
+    """Whether a ``jax.device_put`` call gives a device: a second positional argument or
+    ``device=``, other than ``None``."""
+    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
+    given = [arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "device"]
+    device = given[0] if given else positional[1] if len(positional) > 1 else None
+    return device is not None and not m.matches(device.value, m.Name("None"))
 
 
 def device_expression(stage: int) -> str:
@@ -106,21 +117,18 @@ def _replace_body(
     return tree.with_changes(body=tuple(body))
 
 
+_TRANSFER_LINE = m.SimpleStatementLine(
+    body=[m.Assign(value=m.Call(func=m.Attribute(attr=m.Name("device_put"))))],
+    trailing_whitespace=SYNC_TRAILER,
+)
+
+
 def is_transfer_line(statement: cst.CSTNode) -> bool:
     """A line syncpass wrote: ``names = jax.device_put(...)  # syncpass sync ...``."""
-    if not m.matches(
-        statement,
-        m.SimpleStatementLine(
-            body=[m.Assign(value=m.Call(func=m.Attribute(attr=m.Name("device_put"))))]
-        ),
-    ):
-        return False
-    assert isinstance(statement, cst.SimpleStatementLine)
-    comment = statement.trailing_whitespace.comment
-    return comment is not None and bool(_SYNC_COMMENT.match(comment.value))
+    return m.matches(statement, _TRANSFER_LINE)
 
 
-class InsertDevicePutsCommand(InsertPipeSplitsCommand):
+class InsertDevicePutsCommand(InsertSyncPointsCommand):
     """Insert ``jax.device_put`` transfers at the planned sites of a JAX function or Flax module."""
 
     DESCRIPTION = (
@@ -130,31 +138,29 @@ class InsertDevicePutsCommand(InsertPipeSplitsCommand):
     def __init__(
         self, context: CodemodContext, name: str, is_function: bool, sites: Sequence[SyncSite]
     ) -> None:
-        super().__init__(context, name, sites)
+        super().__init__(context, sites)
+        self.name = name
         self.is_function = is_function
 
     @property
     def title(self) -> str:
-        return self.class_name if self.is_function else f"{self.class_name}.{FLAX_METHOD}"
+        return self.name if self.is_function else f"{self.name}.{FLAX_METHOD}"
 
     def find_function(self, tree: cst.Module) -> cst.FunctionDef | None:
-        found = _find_function(tree, self.class_name, self.is_function)
+        found = _find_function(tree, self.name, self.is_function)
         return None if found is None else found[2]
 
     def replace_body(self, tree: cst.Module, new_body: Sequence[cst.BaseStatement]) -> cst.Module:
-        return _replace_body(tree, self.class_name, self.is_function, new_body)
+        return _replace_body(tree, self.name, self.is_function, new_body)
 
     def schedule_import(self) -> None:
         AddImportsVisitor.add_needed_import(self.context, JAX_IMPORT.module)
 
-    def _sync_line(self, site: SyncSite, tree: cst.Module) -> cst.SimpleStatementLine:
-        code = f"{transfer_code(site.values, site.stage)}  {SYNC_COMMENT_PREFIX} {site.comment}\n"
-        line = cst.parse_statement(code, config=tree.config_for_parsing)
-        assert isinstance(line, cst.SimpleStatementLine)
-        return line
+    def sync_statement(self, site: SyncSite) -> str:
+        return transfer_code(site.values, site.stage)
 
 
-class RemoveDevicePutsCommand(RemovePipeSplitsCommand):
+class RemoveDevicePutsCommand(RemoveSyncPointsCommand):
     """Remove the transfers syncpass wrote, merge the loops it split, and the ``import jax``
     it added (recognised by its comment; a user's ``import jax`` always stays)."""
 
@@ -229,7 +235,7 @@ class RetargetDevicePutsCommand(Codemod):
         assert isinstance(function, cst.FunctionDef)
         assert isinstance(function.body, cst.IndentedBlock)
         tree = _replace_body(tree, self.name, self.is_function, function.body.body)
-        return tree if _imports_jax(tree) else _with_import(tree, self.context, JAX_IMPORT)
+        return tree if _imports_jax(tree) else add_import(tree, self.context, JAX_IMPORT)
 
 
 def retarget_device_puts(
@@ -242,15 +248,14 @@ def retarget_device_puts(
     )
 
 
+_ADDED_IMPORT = m.SimpleStatementLine(
+    body=[m.Import(names=[m.ImportAlias(name=m.Name("jax"))])], trailing_whitespace=SYNC_TRAILER
+)
+
+
 def _is_added_import(statement: cst.CSTNode) -> bool:
     """``import jax  # syncpass sync: ...``: the import syncpass added, never the user's own."""
-    if not m.matches(
-        statement, m.SimpleStatementLine(body=[m.Import(names=[m.ImportAlias(name=m.Name("jax"))])])
-    ):
-        return False
-    assert isinstance(statement, cst.SimpleStatementLine)
-    comment = statement.trailing_whitespace.comment
-    return comment is not None and bool(_SYNC_COMMENT.match(comment.value))
+    return m.matches(statement, _ADDED_IMPORT)
 
 
 def _drop_added_import(tree: cst.Module) -> cst.Module:
@@ -293,7 +298,7 @@ def insert_device_puts(
     command = InsertDevicePutsCommand(context, name, is_function, sites)
     rewritten = command.transform_module_impl(module)
     if rewritten is not module and not _imports_jax(rewritten):
-        rewritten = _mark_added_import(_with_import(rewritten, context, JAX_IMPORT))
+        rewritten = _mark_added_import(add_import(rewritten, context, JAX_IMPORT))
     return rewritten, tuple(context.warnings)
 
 

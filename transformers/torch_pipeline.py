@@ -10,75 +10,59 @@ planned site that is missing or ambiguous is a warning and no change.
 lines syncpass wrote (recognised by their ``# syncpass sync`` comment), merges
 the loops it split, and drops the import when nothing uses it any more.
 Hand-written ``pipe_split()`` calls are left alone.
+
+Both subclass the backend-neutral commands of :mod:`syncpass.transformers.common`,
+which walk the forward and split and join the loops; this module supplies the
+``pipe_split()`` line, the forward it goes in, and the import.
 """
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
-from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
+from libcst.codemod import CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
-from syncpass.frontend.analysis import (
-    ContainerLoop,
-    SequentialCall,
-    match_container_loop,
-    match_sequential_call,
+from syncpass.transformers.common import (
+    SYNC_COMMENT_PREFIX,
+    SYNC_TRAILER,
+    InsertSyncPointsCommand,
+    RemoveSyncPointsCommand,
+    SyncSite,
+    add_import,
 )
+
+__all__ = [
+    "PIPE_SPLIT",
+    "PIPE_SPLIT_IMPORT",
+    "PIPE_SPLIT_MODULE",
+    "SYNC_COMMENT_PREFIX",
+    "InsertPipeSplitsCommand",
+    "Module",
+    "RemovePipeSplitsCommand",
+    "SyncSite",
+    "insert_pipe_splits",
+    "remove_pipe_splits",
+    "strips_back_to",
+]
 
 PIPE_SPLIT_MODULE = "torch.distributed.pipelining"
 PIPE_SPLIT = "pipe_split"
-#: Every sync line syncpass writes carries a comment with this prefix.
-SYNC_COMMENT_PREFIX = "# syncpass sync"
-_SYNC_COMMENT = re.compile(r"^#\s*syncpass sync\b")
 PIPE_SPLIT_IMPORT = ImportItem(PIPE_SPLIT_MODULE, PIPE_SPLIT)
 
 
-@dataclass(frozen=True)
-class SyncSite:
-    """Where one sync call goes in the forward.
-
-    ``statement`` indexes the forward's top-level statements. With
-    ``split_after`` set, the statement is a loop over a layer container and
-    the sync goes between iterations ``split_after`` and ``split_after + 1``
-    (absolute container indices); otherwise it goes after the statement.
-    ``comment`` is the text after ``# syncpass sync``. ``values`` (the names
-    live across the sync point) and ``stage`` (the stage it opens) are for
-    backends whose sync call names what it moves and where (JAX).
-    """
-
-    statement: int
-    split_after: int | None
-    comment: str
-    values: tuple[str, ...] = ()
-    stage: int = 0
-
-
-def _site_order(site: SyncSite) -> tuple[int, int]:
-    return site.statement, -1 if site.split_after is None else site.split_after
+_SYNC_LINE = m.SimpleStatementLine(
+    body=[m.Expr(m.Call(func=m.Name(PIPE_SPLIT) | m.Attribute(attr=m.Name(PIPE_SPLIT)), args=[]))],
+    trailing_whitespace=SYNC_TRAILER,
+)
 
 
 def _is_sync_line(statement: cst.CSTNode) -> bool:
     """A line syncpass wrote: ``pipe_split()  # syncpass sync ...``."""
-    if not m.matches(
-        statement,
-        m.SimpleStatementLine(
-            body=[
-                m.Expr(
-                    m.Call(func=m.Name(PIPE_SPLIT) | m.Attribute(attr=m.Name(PIPE_SPLIT)), args=[])
-                )
-            ]
-        ),
-    ):
-        return False
-    assert isinstance(statement, cst.SimpleStatementLine)
-    comment = statement.trailing_whitespace.comment
-    return comment is not None and bool(_SYNC_COMMENT.match(comment.value))
+    return m.matches(statement, _SYNC_LINE)
 
 
 def _model_forward(
@@ -109,15 +93,14 @@ def _replace_forward(
     return module.with_changes(body=tuple(body))
 
 
-class InsertPipeSplitsCommand(VisitorBasedCodemodCommand):
+class InsertPipeSplitsCommand(InsertSyncPointsCommand):
     """Insert ``pipe_split()`` at planned sites of ``class_name.forward``."""
 
     DESCRIPTION = "Insert torch.distributed.pipelining.pipe_split() at planned sync points."
 
     def __init__(self, context: CodemodContext, class_name: str, sites: Sequence[SyncSite]) -> None:
-        super().__init__(context)
+        super().__init__(context, sites)
         self.class_name = class_name
-        self.sites = tuple(sorted(sites, key=_site_order))
 
     @property
     def title(self) -> str:
@@ -137,158 +120,12 @@ class InsertPipeSplitsCommand(VisitorBasedCodemodCommand):
         """Run as a codemod (libcst.tool, a pipeline), the framework adds the import."""
         AddImportsVisitor.add_needed_import(self.context, PIPE_SPLIT_MODULE, PIPE_SPLIT)
 
-    def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        if not self.sites:
-            return tree
-        forward = self.find_function(tree)
-        if forward is None:
-            self.warn(f"no single {self.title} to place sync points in; nothing changed")
-            return tree
-        if not isinstance(forward.body, cst.IndentedBlock):
-            self.warn(f"{self.title} has no indented body; nothing changed")
-            return tree
-        statements = list(forward.body.body)
-        by_statement: dict[int, list[SyncSite]] = {}
-        for site in self.sites:
-            if not 0 <= site.statement < len(statements):
-                self.warn(f"planned site {site} is outside the forward; nothing changed")
-                return tree
-            by_statement.setdefault(site.statement, []).append(site)
-        new_body: list[cst.BaseStatement] = []
-        for index, statement in enumerate(statements):
-            sites = by_statement.get(index, [])
-            splits = [site for site in sites if site.split_after is not None]
-            after = [site for site in sites if site.split_after is None]
-            if splits:
-                pieces = self._split_loop(statement, splits, tree)
-                if pieces is None:
-                    return tree
-                new_body.extend(pieces)
-            else:
-                new_body.append(statement)
-            if len(after) > 1:
-                self.warn(f"two sync points planned after statement {index}; nothing changed")
-                return tree
-            new_body.extend(self._sync_line(site, tree) for site in after)
-        self.schedule_import()
-        return self.replace_body(tree, new_body)
-
-    def _sync_line(self, site: SyncSite, tree: cst.Module) -> cst.SimpleStatementLine:
-        code = f"{PIPE_SPLIT}()  {SYNC_COMMENT_PREFIX} {site.comment}\n"
-        line = cst.parse_statement(code, config=tree.config_for_parsing)
-        assert isinstance(line, cst.SimpleStatementLine)
-        return line
-
-    def _split_loop(
-        self, statement: cst.BaseStatement, sites: Sequence[SyncSite], tree: cst.Module
-    ) -> list[cst.BaseStatement] | None:
-        sequential = match_sequential_call(statement)
-        if sequential is not None:
-            return self._split_call(statement, sequential, sites, tree)
-        loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
-        if loop is None:
-            self.warn("a sync point is planned inside a loop that is not over a layer container")
-            return None
-        assert isinstance(statement, cst.For)
-        bounds = [
-            loop.start,
-            *(site.split_after + 1 for site in sites if site.split_after is not None),
-            loop.stop,
-        ]
-        pieces: list[cst.BaseStatement] = []
-        for position, (start, stop) in enumerate(itertools.pairwise(bounds)):
-            if position:
-                pieces.append(self._sync_line(sites[position - 1], tree))
-            piece = statement.with_changes(iter=_slice_iter(statement.iter, loop, start, stop))
-            if position:
-                piece = piece.with_changes(leading_lines=())
-            pieces.append(piece)
-        return pieces
-
-    def _split_call(
-        self,
-        statement: cst.BaseStatement,
-        call: SequentialCall,
-        sites: Sequence[SyncSite],
-        tree: cst.Module,
-    ) -> list[cst.BaseStatement]:
-        """``h = self.seq(x)`` -> ``h = self.seq[:k](x)``, sync, ``h = self.seq[k:](h)``."""
-        assert isinstance(statement, cst.SimpleStatementLine)
-        assign = statement.body[0]
-        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
-        bounds = [
-            call.start,
-            *(site.split_after + 1 for site in sites if site.split_after is not None),
-            call.stop,
-        ]
-        pieces: list[cst.BaseStatement] = []
-        for position, (start, stop) in enumerate(itertools.pairwise(bounds)):
-            value = assign.value.with_changes(func=_sliced(assign.value.func, start, stop))
-            if position:
-                pieces.append(self._sync_line(sites[position - 1], tree))
-                argument = value.args[0].with_changes(value=cst.Name(call.target))
-                value = value.with_changes(args=[argument, *value.args[1:]])
-            piece = statement.with_changes(body=[assign.with_changes(value=value)])
-            if position:
-                piece = piece.with_changes(leading_lines=())
-            pieces.append(piece)
-        return pieces
+    def sync_statement(self, site: SyncSite) -> str:
+        """``pipe_split()``: the stage boundary names nothing, the tracer finds the values."""
+        return f"{PIPE_SPLIT}()"
 
 
-def _container_expr(iterable: cst.BaseExpression) -> cst.BaseExpression:
-    """``self.blocks`` from ``self.blocks`` or ``self.blocks[a:b]``."""
-    if isinstance(iterable, cst.Subscript):
-        return iterable.value
-    return iterable
-
-
-def _bound(value: int | None) -> cst.Integer | None:
-    return None if value is None else cst.Integer(str(value))
-
-
-def _sliced(
-    iterable: cst.BaseExpression, start: int | None, stop: int | None
-) -> cst.BaseExpression:
-    base = _container_expr(iterable)
-    if start is None and stop is None:
-        return base
-    return cst.Subscript(
-        value=base, slice=[cst.SubscriptElement(cst.Slice(lower=_bound(start), upper=_bound(stop)))]
-    )
-
-
-def _slice_iter(
-    iterable: cst.BaseExpression, loop: ContainerLoop, start: int | None, stop: int | None
-) -> cst.BaseExpression:
-    if loop.index_name is None:
-        return _sliced(iterable, start, stop)
-    assert isinstance(iterable, cst.Call)
-    inner = _sliced(iterable.args[0].value, start, stop)
-    # The index must go on counting where the previous piece stopped.
-    offset = (start or 0) - (loop.start or 0)
-    if len(iterable.args) == 2:  # enumerate(..., 1) or enumerate(..., start=1): keep its form
-        counted = iterable.args[1]
-        assert isinstance(counted.value, cst.Integer)
-        if offset:
-            first = int(counted.value.evaluated_value)
-            counted = counted.with_changes(value=cst.Integer(str(first + offset)))
-        return iterable.with_changes(args=[iterable.args[0].with_changes(value=inner), counted])
-    args = [iterable.args[0].with_changes(value=inner, comma=cst.MaybeSentinel.DEFAULT)]
-    if offset:
-        args.append(
-            cst.Arg(
-                value=cst.Integer(str(offset)),
-                keyword=cst.Name("start"),
-                equal=cst.AssignEqual(
-                    whitespace_before=cst.SimpleWhitespace(""),
-                    whitespace_after=cst.SimpleWhitespace(""),
-                ),
-            )
-        )
-    return iterable.with_changes(args=args)
-
-
-class RemovePipeSplitsCommand(VisitorBasedCodemodCommand):
+class RemovePipeSplitsCommand(RemoveSyncPointsCommand):
     """Remove the sync points syncpass wrote into ``class_name.forward``."""
 
     DESCRIPTION = "Remove syncpass's pipe_split() sync points and merge the loops it split."
@@ -302,7 +139,6 @@ class RemovePipeSplitsCommand(VisitorBasedCodemodCommand):
         super().__init__(context)
         self.class_name = class_name
         self.source_text = source_text  # lets the unused-import check skip a tree walk
-        self.removed = 0
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         classes = [
@@ -334,110 +170,6 @@ class RemovePipeSplitsCommand(VisitorBasedCodemodCommand):
             mentions = len(re.findall(rf"\b{PIPE_SPLIT}\b", self.source_text))
             return mentions > self.removed + 1
         return _uses_name(tree, PIPE_SPLIT)
-
-    def merge(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
-        """``statements`` without the sync lines, with the loops and calls they split joined."""
-        kept: list[cst.BaseStatement] = []
-        pending_merge = False
-        for statement in statements:
-            if self.is_sync_line(statement):
-                self.removed += 1
-                pending_merge = True
-                continue
-            if pending_merge and kept and _mergeable(kept[-1], statement):
-                previous = kept[-1]
-                assert isinstance(previous, cst.For) and isinstance(statement, cst.For)
-                kept[-1] = previous.with_changes(iter=_joined_iter(previous.iter, statement.iter))
-            elif pending_merge and kept and _calls_mergeable(kept[-1], statement):
-                kept[-1] = _joined_call(kept[-1], statement)
-            else:
-                kept.append(statement)
-            pending_merge = False
-        return kept
-
-
-def _slice_bounds(
-    iterable: cst.BaseExpression,
-) -> tuple[cst.BaseExpression, int | None, int | None] | None:
-    if isinstance(iterable, cst.Call):  # enumerate(...)
-        iterable = iterable.args[0].value
-    if isinstance(iterable, cst.Subscript) and isinstance(iterable.slice[0].slice, cst.Slice):
-        part = iterable.slice[0].slice
-        lower = int(part.lower.evaluated_value) if isinstance(part.lower, cst.Integer) else None
-        upper = int(part.upper.evaluated_value) if isinstance(part.upper, cst.Integer) else None
-        return iterable.value, lower, upper
-    return None
-
-
-def _mergeable(first: cst.BaseStatement, second: cst.BaseStatement) -> bool:
-    """Two pieces of one split loop: same target and body, adjacent slices."""
-    if not (isinstance(first, cst.For) and isinstance(second, cst.For)):
-        return False
-    if isinstance(first.iter, cst.Call) != isinstance(second.iter, cst.Call):
-        return False
-    if not (first.target.deep_equals(second.target) and first.body.deep_equals(second.body)):
-        return False
-    one, two = _slice_bounds(first.iter), _slice_bounds(second.iter)
-    return (
-        one is not None
-        and two is not None
-        and one[0].deep_equals(two[0])
-        and one[2] is not None
-        and one[2] == two[1]
-    )
-
-
-def _calls_mergeable(first: cst.BaseStatement, second: cst.BaseStatement) -> bool:
-    """Two pieces of one split sequential call: ``h = s[a:b](x)`` then ``h = s[b:c](h)``."""
-    one, two = match_sequential_call(first), match_sequential_call(second)
-    if one is None or two is None or one.target != two.target or two.argument != one.target:
-        return False
-    assert isinstance(first, cst.SimpleStatementLine) and isinstance(
-        second, cst.SimpleStatementLine
-    )
-    if not first.trailing_whitespace.deep_equals(second.trailing_whitespace):
-        return False
-    first_call, second_call = _call_of(first), _call_of(second)
-    bounds_one, bounds_two = _slice_bounds(first_call.func), _slice_bounds(second_call.func)
-    return (
-        bounds_one is not None
-        and bounds_two is not None
-        and bounds_one[0].deep_equals(bounds_two[0])
-        and bounds_one[2] is not None
-        and bounds_one[2] == bounds_two[1]
-    )
-
-
-def _call_of(statement: cst.SimpleStatementLine) -> cst.Call:
-    assign = statement.body[0]
-    assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
-    return assign.value
-
-
-def _joined_call(first: cst.BaseStatement, second: cst.BaseStatement) -> cst.BaseStatement:
-    assert isinstance(first, cst.SimpleStatementLine) and isinstance(
-        second, cst.SimpleStatementLine
-    )
-    first_call, second_call = _call_of(first), _call_of(second)
-    bounds_first, bounds_second = _slice_bounds(first_call.func), _slice_bounds(second_call.func)
-    assert bounds_first is not None and bounds_second is not None
-    func = _sliced(first_call.func, bounds_first[1], bounds_second[2])
-    assign = first.body[0]
-    assert isinstance(assign, cst.Assign)
-    return first.with_changes(body=[assign.with_changes(value=first_call.with_changes(func=func))])
-
-
-def _joined_iter(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.BaseExpression:
-    bounds_first, bounds_second = _slice_bounds(first), _slice_bounds(second)
-    assert bounds_first is not None and bounds_second is not None
-    start, stop = bounds_first[1], bounds_second[2]
-    if isinstance(first, cst.Call):
-        inner = _sliced(first.args[0].value, start, stop)
-        args = [first.args[0].with_changes(value=inner), *first.args[1:]]
-        if len(args) == 1:
-            args[0] = args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        return first.with_changes(args=args)
-    return _sliced(first, start, stop)
 
 
 class _FindNameVisitor(cst.CSTVisitor):
@@ -512,28 +244,8 @@ def insert_pipe_splits(
     command = InsertPipeSplitsCommand(context, class_name, sites)
     rewritten = command.transform_module_impl(module)
     if rewritten is not module:
-        rewritten = _with_import(rewritten, context)
+        rewritten = add_import(rewritten, context, PIPE_SPLIT_IMPORT)
     return rewritten, tuple(context.warnings)
-
-
-def _with_import(
-    module: cst.Module,
-    context: CodemodContext,
-    item: ImportItem = PIPE_SPLIT_IMPORT,
-) -> cst.Module:
-    """Add ``item`` (``from torch.distributed.pipelining import pipe_split``) where
-    AddImportsVisitor puts it, looking only at the module's leading imports."""
-    cut = 0
-    for index, statement in enumerate(module.body):
-        if isinstance(statement, cst.SimpleStatementLine):
-            if any(isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body):
-                cut = index + 1
-        else:
-            break
-    head = module.with_changes(body=module.body[:cut])
-    visitor = AddImportsVisitor(context, [item])
-    new_head = head.visit(visitor)
-    return module.with_changes(header=new_head.header, body=(*new_head.body, *module.body[cut:]))
 
 
 def remove_pipe_splits(

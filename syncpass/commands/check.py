@@ -4,7 +4,8 @@ For each ``[[tool.syncpass.models]]`` entry of the project configuration
 (:mod:`syncpass.settings.project`), the generated file must be exactly what
 ``syncpass rewrite SOURCE --costs COSTS --stages STAGES`` writes now, with the
 project's settings; and the model sources' ``forward`` methods are linted for
-implicit host-device synchronisation (:mod:`syncpass.frontend.lint`). This is what the
+implicit host-device synchronisation (the backend's ``lint`` hook; torch's is
+:mod:`syncpass.backends.torch.lint`). This is what the
 ``syncpass-check`` pre-commit hook runs, on the files a commit changes.
 
 Nothing here imports torch, jax or the user's code: the sources are parsed,
@@ -26,8 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from syncpass.backends.registry import strategy_names
+from syncpass.backends.registry import load_backend
 from syncpass.commands.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
+from syncpass.contracts.config import strategy_names
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import write_atomically
 from syncpass.settings.project import (
@@ -38,11 +40,9 @@ from syncpass.settings.project import (
 )
 
 if TYPE_CHECKING:
-    from syncpass.frontend.lint import Finding
+    from syncpass.backends.spec import Lint
+    from syncpass.frontend.findings import Finding
     from syncpass.rewrite.driver import RewriteResult
-
-#: ``--stages auto`` in a config tries stage counts up to this, as ``rewrite`` does.
-AUTO_MAX_STAGES = 8
 
 
 @dataclass(frozen=True)
@@ -122,14 +122,15 @@ def run_check(request: CheckRequest) -> CheckResult:
                 outcomes.append(_check_entry(item.project, entry, request))
             except SyncpassError as error:
                 errors.append(error)
-        if not request.lint:
+        lint = load_backend(item.project.backend).lint if request.lint else None
+        if lint is None:  # --no-lint, or a backend without a lint
             continue
         for path in item.lint:
             if path.resolve() in seen:
                 continue
             seen.add(path.resolve())
             try:
-                findings.extend(_lint_file(path))
+                findings.extend(_lint_file(path, lint))
                 linted.append(path)
             except SyncpassError as error:
                 errors.append(error)
@@ -222,40 +223,44 @@ def rewrite_entry(
 ) -> RewriteResult:
     """What ``syncpass rewrite`` writes for ``entry`` now, with the project's settings.
 
-    The same steps as the ``rewrite`` command: read the source and the cost
-    file, re-target the costs to the configured hardware, lay the settings
-    over the cost file's (config file, then ``sync`` flags) and rewrite.
+    The same steps as the ``rewrite`` command, through the same resolver
+    (:func:`syncpass.settings.resolve.resolve_settings`): read the source and
+    the cost file, re-target the costs to the configured hardware, lay the
+    settings over the cost file's (config file, then ``sync`` flags) and rewrite.
     """
     from syncpass.backends.registry import load_backend
     from syncpass.contracts.costs import load_costs
-    from syncpass.contracts.hardware import load_profile, retarget_hardware
     from syncpass.frontend.source import read_model_text
-    from syncpass.plan.planner import PlanRequest
+    from syncpass.rewrite.driver import rewrite_text
+    from syncpass.settings.resolve import Overrides, resolve_settings
 
+    flags = dict(sync)
+    settings = resolve_settings(
+        entry.source,
+        Overrides(
+            strategy=flags.get("strategy"),
+            min_sync_interval=flags.get("min_sync_interval"),
+            communication_cost_threshold=flags.get("communication_cost_threshold"),
+        ),
+        project=project,
+    )
     text = read_model_text(entry.source)
-    costs = load_costs(entry.costs)
-    if project.hardware is not None:
-        costs = retarget_hardware(costs, load_profile(project.hardware))
-    try:
-        config = project.sync_over(costs.config).replace(**dict(sync))
-    except ValueError as error:
-        raise SyncpassError(str(error)) from None
-    stages = project.stages_for(entry)
-    if stages is None and config.strategy != "manual":
+    costs = settings.retarget(load_costs(entry.costs))
+    request = settings.request(costs)
+    if settings.stages is None and request.config.strategy != "manual":
         raise SyncpassError(
             "no stage count for this model: set stages in its [[tool.syncpass.models]] entry "
             "or in [tool.syncpass]",
             entry.location,
         )
-    auto = stages == "auto"
-    request = PlanRequest(stages=None if auto or stages is None else int(stages), config=config)
-    return load_backend(project.backend).rewrite(
+    return rewrite_text(
         text,
         shown(entry.source),
-        costs,
+        load_backend(settings.backend),
         request,
-        class_name=entry.model,
-        max_stages=AUTO_MAX_STAGES if auto else None,
+        costs,
+        class_name=settings.model,
+        max_stages=settings.auto_limit,
     )
 
 
@@ -326,8 +331,7 @@ _FLAGS = {
 }
 
 
-def _lint_file(path: Path) -> tuple[Finding, ...]:
-    from syncpass.frontend.lint import lint_source
+def _lint_file(path: Path, lint: Lint) -> tuple[Finding, ...]:
     from syncpass.frontend.source import decode_source
 
     try:
@@ -336,7 +340,7 @@ def _lint_file(path: Path) -> tuple[Finding, ...]:
         raise SyncpassError(f"cannot read the file: {error.strerror}", shown(path)) from None
     if not data.strip():
         return ()  # an empty __init__.py: nothing to lint
-    return lint_source(decode_source(data, shown(path)), shown(path))
+    return tuple(lint(decode_source(data, shown(path)), shown(path)))
 
 
 def shown(path: Path) -> str:

@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from syncpass.backends.torch.launch import launch
+from syncpass.backends.registry import load_backend
 from syncpass.commands.cliargs import EXIT_FOUND, EXIT_OK, positive_float, positive_int
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import write_atomically
+from syncpass.core.plugins import backend_names
 from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
 from syncpass.runtime.example import example_for_file
 from syncpass.runtime.render import render_run, report_document
@@ -72,7 +73,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--schedule",
         choices=SCHEDULES,
         default=None,
-        help="pipeline schedule (default 1f1b; --backend jax runs gpipe only)",
+        help="pipeline schedule (default 1f1b; --backend jax runs gpipe, its default, and "
+        "refuses 1f1b)",
     )
     run.add_argument(
         "--steps",
@@ -96,20 +98,23 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         type=Path,
         metavar="OUT",
         help="profile the timed steps: OUT.json (each rank's compute, sync time and wait "
-        "ratio, with spans) and OUT.png (a timeline of stages and transfers)",
+        "ratio, with spans) and OUT.png (a timeline of stages and transfers); torch only, "
+        "--backend jax refuses it",
     )
     run.add_argument(
         "--threads",
         type=positive_int,
         default=1,
         metavar="T",
-        help="CPU threads per process (default 1)",
+        help="CPU threads per process (default 1); --backend jax refuses any other count, as "
+        "XLA sizes its own pool",
     )
     run.add_argument(
         "--device",
         choices=DEVICES,
         default="auto",
-        help="auto: one GPU per stage with NCCL when there are enough, else the CPU with gloo",
+        help="auto: one GPU per stage with NCCL when there are enough, else the CPU with gloo; "
+        "--backend jax runs on CPU devices (auto, cpu) and refuses cuda",
     )
     run.add_argument(
         "--timeout",
@@ -123,11 +128,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="the model's cost file: print the cost model's prediction for the sync points "
-        "FILE carries beside the measured run",
+        "FILE carries beside the measured run (torch; --backend jax refuses it)",
     )
     run.add_argument(
         "--backend",
-        choices=("torch", "jax"),
+        choices=backend_names(),
         default="torch",
         help="torch: pipe_split() stages over gloo/NCCL processes (default); jax: the "
         "jax.device_put stages of a JAX function or Flax module, one jax.jit per stage over N "
@@ -148,18 +153,18 @@ def checked_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
     if report is not None and not report.parent.is_dir():
         raise SyncpassError("the folder for --json-report does not exist", str(report))
     timeline: Path | None = getattr(args, "timeline", None)
-    if timeline is not None:
-        if getattr(args, "backend", "torch") != "torch":
-            raise SyncpassError("--timeline profiles torch pipelines only")
-        if not timeline.parent.is_dir():
-            raise SyncpassError("the folder for --timeline does not exist", str(timeline))
+    if timeline is not None and not timeline.parent.is_dir():
+        raise SyncpassError("the folder for --timeline does not exist", str(timeline))
     return file, report
 
 
-def request_from_args(args: argparse.Namespace) -> RunRequest:
-    """The RunRequest of parsed ``syncpass run`` arguments; checks what needs no process."""
+def request_from_args(args: argparse.Namespace, schedule_default: str = "1f1b") -> RunRequest:
+    """The RunRequest of parsed ``syncpass run`` arguments; checks what needs no process.
+
+    ``schedule_default`` is the schedule of the backend's run when ``--schedule`` is not given.
+    """
     file, _ = checked_paths(args)
-    schedule = args.schedule or "1f1b"
+    schedule = args.schedule or schedule_default
     if schedule == "1f1b" and args.microbatches is not None and args.microbatches < args.stages:
         raise SyncpassError(
             f"--schedule 1f1b needs --microbatches >= --stages ({args.microbatches} < {args.stages})"
@@ -182,20 +187,21 @@ def request_from_args(args: argparse.Namespace) -> RunRequest:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Handler of ``syncpass run``: launch, print the report, write the JSON, return the status."""
-    if getattr(args, "backend", "torch") == "jax":
-        if args.schedule not in (None, "gpipe"):
-            raise SyncpassError(
-                f"--backend jax runs the gpipe schedule only; drop --schedule {args.schedule}"
-            )
-        return _run_jax_command(args)
-    request = request_from_args(args)
-    costs = None
-    if args.costs is not None:  # read before the run: a bad cost file fails fast
+    """Handler of ``syncpass run``: run the backend's pipeline, print the report, write the JSON.
+
+    The backend's run hook honours every flag of the request or refuses it
+    (a SyncpassError, exit 2) before anything starts.
+    """
+    backend = load_backend(getattr(args, "backend", "torch"))
+    run = backend.need("run", "choose a backend that runs pipelines with --backend")
+    request = request_from_args(args, backend.schedules[0] if backend.schedules else "1f1b")
+    costs = predict = None
+    if args.costs is not None:  # checked and read before the run: a bad cost file fails fast
         from syncpass.contracts.costs import load_costs
 
+        predict = backend.need("predict", "drop --costs (syncpass plan shows a plan's figures)")
         costs = load_costs(args.costs)
-    result = launch(request)
+    result = run(request)
     if request.timeline is not None:
         print(
             f"syncpass: wrote {request.timeline}.json and {request.timeline}.png (the timed steps, "
@@ -204,15 +210,11 @@ def run_command(args: argparse.Namespace) -> int:
         )
     document = report_document(result)
     text = render_run(result)
-    if costs is not None:
-        from syncpass.backends.torch.prediction import (
-            predict_run,
-            prediction_to_json,
-            render_prediction,
-        )
+    if predict is not None and costs is not None:
+        from syncpass.runtime.prediction import prediction_to_json, render_prediction
 
         source = Path(request.file).read_text(encoding="utf-8")
-        prediction = predict_run(source, request.file, costs, result)
+        prediction = predict(source, request.file, costs, result)
         document["prediction"] = prediction_to_json(prediction)
         text += render_prediction(prediction)
     if args.json_report is not None:
@@ -221,27 +223,3 @@ def run_command(args: argparse.Namespace) -> int:
     if request.verify and not result.verified:
         return EXIT_FOUND
     return EXIT_OK
-
-
-def _run_jax_command(args: argparse.Namespace) -> int:
-    """``syncpass run --backend jax``: one process, N JAX devices, one jitted stage each."""
-    from syncpass.backends.jax.run import jax_report_document, render_jax_run, run_jax
-
-    file, report = checked_paths(args)
-    example = example_for_file(file, args.example)
-    result = run_jax(
-        str(file),
-        example,
-        args.stages,
-        steps=args.steps,
-        verify=args.verify,
-        rtol=args.rtol,
-        atol=args.atol,
-        timeout_s=args.timeout,
-        microbatches=args.microbatches,
-    )
-    if report is not None:
-        document = jax_report_document(result, str(file), example)
-        write_atomically(report, json.dumps(document, indent=2) + "\n")
-    sys.stdout.write(render_jax_run(result, str(file), example))
-    return EXIT_FOUND if args.verify and not result.verified else EXIT_OK

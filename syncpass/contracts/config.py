@@ -17,8 +17,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from syncpass.backends.registry import BUILTIN_STRATEGIES, plugin_strategy_names, strategy_names
 from syncpass.core.errors import SyncpassError
+from syncpass.core.plugins import STRATEGY_GROUP, declared
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -28,11 +28,23 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 #: Strategies a plan can be made with.
 #: ``adaptive`` and ``fixed`` run the exact optimiser (``adaptive`` raises the
 #: threshold to the smallest value that admits a plan, ``fixed`` fails
-#: instead); the others are the rules people use today, kept for comparison.
-STRATEGIES = BUILTIN_STRATEGIES
+#: instead); the others are the rules people use today, kept for comparison;
+#: ``manual`` takes the cuts the user marked. Installed packages add more
+#: (:func:`strategy_names`).
+STRATEGIES = ("adaptive", "fixed", "uniform", "parameters", "time", "manual")
 OPTIMISING_STRATEGIES = ("adaptive", "fixed")
 BASELINE_STRATEGIES = ("uniform", "parameters", "time")
 SCHEDULES = ("gpipe", "1f1b")
+
+
+def plugin_strategy_names() -> tuple[str, ...]:
+    """The strategies installed packages add (entry point group ``syncpass.strategies``)."""
+    return tuple(sorted(declared(STRATEGY_GROUP, STRATEGIES)))
+
+
+def strategy_names() -> tuple[str, ...]:
+    """Every strategy a user may name: the built-in ones, then the installed ones."""
+    return (*STRATEGIES, *plugin_strategy_names())
 
 
 @dataclass(frozen=True)
@@ -126,16 +138,3 @@ def read_config_table(path: Path) -> tuple[Mapping[str, Any], str, str]:
     if not isinstance(table, Mapping):
         raise SyncpassError("[tool.syncpass] must be a table", f"{path}:[tool.syncpass]")
     return table, text, name
-
-
-def load_config_file(path: Path, base: SyncConfig) -> SyncConfig:
-    """The sync settings of a TOML config file over ``base``.
-
-    The whole file is read and checked as a project configuration
-    (:func:`syncpass.settings.project.load_project_config`: settings at the top
-    level or under ``[tool.syncpass]``, plus backend, stages, hardware and
-    model entries); only the settings it sets replace those of ``base``.
-    """
-    from syncpass.settings.project import load_project_config  # it builds on this module
-
-    return load_project_config(path).sync_over(base)

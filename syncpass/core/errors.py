@@ -37,3 +37,7 @@ class InfeasibleError(SyncpassError):
 
     def __reduce__(self) -> tuple[type[SyncpassError], tuple[str, ...]]:
         return (type(self), (self.message, self.constraint, self.location))
+
+
+class NoModelError(SyncpassError):
+    """The file holds no model the backend can read (a pipeline over many files skips it)."""

@@ -33,7 +33,7 @@ from syncpass.contracts.graph import (
     Region,
     SourceLocation,
 )
-from syncpass.core.errors import SyncpassError
+from syncpass.core.errors import NoModelError, SyncpassError
 
 #: Length of each layer container of the model, by attribute path ("blocks").
 ContainerSizes = Mapping[str, int]
@@ -109,7 +109,7 @@ def find_forward(
     names = model_class_names(module, method)
     if class_name is None:
         if not names:
-            raise SyncpassError(
+            raise NoModelError(
                 f"no model class: no top-level class defines a {method} method", path
             )
         if len(names) > 1:

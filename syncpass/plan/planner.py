@@ -16,22 +16,22 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import numpy.typing as npt
 
-from syncpass.backends.registry import load_strategy, strategy_names
 from syncpass.contracts.config import (
     BASELINE_STRATEGIES,
     OPTIMISING_STRATEGIES,
     SCHEDULES,
     SyncConfig,
+    strategy_names,
 )
 from syncpass.contracts.costs import Costs
-from syncpass.contracts.graph import INPUT, OUTPUT
 from syncpass.core.errors import InfeasibleError, SyncpassError
 from syncpass.core.units import num_bytes, percent
 from syncpass.plan.explain import broken_constraints, explain_sync_points
 from syncpass.plan.optimizer import Infeasible, PlanScore, Problem, score_cuts, solve
+from syncpass.plan.problem import problem_from_costs
 from syncpass.plan.schedule import Link, Prediction, StageLoad, simulate
+from syncpass.plan.strategies import BASELINE_RULES, baseline_cuts, plugin_cuts
 
 
 @dataclass(frozen=True)
@@ -134,72 +134,6 @@ class Plan:
         return max(range(len(self.stages)), key=lambda s: self.stages[s].time_s)
 
 
-# --- building the problem ---------------------------------------------------
-
-
-def problem_from_costs(
-    costs: Costs, config: SyncConfig, pinned: tuple[str, ...] = (), microbatches: int = 1
-) -> Problem:
-    """The optimiser's arrays for ``costs``; ``pinned`` op ids must have cuts.
-
-    Costs are per step of ``microbatches`` micro-batches: each micro-batch pays
-    every op's fixed part and every transfer's latency.
-    """
-    n = len(costs.ops)
-    index = costs.op_index
-    cut_comm = np.zeros(n + 1)
-    admissible = np.zeros(n + 1, dtype=bool)
-    pins = np.zeros(n + 1, dtype=bool)
-    for cut in costs.cuts:
-        position = index[cut.after] + 1
-        admissible[position] = True
-        cut_comm[position] = costs.cut_comm_s(cut, microbatches)
-        pins[position] = cut.pinned
-    for op_id in pinned:
-        if op_id not in index:
-            known = ", ".join(cut.after for cut in costs.cuts[:12])
-            more = ", ..." if len(costs.cuts) > 12 else ""
-            raise SyncpassError(
-                f"cannot pin a sync point after {op_id!r}: no op has that id; "
-                f"admissible cuts follow {known}{more}"
-            )
-        position = index[op_id] + 1
-        if not admissible[position]:
-            raise SyncpassError(
-                f"cannot pin a sync point after {op_id!r}: the cost file lists no cut there"
-            )
-        pins[position] = True
-    memory = costs.hardware.device_memory_bytes
-    return Problem(
-        last_use=last_use_positions(costs),
-        op_compute=np.array(
-            [costs.op_compute_s(op, microbatches) for op in costs.ops], dtype=np.float64
-        ),
-        op_memory=np.array([costs.op_memory_bytes(op) for op in costs.ops], dtype=np.float64),
-        cut_comm=cut_comm,
-        admissible=admissible,
-        pinned=pins,
-        min_ops=config.min_sync_interval,
-        memory_limit=math.inf if memory is None else float(memory),
-    )
-
-
-def last_use_positions(costs: Costs) -> npt.NDArray[np.int64] | None:
-    """``Problem.last_use`` from the cost file's def-use edges (``None`` without edges)."""
-    if not costs.edges:
-        return None
-    n = len(costs.ops)
-    index = costs.op_index
-    furthest = np.arange(n + 1, dtype=np.int64)  # by producer position; inputs at 0
-    for producer, consumer in costs.edges:
-        source = 0 if producer == INPUT else index[producer] + 1
-        target = n if consumer == OUTPUT else index[consumer] + 1
-        furthest[source] = max(furthest[source], target)
-    last_use = np.maximum.accumulate(furthest)
-    last_use[0] = 0  # the first stage receives the inputs itself
-    return last_use
-
-
 # --- strategies ---------------------------------------------------------------
 
 
@@ -229,14 +163,14 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
     elif strategy == "manual":
         cuts, used_tau = tuple(int(p) for p in np.flatnonzero(problem.pinned)), requested_tau
     elif strategy not in BASELINE_STRATEGIES:
-        cuts, used_tau = _plugin_cuts(problem, stages, strategy, costs, origin), requested_tau
+        cuts, used_tau = plugin_cuts(problem, stages, strategy, costs, origin), requested_tau
         notes.append(f"{strategy}: a strategy from an installed package (syncpass.strategies)")
     else:
-        baseline = _baseline_cuts(problem, stages, strategy, costs)
+        baseline = baseline_cuts(problem, stages, strategy, costs)
         if isinstance(baseline, Infeasible):
             raise _infeasible_error(baseline, problem, stages, request.config, costs, origin)
         cuts, used_tau = baseline, requested_tau
-        notes.append(f"{strategy}: {_BASELINE_RULES[strategy]}")
+        notes.append(f"{strategy}: {BASELINE_RULES[strategy]}")
     score = score_cuts(problem, cuts)
     forced_by = None
     if used_tau > requested_tau:
@@ -249,85 +183,6 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
         )
     threshold = Threshold(requested=requested_tau, used=used_tau, forced_by=forced_by)
     return _assemble(costs, problem, request, strategy, cuts, score, threshold, notes)
-
-
-_BASELINE_RULES = {
-    "uniform": "equal numbers of ops per stage",
-    "parameters": "equal parameter bytes per stage (DeepSpeed's default)",
-    "time": "equal compute per stage, communication ignored (torchgpipe's balance_by_time)",
-}
-
-
-def _plugin_cuts(
-    problem: Problem, stages: int, strategy: str, costs: Costs, origin: str
-) -> tuple[int, ...]:
-    """The cuts an installed strategy chose, checked before anything trusts them: a
-    plan that drops a pinned cut or sends a value past a stage cannot be written."""
-    try:
-        chosen = load_strategy(strategy)(problem, stages, costs)
-    except SyncpassError:
-        raise
-    except Exception as error:
-        raise SyncpassError(
-            f"strategy {strategy!r} failed: {type(error).__name__}: {error}", origin
-        ) from None
-    try:
-        cuts = tuple(int(position) for position in chosen)
-    except (TypeError, ValueError):
-        raise SyncpassError(
-            f"strategy {strategy!r} returned {chosen!r}, not a sequence of cut positions", origin
-        ) from None
-    wrong = None
-    if len(cuts) != stages - 1:
-        wrong = f"{len(cuts)} cut(s) for {stages} stages"
-    elif list(cuts) != sorted(set(cuts)):
-        wrong = f"cuts {list(cuts)} are not ascending"
-    elif any(not 0 < cut < problem.num_ops or not problem.admissible[cut] for cut in cuts):
-        wrong = f"cuts {list(cuts)} include one that is not an admissible sync point"
-    if wrong is None:
-        dropped = [int(p) for p in np.flatnonzero(problem.pinned) if int(p) not in cuts]
-        if dropped:
-            wrong = f"cuts {list(cuts)} without the pinned cut(s) {dropped}"
-    if wrong is None and problem.last_use is not None:
-        # The optimiser's rule: a stage (i, j] with j < n needs last_use[i] <= j.
-        for start, end in itertools.pairwise((0, *cuts)):
-            if int(problem.last_use[start]) > end:
-                wrong = f"cuts {list(cuts)} that send a value past the stage after it"
-                break
-    if wrong is not None:
-        raise SyncpassError(f"strategy {strategy!r} returned {wrong}", origin)
-    return cuts
-
-
-def _baseline_cuts(
-    problem: Problem, stages: int, strategy: str, costs: Costs
-) -> tuple[int, ...] | Infeasible:
-    """Balanced partition of one weight per op, honouring what makes a plan legal: admissible
-    and pinned cuts, min interval, values reaching only the next stage.
-
-    Ties between equally balanced partitions go to the cuts closest to the
-    ideal boundaries (multiples of total weight / stages).
-    """
-    if strategy == "uniform":
-        weights = np.ones(problem.num_ops)
-    elif strategy == "parameters":
-        weights = np.array([op.param_bytes for op in costs.ops], dtype=np.float64)
-    else:
-        weights = problem.op_compute.copy()
-    prefix = np.concatenate(([0.0], np.cumsum(weights)))
-    share = prefix[-1] / stages
-    nearest = np.round(prefix / share) * share if share > 0 else prefix
-    balanced = Problem(
-        op_compute=weights,
-        op_memory=np.zeros(problem.num_ops),
-        cut_comm=np.zeros(problem.num_ops + 1),
-        admissible=problem.admissible,
-        pinned=problem.pinned,
-        min_ops=problem.min_ops,
-        last_use=problem.last_use,
-    )
-    result = solve(balanced, stages, math.inf, adaptive=False, tie_cost=np.abs(prefix - nearest))
-    return result if isinstance(result, Infeasible) else result.cuts
 
 
 def compare_baselines(costs: Costs, request: PlanRequest) -> tuple[Plan, ...]:
@@ -348,6 +203,16 @@ def compare_baselines(costs: Costs, request: PlanRequest) -> tuple[Plan, ...]:
         except SyncpassError:
             continue
     return tuple(plans)
+
+
+def plan_for(
+    costs: Costs, request: PlanRequest, origin: str = "", max_stages: int | None = None
+) -> Plan:
+    """The plan ``request`` asks for; with ``request.stages`` of ``None`` and ``max_stages``,
+    the stage count with the least predicted step (``manual``: the pins decide the count)."""
+    if request.stages is None and max_stages is not None and request.config.strategy != "manual":
+        return best_stage_count(costs, request, max_stages, origin)
+    return make_plan(costs, request, origin)
 
 
 def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin: str = "") -> Plan:

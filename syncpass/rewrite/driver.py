@@ -1,47 +1,35 @@
-"""Rewrite a model's source with the sync points of a plan (torch pipeline backend).
+"""The rewrite driver: plan, then apply the plan through a backend's hooks.
 
-The pass, step by step:
+The pass, step by step, the same for every backend:
 
-1. parse the source; remove the sync points an earlier syncpass run wrote, so
-   a rewritten file plans exactly like the original (idempotence);
-2. build the op graph of the model's forward and check it against the cost
-   file (same ops, same order: the cost file must describe this source);
-3. plan (any strategy of :mod:`syncpass.plan.planner`);
-4. insert one ``pipe_split()`` per sync point, each with a one-line comment;
-5. verify before anything is written: the output parses, and removing the
-   inserted calls gives back the input tree.
+1. the backend analyses the source (:attr:`Backend.analyse`): the sync points
+   an earlier run wrote are taken out, so a rewritten file plans exactly like
+   the original (idempotence), and the model's op graph is built;
+2. the cost file is matched to that graph (same ops, same order) and the
+   source's own steering applied (:mod:`syncpass.frontend.match`);
+3. :func:`~syncpass.plan.planner.plan_for` plans (any strategy of :mod:`syncpass.plan`), or a saved
+   plan is checked against the graph (:func:`check_saved_plan`);
+4. :func:`apply_plan` has the backend insert one sync statement per sync point,
+   each with a one-line comment, and verifies before anything is written: the
+   output parses, and removing the inserted statements gives back the input.
 
-Nothing here imports torch or runs the user's code.
+Transformers carry out a plan; they never decide. Nothing here imports torch
+or jax, runs the user's code or writes files.
 """
 
 from __future__ import annotations
 
 import ast
-import dataclasses
-import re
 from dataclasses import dataclass
 
 from syncpass.contracts.costs import Costs
-from syncpass.contracts.graph import INPUT, OUTPUT, OpGraph
+from syncpass.contracts.graph import OpGraph
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
-from syncpass.frontend import (
-    ContainerSizes,
-    analyse_model,
-    loop_containers,
-    model_class_names,
-    parse_source,
-    sequential_calls,
-)
-from syncpass.plan.planner import Plan, PlanRequest, best_stage_count, make_plan
-from syncpass.transformers.torch_pipeline import (
-    SYNC_COMMENT_PREFIX,
-    Module,
-    SyncSite,
-    insert_pipe_splits,
-    remove_pipe_splits,
-    strips_back_to,
-)
+from syncpass.frontend.match import match_costs, steer_by_source
+from syncpass.plan.planner import Plan, PlanRequest, plan_for
+from syncpass.rewrite.source import KnownOps, ModelSource, SyncWriter
+from syncpass.transformers.common import SyncSite
 
 
 @dataclass(frozen=True)
@@ -59,96 +47,37 @@ class RewriteResult:
         return self.original != self.rewritten
 
 
-def strip_sync_points(text: str, path: str, class_name: str | None = None) -> str:
-    """``text`` without the sync points syncpass wrote (unchanged if there are none)."""
-    if SYNC_COMMENT_PREFIX not in text:
-        return text
-    stripped: str = remove_pipe_splits(parse_source(text, path), class_name, path, text).code
-    return stripped
-
-
-def container_sizes(costs: Costs, containers: tuple[str, ...]) -> ContainerSizes:
-    """Length of each container, read off the cost file's op ids (``blocks.11`` -> 12)."""
-    sizes = {}
-    for container in containers:
-        pattern = re.compile(rf"^{re.escape(container)}\.(\d+)(@L\d+(:\d+)?)?$")
-        indices = [int(found.group(1)) for op in costs.ops if (found := pattern.match(op.id))]
-        if indices:
-            sizes[container] = max(indices) + 1
-    return sizes
-
-
-def model_class(class_names: list[str], costs: Costs, requested: str | None) -> str | None:
-    """The class to rewrite: ``--model``, else the cost file's model if it names one here."""
-    if requested is not None:
-        return requested
-    if costs.model in class_names:
-        return costs.model
-    return None
-
-
-_POSITION = re.compile(r"@L\d+(:\d+)?$")
-
-
-def match_costs(graph: OpGraph, costs: Costs) -> Costs:
-    """The cost file with its op ids as this source names them.
-
-    The cost file must describe this source: the same ops in the same order.
-    Ids that carry a line (``torch.cat@L58``) may have moved with edits
-    elsewhere in the file; when the ops agree but for those lines, the cost
-    file is matched by order and its ids are renamed.
-    """
-    source_ids = [op.id for op in graph.ops]
-    cost_ids = [op.id for op in costs.ops]
-    if source_ids == cost_ids:
-        return costs
-    if len(source_ids) == len(cost_ids) and all(
-        _POSITION.sub("", here) == _POSITION.sub("", there)
-        for here, there in zip(source_ids, cost_ids, strict=True)
-    ):
-        rename = dict(zip(cost_ids, source_ids, strict=True))
-        rename.update({INPUT: INPUT, OUTPUT: OUTPUT})
-        return dataclasses.replace(
-            costs,
-            ops=tuple(dataclasses.replace(op, id=rename[op.id]) for op in costs.ops),
-            cuts=tuple(dataclasses.replace(cut, after=rename[cut.after]) for cut in costs.cuts),
-            edges=tuple((rename[a], rename[b]) for a, b in costs.edges),
+def check_saved_plan(plan: Plan, graph: OpGraph) -> Plan:
+    """``plan`` if it was made for the model of ``graph``: the same ops in the same order,
+    every sync point at a cut the source allows; else an error naming the first op that
+    differs, at its line."""
+    planned = [op for stage in plan.stages for op in stage.ops]
+    here = [op.id for op in graph.ops]
+    for position, (source_id, plan_id) in enumerate(zip(here, planned, strict=False)):
+        if source_id != plan_id:
+            raise SyncpassError(
+                f"the plan does not match the source: op {position} is {source_id!r} "
+                f"here but {plan_id!r} in the plan; plan the model again (syncpass plan) after "
+                "changing it",
+                str(graph.ops[position].location),
+            )
+    if len(here) != len(planned):
+        extra = here[len(planned)] if len(here) > len(planned) else planned[len(here)]
+        raise SyncpassError(
+            f"the plan does not match the source: {len(here)} ops here, "
+            f"{len(planned)} in the plan (first unmatched: {extra!r}); plan the model again "
+            "(syncpass plan)",
+            str(graph.forward),
         )
-    for position, (source_id, cost_id) in enumerate(zip(source_ids, cost_ids, strict=False)):
-        if source_id != cost_id:
-            where = str(graph.ops[position].location)
+    allowed = {cut.after for cut in graph.cuts}
+    for point in plan.sync_points:
+        if point.after not in allowed:
             raise SyncpassError(
-                f"the cost file does not match the source: op {position} is {source_id!r} here "
-                f"but {cost_id!r} in the cost file; profile the model again "
-                "(syncpass profile) after changing it",
-                where,
+                f"the plan puts a sync point after {point.after!r}, where the source "
+                "allows none (a region, or a # syncpass: no-sync line); plan the model again",
+                str(graph.op(point.after).location),
             )
-    raise SyncpassError(
-        f"the cost file does not match the source: {len(source_ids)} ops here, "
-        f"{len(cost_ids)} in the cost file; profile the model again (syncpass profile)",
-        str(graph.forward),
-    )
-
-
-def steer_by_source(graph: OpGraph, costs: Costs) -> Costs:
-    """The source's own steering wins over the cost file's: ``# syncpass: no-sync`` drops a
-    cut, ``# syncpass: sync`` and hand-written ``pipe_split()`` calls pin one, and the
-    data flow comes from the source."""
-    in_source = {cut.after: cut for cut in graph.cuts}
-    cuts = tuple(
-        dataclasses.replace(cut, pinned=in_source[cut.after].pinned)
-        for cut in costs.cuts
-        if cut.after in in_source
-    )
-    measured = {cut.after for cut in cuts}
-    for cut in graph.cuts:
-        if cut.pinned and cut.after not in measured:
-            raise SyncpassError(
-                f"a sync point is pinned after {cut.after}, but the cost file has no cut there "
-                "to measure it by; profile the model again (syncpass profile)",
-                str(graph.op(cut.after).location),
-            )
-    return dataclasses.replace(costs, cuts=cuts, edges=graph.edges)
+    return plan
 
 
 def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
@@ -181,48 +110,6 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
     return sites
 
 
-def rewrite_source(
-    text: str,
-    path: str,
-    costs: Costs,
-    request: PlanRequest,
-    class_name: str | None = None,
-    max_stages: int | None = None,
-) -> RewriteResult:
-    """Plan ``costs`` for the model in ``text`` and write the plan's sync points into it.
-
-    ``max_stages`` with ``request.stages`` of ``None`` picks the stage count
-    with the least predicted step time. Raises :class:`SyncpassError` for bad
-    input; never writes files.
-    """
-    module = parse_source(text, path)
-    base = text
-    if SYNC_COMMENT_PREFIX in text:
-        module = remove_pipe_splits(module, None, path, text)
-        base = module.code
-    name = model_class(model_class_names(module), costs, class_name)
-    sizes = container_sizes(costs, loop_containers(module, name, path))
-    # Sequential calls were expanded (--depth 2) when the cost file lists their children.
-    expand = container_sizes(costs, sequential_calls(module, name, path))
-    graph = analyse_model(module, path, name, sizes, base, expand)
-    costs = steer_by_source(graph, match_costs(graph, costs))
-    if request.stages is None and max_stages is not None and request.config.strategy != "manual":
-        plan = best_stage_count(costs, request, max_stages, path)
-    else:
-        plan = make_plan(costs, request, path)
-    rewritten_module, warnings = insert_pipe_splits(
-        module, graph.model_class, sync_sites(graph, plan), path
-    )
-    if warnings and plan.sync_points:
-        raise SyncpassError("could not place the planned sync points: " + "; ".join(warnings), path)
-    rewritten = rewritten_module.code
-    if rewritten != text:  # output equal to the input was verified when the input was read
-        _verify(rewritten_module, rewritten, base, path, graph.model_class)
-    return RewriteResult(
-        original=text, rewritten=rewritten, plan=plan, graph=graph, warnings=warnings
-    )
-
-
 def ensure_parses(rewritten: str, path: str) -> None:
     """Refuse output Python's own parser rejects (a backend's last check before writing)."""
     try:
@@ -235,17 +122,51 @@ def ensure_parses(rewritten: str, path: str) -> None:
         ) from None
 
 
-def _verify(
-    rewritten_module: Module, rewritten: str, base: str, path: str, class_name: str
-) -> None:
-    """Refuse output that does not parse, or whose inserted sync calls, removed, do not
-    give back the input."""
-    ensure_parses(rewritten, path)
-    if rewritten != base and not strips_back_to(
-        rewritten_module, rewritten, base, class_name, path
-    ):
-        raise SyncpassError(
-            "internal check failed: removing the inserted sync points does not give back the "
-            "input; nothing was written (please report this with the file)",
-            path,
-        )
+def apply_plan(source: ModelSource, plan: Plan, backend: SyncWriter, path: str) -> RewriteResult:
+    """Write ``plan``'s sync points into ``source`` with ``backend``'s hooks, and check the output.
+
+    Refused, with nothing to write: a planned sync point the backend could not
+    place, output that does not parse, and output from which removing the
+    inserted sync statements does not give back the input.
+    """
+    module, warnings = backend.insert(source, sync_sites(source.graph, plan), path)
+    warnings = tuple(warnings)
+    if warnings and plan.sync_points:
+        raise SyncpassError("could not place the planned sync points: " + "; ".join(warnings), path)
+    rewritten: str = module.code
+    if rewritten != source.text:  # output equal to the input was verified when it was read
+        ensure_parses(rewritten, path)
+        if rewritten != source.base and backend.remove(module, source, path) != source.base:
+            raise SyncpassError(
+                "internal check failed: removing the inserted sync points does not give back "
+                "the input; nothing was written (please report this with the file)",
+                path,
+            )
+    return RewriteResult(
+        original=source.text, rewritten=rewritten, plan=plan, graph=source.graph, warnings=warnings
+    )
+
+
+def rewrite_text(
+    text: str,
+    path: str,
+    backend: SyncWriter,
+    request: PlanRequest | None,
+    costs: Costs | None = None,
+    *,
+    class_name: str | None = None,
+    max_stages: int | None = None,
+    plan: Plan | None = None,
+) -> RewriteResult:
+    """Plan the model in ``text`` from ``costs`` (or apply the saved ``plan``) and write its
+    sync points with ``backend``. Raises :class:`SyncpassError` for bad input; writes nothing.
+    """
+    if plan is not None:
+        known = KnownOps(plan.model, tuple(op for stage in plan.stages for op in stage.ops))
+        source = backend.analyse(text, path, known, class_name)
+        return apply_plan(source, check_saved_plan(plan, source.graph), backend, path)
+    if costs is None or request is None:
+        raise ValueError("rewrite_text needs costs and a request to plan from, or a saved plan")
+    source = backend.analyse(text, path, KnownOps.of_costs(costs), class_name)
+    matched = steer_by_source(source.graph, match_costs(source.graph, costs))
+    return apply_plan(source, plan_for(matched, request, path, max_stages), backend, path)

@@ -88,6 +88,10 @@ class StageFigures:
     the neighbouring stages (pipeline bubbles included) and schedule overhead.
     The summary figures are those of the median step, so that step = compute +
     comm wait.
+
+    ``device`` is the stage's own device where one process holds several
+    stages (JAX: ``cpu:1``), and empty where each stage is a process of its
+    own (``rank`` says which; the run's ``device`` is rank 0's).
     """
 
     stage: int
@@ -98,6 +102,7 @@ class StageFigures:
     compute_times_s: tuple[float, ...]
     checks: tuple[ParamCheck, ...] = ()
     loss_checks: tuple[LossCheck, ...] = ()
+    device: str = ""
 
     @property
     def median_step(self) -> int:
@@ -123,7 +128,13 @@ class StageFigures:
 
 @dataclass(frozen=True)
 class RunResult:
-    """The whole run, as rank 0 gathered it from every stage."""
+    """The whole run, as rank 0 gathered it from every stage.
+
+    ``backend`` is what carried the stages' traffic (torch: ``gloo`` or
+    ``nccl``; JAX: ``jax``), ``device`` rank 0's device. ``own_threads`` is
+    False where the backend leaves the CPU threads to its runtime (XLA sizes
+    its own pool) instead of setting ``request.threads`` per process.
+    """
 
     request: RunRequest
     batch: int
@@ -133,6 +144,7 @@ class RunResult:
     stages: tuple[StageFigures, ...]
     model_parameters: int
     unplaced: tuple[ParamCheck, ...] = ()
+    own_threads: bool = True
 
     @property
     def checks(self) -> tuple[ParamCheck, ...]:

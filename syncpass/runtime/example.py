@@ -1,16 +1,9 @@
-"""Loading a user's example: a model and one batch of inputs, built by a function of theirs.
+"""Finding a user's example factory: ``PATH.py:FUNC`` or ``package.module:FUNC``, imported
+under a private name, failures located at the user's line.
 
-An example is named ``PATH.py:FUNC`` or ``package.module:FUNC``. ``FUNC`` takes
-no arguments and returns either ``(model, args)`` or ``(model, args, target,
-loss_fn)``: an ``nn.Module``, a tuple with the model's positional inputs for
-one full batch, a target tensor whose first dimension is the batch, and
-``loss_fn(output, target) -> scalar tensor``. Without a loss the default is
-:func:`default_loss`, ``output.float().pow(2).mean()`` (summed over the outputs
-when the forward returns several), which depends on every output element.
-
-``torch.manual_seed(0)`` runs before ``FUNC``, so every process that loads the
-same example builds the same weights and inputs. torch is imported only when
-an example is loaded: importing this module stays cheap.
+What a factory returns, and how it is checked, is each backend's
+(:mod:`syncpass.backends.torch.example`, :mod:`syncpass.backends.jax.example`).
+Nothing here imports torch or jax.
 """
 
 from __future__ import annotations
@@ -22,47 +15,11 @@ import sys
 import sysconfig
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from syncpass.core.errors import SyncpassError
-
-if TYPE_CHECKING:
-    import torch
-
-EXPECTED = "(model, args) or (model, args, target, loss_fn)"
-
-
-@dataclass(frozen=True)
-class Example:
-    """A model with one batch of inputs, and how to turn its output into a loss.
-
-    ``target`` is ``None`` when the example gives no loss; ``loss_fn`` is then
-    :func:`default_loss`, which ignores the target. ``origin`` is the factory's
-    ``"file:line"``.
-    """
-
-    model: torch.nn.Module
-    args: tuple[Any, ...]
-    target: torch.Tensor | None
-    loss_fn: Callable[[Any, Any], torch.Tensor]
-    spec: str
-    origin: str = ""
-
-
-def default_loss(output: Any, target: Any = None) -> torch.Tensor:
-    """``output.float().pow(2).mean()``, summed over the outputs if there are several.
-
-    ``target`` is ignored; it is accepted so that the function can stand where a
-    ``loss_fn(output, target)`` is expected.
-    """
-    outputs = output if isinstance(output, (tuple, list)) else (output,)
-    total: torch.Tensor = outputs[0].float().pow(2).mean()
-    for extra in outputs[1:]:
-        total = total + extra.float().pow(2).mean()
-    return total
 
 
 def split_spec(spec: str) -> tuple[str, str]:
@@ -91,7 +48,9 @@ def _library_folders() -> tuple[Path, ...]:
     """Folders whose code is not the user's: the standard library, installed packages, syncpass."""
     names = ("stdlib", "platstdlib", "purelib", "platlib")
     folders = {Path(sysconfig.get_paths()[name]).resolve() for name in names}
-    folders.add(Path(__file__).resolve().parent)
+    folders.add(
+        Path(__file__).resolve().parents[1]
+    )  # syncpass/, this file being runtime/example.py
     return tuple(folders)
 
 
@@ -119,14 +78,12 @@ def innermost_user_frame(
     return None
 
 
-def _describe(error: BaseException) -> str:
+def describe_error(error: BaseException) -> str:
     text = str(error)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _located_failure(
-    error: BaseException, filename: str, fallback: str, what: str
-) -> SyncpassError:
+def located_failure(error: BaseException, filename: str, fallback: str, what: str) -> SyncpassError:
     """A SyncpassError at the user's line where ``error`` was raised (or at ``fallback``)."""
     if isinstance(error, SyntaxError) and error.filename and error.lineno:
         return SyncpassError(
@@ -134,10 +91,10 @@ def _located_failure(
         )
     frame = innermost_user_frame(error.__traceback__, filename)
     location = f"{frame.filename}:{frame.lineno}" if frame is not None else fallback
-    return SyncpassError(f"{what}: {_describe(error)}", location)
+    return SyncpassError(f"{what}: {describe_error(error)}", location)
 
 
-def _import_path(source: str) -> ModuleType:
+def import_user_file(source: str) -> ModuleType:
     path = Path(source).resolve()
     if not path.is_file():
         raise SyncpassError("no such file (the example is PATH.py:FUNC)", source)
@@ -157,17 +114,17 @@ def _import_path(source: str) -> ModuleType:
         module_spec.loader.exec_module(module)
     except Exception as error:
         del sys.modules[name]
-        raise _located_failure(error, str(path), source, "importing the file failed") from None
+        raise located_failure(error, str(path), source, "importing the file failed") from None
     return module
 
 
-def _import_module(source: str) -> ModuleType:
+def import_user_module(source: str) -> ModuleType:
     try:
         found = importlib.util.find_spec(source)
     except (ImportError, ValueError):
         found = None
     except Exception as error:  # a parent package failed while being imported
-        raise _located_failure(error, "", source, f"importing {source} failed") from None
+        raise located_failure(error, "", source, f"importing {source} failed") from None
     if found is None:
         raise SyncpassError(
             f"no module named {source!r} on the Python path (for a file, give PATH.py:FUNC)"
@@ -176,12 +133,12 @@ def _import_module(source: str) -> ModuleType:
         return importlib.import_module(source)
     except Exception as error:
         filename = found.origin or ""
-        raise _located_failure(
+        raise located_failure(
             error, filename, filename or source, f"importing {source} failed"
         ) from None
 
 
-def _factory(module: ModuleType, name: str, where: str) -> Callable[[], Any]:
+def find_factory(module: ModuleType, name: str, where: str) -> Callable[[], Any]:
     function = getattr(module, name, None)
     if function is None:
         candidates = sorted(
@@ -199,63 +156,11 @@ def _factory(module: ModuleType, name: str, where: str) -> Callable[[], Any]:
     return function  # type: ignore[no-any-return]
 
 
-def _origin(function: Callable[[], Any], fallback: str) -> str:
+def factory_origin(function: Callable[[], Any], fallback: str) -> str:
     code = getattr(function, "__code__", None)
     if code is None:
         return fallback
     return f"{code.co_filename}:{code.co_firstlineno}"
-
-
-def _check_result(result: Any, name: str, origin: str, spec: str) -> Example:
-    import torch
-
-    def wrong(detail: str) -> SyncpassError:
-        return SyncpassError(f"{name}() must return {EXPECTED}; {detail}", origin)
-
-    if not isinstance(result, tuple) or len(result) not in (2, 4):
-        size = f"a tuple of {len(result)}" if isinstance(result, tuple) else type(result).__name__
-        raise wrong(f"it returned {size}")
-    model, args = result[0], result[1]
-    if not isinstance(model, torch.nn.Module):
-        raise wrong(f"the model has type {type(model).__name__}, not torch.nn.Module")
-    if isinstance(args, list):
-        args = tuple(args)
-    if not isinstance(args, tuple):
-        raise wrong(f"args has type {type(args).__name__}, not a tuple of inputs such as (x,)")
-    if len(result) == 2:
-        return Example(model, args, None, default_loss, spec, origin)
-    target, loss_fn = result[2], result[3]
-    if not isinstance(target, torch.Tensor):
-        raise wrong(
-            f"target has type {type(target).__name__}, not a tensor whose first dimension is the batch"
-        )
-    if not callable(loss_fn):
-        raise wrong(f"loss_fn has type {type(loss_fn).__name__}, not a function(output, target)")
-    return Example(model, args, target, loss_fn, spec, origin)
-
-
-def load_example(spec: str) -> Example:
-    """Import ``PATH.py:FUNC`` or ``package.module:FUNC``, seed torch, call ``FUNC()`` and check it.
-
-    A file is imported under a private module name (never one a real package
-    could own) with its own folder on ``sys.path``. Every failure is a
-    :class:`~syncpass.core.errors.SyncpassError` located at the user's file (and line).
-    """
-    import torch
-
-    source, name = split_spec(spec)
-    module = _import_path(source) if is_path(source) else _import_module(source)
-    where = source if is_path(source) else (getattr(module, "__file__", None) or source)
-    function = _factory(module, name, where)
-    origin = _origin(function, where)
-    torch.manual_seed(0)
-    try:
-        result = function()
-    except Exception as error:
-        raise _located_failure(
-            error, origin.rpartition(":")[0], origin, f"{name}() raised"
-        ) from None
-    return _check_result(result, name, origin, spec)
 
 
 def example_for_file(file: str | Path, example: str) -> str:

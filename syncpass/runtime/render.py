@@ -82,14 +82,18 @@ def render_run(result: RunResult) -> str:
         f"syncpass run: {request.file}, example {request.example}, {len(result.stages)} stage(s), "
         f"{request.schedule}, {result.microbatches} micro-batch(es) of "
         f"{result.batch // result.microbatches}, {request.steps} step(s) after 1 warm-up, "
-        f"{result.backend} on {result.device}, {request.threads} thread(s) per process"
+        f"{result.backend} on {result.device}, {_threads_text(result)}"
     )
-    rows = [["stage", "rank", "params", "step", "compute", "comm wait", "wait/step"]]
+    # One process holding several stages names each stage's device beside its rank.
+    devices = any(stage.device for stage in result.stages)
+    head = ["stage", "rank", "device", "params", "step", "compute", "comm wait", "wait/step"]
+    rows = [head if devices else [name for name in head if name != "device"]]
     for stage in result.stages:
         rows.append(
             [
                 str(stage.stage),
                 str(stage.rank),
+                *([stage.device or "-"] if devices else []),
                 f"{stage.parameters:,}",
                 seconds(stage.step_s),
                 seconds(stage.compute_s),
@@ -98,7 +102,8 @@ def render_run(result: RunResult) -> str:
             ]
         )
     slowest = max(result.stages, key=lambda stage: stage.compute_s)
-    lines = [header, "", *_table(rows, frozenset({2, 3, 4, 5, 6}))]
+    shift = 1 if devices else 0
+    lines = [header, "", *_table(rows, frozenset(col + shift for col in (2, 3, 4, 5, 6)))]
     lines += [
         "figures of each stage's median step; comm wait: the part of the step not spent in the",
         "stage's own forward, backward, loss or update (waiting for neighbours, bubbles);",
@@ -108,6 +113,12 @@ def render_run(result: RunResult) -> str:
     if verification:
         lines += ["", *verification]
     return "\n".join(lines) + "\n"
+
+
+def _threads_text(result: RunResult) -> str:
+    if result.own_threads:
+        return f"{result.request.threads} thread(s) per process"
+    return "CPU threads as the backend's runtime sizes them"
 
 
 def _number(value: float) -> float | None:
@@ -129,11 +140,12 @@ def report_document(result: RunResult) -> dict[str, Any]:
         "steps": request.steps,
         "backend": result.backend,
         "device": result.device,
-        "threads": request.threads,
+        "threads": request.threads if result.own_threads else None,
         "stage_reports": [
             {
                 "stage": stage.stage,
                 "rank": stage.rank,
+                "device": stage.device or None,
                 "parameters": stage.parameters,
                 "parameter_tensors": stage.parameter_tensors,
                 "step_s": stage.step_s,

@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syncpass.backends.registry import backend_names
 from syncpass.contracts.config import (
     CONFIG_KEYS,
     SyncConfig,
@@ -43,6 +42,7 @@ from syncpass.contracts.config import (
 )
 from syncpass.contracts.hardware import profile_names
 from syncpass.core.errors import SyncpassError
+from syncpass.core.plugins import backend_names
 
 #: Backends the sync points can be written for. ``torch``: ``pipe_split()`` calls
 #: of ``torch.distributed.pipelining``.
@@ -205,12 +205,6 @@ def load_project_config(path: Path) -> ProjectConfig:
         hardware=hardware,
         models=models,
     )
-
-
-def resolve_project_config(explicit: Path | None, start: Path) -> ProjectConfig:
-    """``--config FILE`` when given, else the config found from ``start``, else the defaults."""
-    path = explicit if explicit is not None else find_project_config(start)
-    return ProjectConfig() if path is None else load_project_config(path)
 
 
 def _reject_unknown(

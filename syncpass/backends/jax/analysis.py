@@ -50,7 +50,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from syncpass.contracts.graph import OpGraph
-from syncpass.core.errors import SyncpassError
+from syncpass.core.errors import NoModelError, SyncpassError
 from syncpass.frontend.analysis import (
     ContainerSizes,
     FunctionSite,
@@ -64,6 +64,7 @@ from syncpass.frontend.analysis import (
     match_container_loop,
 )
 from syncpass.frontend.numbers import JAX_RULES, host_values, module_numbers
+from syncpass.transformers.jax_transfer import names_a_device
 
 #: The method of a Flax module that computes the model.
 FLAX_METHOD = "__call__"
@@ -113,7 +114,7 @@ def resolve_jax_model(module: cst.Module, name: str | None, path: str) -> tuple[
         if len(classes) == 1:
             return classes[0], False
         if not classes:
-            raise SyncpassError(
+            raise NoModelError(
                 "no JAX model: no top-level function forward(params, ...) and no class with "
                 "a __call__ method",
                 path,
@@ -181,15 +182,6 @@ def is_device_put_sync(statement: cst.BaseStatement, facts: StatementFacts) -> b
     small = statement.body[0]
     assert isinstance(small, (cst.Assign, cst.Expr)) and isinstance(small.value, cst.Call)
     return names_a_device(small.value)
-
-
-def names_a_device(call: cst.Call) -> bool:
-    """Whether a ``jax.device_put`` call gives a device: a second positional argument or
-    ``device=``, other than ``None``."""
-    positional = [arg for arg in call.args if arg.keyword is None and not arg.star]
-    given = [arg for arg in call.args if arg.keyword is not None and arg.keyword.value == "device"]
-    device = given[0] if given else positional[1] if len(positional) > 1 else None
-    return device is not None and not m.matches(device.value, m.Name("None"))
 
 
 def _array_cuts(graph: OpGraph, host: frozenset[str]) -> OpGraph:

@@ -22,14 +22,14 @@ from typing import Any
 
 from syncpass.core.errors import SyncpassError
 from syncpass.runtime.example import (
-    _describe,
-    _factory,
-    _import_module,
-    _import_path,
-    _located_failure,
-    _origin,
+    describe_error,
+    factory_origin,
+    find_factory,
+    import_user_file,
+    import_user_module,
     innermost_user_frame,
     is_path,
+    located_failure,
     private_module_name,
     split_spec,
 )
@@ -77,14 +77,14 @@ def load_jax_example(spec: str) -> JaxExample:
     import flax.linen as nn
 
     source, name = split_spec(spec)
-    module = _import_path(source) if is_path(source) else _import_module(source)
+    module = import_user_file(source) if is_path(source) else import_user_module(source)
     where = source if is_path(source) else (getattr(module, "__file__", None) or source)
-    function = _factory(module, name, where)
-    origin = _origin(function, where)
+    function = find_factory(module, name, where)
+    origin = factory_origin(function, where)
     try:
         result = function()
     except Exception as error:
-        raise _located_failure(
+        raise located_failure(
             error, origin.rpartition(":")[0], origin, f"{name}() raised"
         ) from None
     if not isinstance(result, tuple) or len(result) not in (3, 5):
@@ -127,7 +127,7 @@ def model_from_source(example: JaxExample, text: str, filename: str, tag: str) -
     try:
         exec(compile(text, filename, "exec"), module.__dict__)
     except Exception as error:
-        raise _located_failure(error, filename, filename, f"running {tag} source failed") from None
+        raise located_failure(error, filename, filename, f"running {tag} source failed") from None
     found = getattr(module, example.name, None)
     if found is None:
         raise SyncpassError(f"no {example.name} in the {tag} source", filename)
@@ -190,8 +190,8 @@ def model_failure(
     """
     frame = innermost_user_frame(error.__traceback__, path)
     if frame is None or frame.lineno is None:
-        return SyncpassError(f"{what}: {_describe(error)}", fallback or path)
+        return SyncpassError(f"{what}: {describe_error(error)}", fallback or path)
     line = frame.lineno
     if lines is not None and Path(frame.filename).resolve() == Path(path).resolve():
         line = lines.get(line, line)
-    return SyncpassError(f"{what}: {_describe(error)}", f"{frame.filename}:{line}")
+    return SyncpassError(f"{what}: {describe_error(error)}", f"{frame.filename}:{line}")

@@ -54,8 +54,8 @@ from syncpass.contracts.graph import OpGraph
 from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.source import parse_source
+from syncpass.transformers.common import SyncSite
 from syncpass.transformers.jax_transfer import insert_device_puts, retarget_device_puts
-from syncpass.transformers.torch_pipeline import SyncSite
 
 TRAINING_MEMORY_MULTIPLIER = 4
 

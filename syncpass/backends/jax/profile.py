@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from syncpass.backends.spec import MeasureRequest
 from syncpass.core.errors import SyncpassError
 
 if TYPE_CHECKING:
@@ -42,3 +43,20 @@ def measure_jax_file(
     from syncpass.backends.jax.measure import profile_jax_costs
 
     return profile_jax_costs(text, str(file), loaded, loaded.name, repeats, warmup)
+
+
+def measure(request: MeasureRequest) -> Costs:
+    """The measure hook; the torch profiler's ``threads`` and ``depth`` are refused, not ignored."""
+    if request.threads != 1:
+        raise SyncpassError(
+            "--backend jax cannot set the CPU threads of a JAX process after it starts; drop "
+            "--threads (XLA_FLAGS sets them)"
+        )
+    if request.depth != 1:
+        raise SyncpassError(
+            "--depth 2 plans the children of nn.Sequential calls, which JAX models do not have; "
+            "drop --depth"
+        )
+    return measure_jax_file(
+        request.file, request.text, request.example, request.model, request.repeats, request.warmup
+    )

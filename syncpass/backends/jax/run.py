@@ -1,6 +1,7 @@
 """``syncpass run --backend jax``: run a rewritten JAX model over N devices and check it.
 
-The parent (:func:`run_jax`) starts one child process (``python -m
+The parent (:func:`run_jax`, the backend's ``run`` hook) refuses what the JAX
+run cannot honour (:func:`refusals`), then starts one child process (``python -m
 syncpass.backends.jax.run``) with ``XLA_FLAGS=--xla_force_host_platform_device_count=N``
 set before JAX starts, so that a CPU-only machine has N devices. The child
 loads the example, splits its batch into micro-batches, builds the pipeline of
@@ -14,7 +15,9 @@ compares each micro-batch's loss and every gradient leaf: ``|pipeline -
 reference| <= atol + rtol * |reference|``, with the float32 defaults of the
 torch check (rtol 1e-5, atol 1e-6).
 
-The child prints one JSON document on stdout; the parent renders it. A
+The child prints one JSON document on stdout, of the fields of
+:class:`~syncpass.runtime.contracts.RunResult`; the parent turns it into one,
+which :mod:`syncpass.runtime.render` renders as it renders the torch run's. A
 failure is a document too, ``{"error": ..., "location": ...}``: the type and
 message of what was raised and the user's ``file:line`` it came from, which
 the parent raises as a :class:`SyncpassError`. Before it traces anything, the
@@ -27,68 +30,129 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from syncpass.core.errors import SyncpassError
-from syncpass.core.units import percent, seconds
-from syncpass.runtime.contracts import default_microbatches
-from syncpass.runtime.render import REPORT_VERSION, _table
+from syncpass.runtime.contracts import (
+    LossCheck,
+    ParamCheck,
+    RunRequest,
+    RunResult,
+    StageFigures,
+    default_microbatches,
+)
 
 RTOL, ATOL = 1e-5, 1e-6
-LOSS_MISMATCH = "loss of micro-batch"
+SCHEDULE = "gpipe"
 
 
-@dataclass(frozen=True)
-class JaxRunResult:
-    """What the child measured and checked (plain values, from its JSON).
+def refusals(request: RunRequest) -> list[str]:
+    """Why the JAX run cannot honour ``request`` as asked; empty when it can."""
+    found = []
+    if request.schedule != SCHEDULE:
+        found.append(
+            f"--schedule {request.schedule}: the JAX run has the gpipe schedule only; drop "
+            f"--schedule {request.schedule}"
+        )
+    if request.device == "cuda":
+        found.append(
+            "--device cuda: the JAX run puts its stages on N host (CPU) devices made with "
+            "XLA_FLAGS=--xla_force_host_platform_device_count=N; it has no GPU run"
+        )
+    if request.threads != 1:
+        found.append(
+            f"--threads {request.threads}: the JAX run's one process holds every stage and XLA "
+            "sizes its CPU thread pool itself; syncpass sets no count for it; drop --threads"
+        )
+    if request.timeline is not None:
+        found.append("--timeline: the timeline profiles torch pipelines only")
+    return found
 
-    ``step_times_s`` are wall times of whole loss-and-gradient steps as they
-    run (stages overlapping); ``stage_compute_times_s[s]`` the time stage
-    ``s``'s own calls took in each of as many steps run again with a wait
-    after every call (forward, backward, and for the last stage the loss).
+
+def run_jax(request: RunRequest) -> RunResult:
+    """Run ``request.file``'s rewritten model over ``request.stages`` JAX devices in a child.
+
+    ``request.microbatches`` splits the batch (default: as for torch, the
+    largest divisor of the batch up to four per stage). Raises SyncpassError
+    for a flag the JAX run cannot honour (every reason at once), and for a
+    failed or timed-out run.
     """
+    reasons = refusals(request)
+    if reasons:
+        raise SyncpassError("--backend jax cannot honour " + "; nor ".join(reasons))
+    command = [
+        sys.executable,
+        "-m",
+        "syncpass.backends.jax.run",
+        request.file,
+        request.example,
+        str(request.stages),
+        str(request.steps),
+        "1" if request.verify else "0",
+        repr(RTOL if request.rtol is None else request.rtol),
+        repr(ATOL if request.atol is None else request.atol),
+        str(request.microbatches or 0),
+    ]
+    env = dict(os.environ, XLA_FLAGS=_flags(request.stages))
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    try:
+        done = subprocess.run(
+            command,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=request.timeout_s,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise SyncpassError(
+            f"the JAX run took longer than {request.timeout_s:g} s; stopped it", request.file
+        ) from None
+    data = _document(done.stdout)
+    if data is not None and "error" in data:
+        raise SyncpassError(data["error"], data["location"])
+    if done.returncode != 0 or data is None:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        raise SyncpassError(lines[-1] if lines else f"the JAX run failed ({done.returncode})")
+    return result_of(request, data)
 
-    stages: int
-    devices: tuple[str, ...]
-    stage_weights: tuple[int, ...]  # weight leaves each stage holds
-    stage_parameters: tuple[int, ...]  # and their elements
-    batch: int
-    microbatches: int
-    step_times_s: tuple[float, ...]
-    stage_compute_times_s: tuple[tuple[float, ...], ...]
-    verified: bool | None  # None without --verify
-    losses: tuple[float, ...]  # one per micro-batch
-    reference_losses: tuple[float, ...] | None
-    checks: int
-    mismatches: tuple[str, ...]
-    max_abs: float
-    rtol: float
-    atol: float
 
-    @property
-    def step_s(self) -> float:
-        return statistics.median(self.step_times_s)
+def result_of(request: RunRequest, data: dict[str, Any]) -> RunResult:
+    """The RunResult of the child's document ``data`` for ``request``."""
 
-    def compute_s(self, stage: int) -> float:
-        return statistics.median(self.stage_compute_times_s[stage])
+    def check(entry: dict[str, Any]) -> ParamCheck:
+        return ParamCheck(**entry)
 
-    def comm_wait_s(self, stage: int) -> float:
-        """The part of the step stage ``stage`` does not spend in its own calls."""
-        return max(0.0, self.step_s - self.compute_s(stage))
-
-    @property
-    def gradient_mismatches(self) -> int:
-        return sum(not name.startswith(LOSS_MISMATCH) for name in self.mismatches)
-
-    @property
-    def loss(self) -> float:
-        return sum(self.losses) / len(self.losses)
+    stages = tuple(
+        StageFigures(
+            stage=row["stage"],
+            rank=0,  # every stage runs in the one child process
+            parameters=row["parameters"],
+            parameter_tensors=row["parameter_tensors"],
+            step_times_s=tuple(row["step_times_s"]),
+            compute_times_s=tuple(row["compute_times_s"]),
+            checks=tuple(map(check, row["checks"])),
+            loss_checks=tuple(LossCheck(**entry) for entry in row["loss_checks"]),
+            device=row["device"],
+        )
+        for row in data["stage_reports"]
+    )
+    return RunResult(
+        request=replace(request, schedule=SCHEDULE),
+        batch=data["batch"],
+        microbatches=data["microbatches"],
+        backend="jax",
+        device=data["platform"],
+        stages=stages,
+        model_parameters=data["model_parameters"],
+        unplaced=tuple(map(check, data["unplaced"])),
+        own_threads=False,
+    )
 
 
 def _flags(stages: int) -> str:
@@ -97,72 +161,6 @@ def _flags(stages: int) -> str:
         part for part in flags.split() if not part.startswith("--xla_force_host_platform_device")
     )
     return f"{kept} --xla_force_host_platform_device_count={stages}".strip()
-
-
-def run_jax(
-    file: str,
-    example: str,
-    stages: int,
-    steps: int = 3,
-    verify: bool = False,
-    rtol: float | None = None,
-    atol: float | None = None,
-    timeout_s: float = 300.0,
-    microbatches: int | None = None,
-) -> JaxRunResult:
-    """Run ``file``'s rewritten model over ``stages`` JAX devices in a child process.
-
-    ``microbatches`` splits the batch (default: as for torch, the largest
-    divisor of the batch up to four per stage).
-    """
-    command = [
-        sys.executable,
-        "-m",
-        "syncpass.backends.jax.run",
-        file,
-        example,
-        str(stages),
-        str(steps),
-        "1" if verify else "0",
-        repr(RTOL if rtol is None else rtol),
-        repr(ATOL if atol is None else atol),
-        str(microbatches or 0),
-    ]
-    env = dict(os.environ, XLA_FLAGS=_flags(stages))
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    try:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise SyncpassError(
-            f"the JAX run took longer than {timeout_s:g} s; stopped it", file
-        ) from None
-    data = _document(done.stdout)
-    if data is not None and "error" in data:
-        raise SyncpassError(data["error"], data["location"])
-    if done.returncode != 0 or data is None:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise SyncpassError(lines[-1] if lines else f"the JAX run failed ({done.returncode})")
-    references = data["reference_losses"]
-    return JaxRunResult(
-        stages=data["stages"],
-        devices=tuple(data["devices"]),
-        stage_weights=tuple(data["stage_weights"]),
-        stage_parameters=tuple(data["stage_parameters"]),
-        batch=data["batch"],
-        microbatches=data["microbatches"],
-        step_times_s=tuple(data["step_times_s"]),
-        stage_compute_times_s=tuple(tuple(times) for times in data["stage_compute_times_s"]),
-        verified=data["verified"],
-        losses=tuple(data["losses"]),
-        reference_losses=None if references is None else tuple(references),
-        checks=data["checks"],
-        mismatches=tuple(data["mismatches"]),
-        max_abs=data["max_abs"],
-        rtol=data["rtol"],
-        atol=data["atol"],
-    )
 
 
 def _document(stdout: str) -> dict[str, Any] | None:
@@ -175,101 +173,6 @@ def _document(stdout: str) -> dict[str, Any] | None:
     except json.JSONDecodeError:
         return None
     return data if isinstance(data, dict) else None
-
-
-def render_jax_run(result: JaxRunResult, file: str = "", example: str = "") -> str:
-    """The report ``syncpass run --backend jax`` prints: a stage table as the torch run's."""
-    where = f"{file}, example {example}, " if file else ""
-    lines = [
-        f"syncpass run (jax): {where}{result.stages} stage(s) on {', '.join(result.devices)}, "
-        f"gpipe, {result.microbatches} micro-batch(es) of {result.batch // result.microbatches}, "
-        f"{len(result.step_times_s)} step(s) after 1 warm-up",
-        "",
-    ]
-    rows = [["stage", "device", "params", "step", "compute", "comm wait", "wait/step"]]
-    for stage in range(result.stages):
-        wait = result.comm_wait_s(stage)
-        rows.append(
-            [
-                str(stage),
-                result.devices[stage],
-                f"{result.stage_parameters[stage]:,}",
-                seconds(result.step_s),
-                seconds(result.compute_s(stage)),
-                seconds(wait),
-                percent(wait / result.step_s) if result.step_s > 0 else "-",
-            ]
-        )
-    lines += _table(rows, frozenset({2, 3, 4, 5, 6}))
-    lines += [
-        "step: median wall time of a loss-and-gradient step, stages overlapping; compute: the",
-        "stage's own forward, backward and loss calls, timed in as many steps run call by call;",
-        "comm wait: the rest of the step (transfers, waiting for neighbours, bubbles)",
-    ]
-    if result.verified is not None and result.reference_losses is not None:
-        status = "ok" if result.verified else "MISMATCH"
-        matching = sum(
-            abs(got - want) <= result.atol + result.rtol * abs(want)
-            for got, want in zip(result.losses, result.reference_losses, strict=True)
-        )
-        lines += [
-            "",
-            f"verify: {status}: {result.checks} gradient leaves compared with the unsplit model "
-            f"({result.checks - result.gradient_mismatches} match), {matching} of "
-            f"{len(result.losses)} micro-batch loss(es) match; rtol {result.rtol:g}, atol "
-            f"{result.atol:g}",
-            f"  max abs diff {result.max_abs:.3g}; loss {result.loss:.6g} vs "
-            f"{sum(result.reference_losses) / len(result.reference_losses):.6g}",
-        ]
-        lines.extend(f"  mismatch: {name}" for name in result.mismatches)
-    return "\n".join(lines) + "\n"
-
-
-def jax_report_document(result: JaxRunResult, file: str, example: str) -> dict[str, Any]:
-    """The ``--json-report`` document, shaped as the torch run's (times in seconds)."""
-    document: dict[str, Any] = {
-        "version": REPORT_VERSION,
-        "file": file,
-        "example": example,
-        "stages": result.stages,
-        "schedule": "gpipe",
-        "batch": result.batch,
-        "microbatches": result.microbatches,
-        "steps": len(result.step_times_s),
-        "backend": "jax",
-        "device": ", ".join(result.devices),
-        "stage_reports": [
-            {
-                "stage": stage,
-                "device": result.devices[stage],
-                "parameters": result.stage_parameters[stage],
-                "parameter_tensors": result.stage_weights[stage],
-                "step_s": result.step_s,
-                "compute_s": result.compute_s(stage),
-                "comm_wait_s": result.comm_wait_s(stage),
-                "step_times_s": list(result.step_times_s),
-                "compute_times_s": list(result.stage_compute_times_s[stage]),
-            }
-            for stage in range(result.stages)
-        ],
-        "verify": None,
-    }
-    if result.verified is not None and result.reference_losses is not None:
-        document["verify"] = {
-            "ok": result.verified,
-            "gradient_leaves_compared": result.checks,
-            "mismatches": list(result.mismatches),
-            "max_abs_diff": result.max_abs,
-            "rtol": result.rtol,
-            "atol": result.atol,
-            "losses": [
-                {"microbatch": index, "pipeline": got, "reference": want}
-                for index, (got, want) in enumerate(
-                    zip(result.losses, result.reference_losses, strict=True)
-                )
-            ],
-        }
-    return document
 
 
 def _split(tree: Any, parts: int, what: str) -> list[Any]:
@@ -303,18 +206,10 @@ def _child(
     microbatches: int = 0,
 ) -> dict[str, Any]:
     import jax
-    import jax.numpy as jnp
 
-    from syncpass.backends.jax.example import (
-        apply_of,
-        line_map,
-        load_jax_example,
-        model_failure,
-        model_from_source,
-    )
+    from syncpass.backends.jax.example import apply_of, load_jax_example, model_from_source
     from syncpass.backends.jax.measure import batch_size
     from syncpass.backends.jax.pipeline import GPipe, pipeline
-    from syncpass.backends.jax.rewrite import strip_jax_sync_points
 
     example = load_jax_example(spec)
     text = Path(file).read_text(encoding="utf-8")
@@ -347,31 +242,67 @@ def _child(
         times.append(time.perf_counter() - started)
     compute: list[list[float]] = [[] for _ in staged.stages]
     for _ in range(steps):
-        for stage, spent in enumerate(step(batches, timed=True).stage_compute_s):
-            compute[stage].append(spent)
+        for index, spent in enumerate(step(batches, timed=True).stage_compute_s):
+            compute[index].append(spent)
     losses, grads = result.losses, result.grads
-    report: dict[str, Any] = {
-        "stages": stages,
-        "devices": [str(stage.device) for stage in staged.stages],
-        "stage_weights": [len(stage.weights) for stage in staged.stages],
-        "stage_parameters": [
-            sum(int(weight.size) for weight in stage.placed_weights) for stage in staged.stages
-        ],
+    # A weight leaf belongs to the first stage that reads it, where its gradient is summed.
+    owner: dict[int, int] = {}
+    for index, stage in enumerate(staged.stages):
+        for leaf in stage.weights:
+            owner.setdefault(leaf, index)
+    stage_checks: list[list[dict[str, Any]]] = [[] for _ in staged.stages]
+    unplaced: list[dict[str, Any]] = []
+    loss_checks: list[dict[str, Any]] = []
+    if verify:
+        reference, reference_losses = _reference(example, text, file, batches)
+        paths = jax.tree_util.tree_flatten_with_path(reference)[0]
+        for index, ((path, want), got) in enumerate(
+            zip(paths, jax.tree_util.tree_leaves(grads), strict=True)
+        ):
+            entry = _compare(jax.tree_util.keystr(path), got, want, rtol, atol)
+            entry["stage"] = owner.get(index, -1)
+            if entry["stage"] < 0:
+                entry["note"] = "no stage reads this weight"
+                unplaced.append(entry)
+            else:
+                stage_checks[entry["stage"]].append(entry)
+        for index, (loss, want) in enumerate(zip(losses, reference_losses, strict=True)):
+            got = float(loss)
+            ok = abs(got - want) <= atol + rtol * abs(want)
+            loss_checks.append({"microbatch": index, "pipeline": got, "reference": want, "ok": ok})
+    last = len(staged.stages) - 1
+    return {
+        "platform": staged.stages[0].device.platform,
         "batch": batch,
         "microbatches": count,
-        "step_times_s": times,
-        "stage_compute_times_s": compute,
-        "verified": None,
-        "losses": [float(loss) for loss in losses],
-        "reference_losses": None,
-        "checks": 0,
-        "mismatches": [],
-        "max_abs": 0.0,
-        "rtol": rtol,
-        "atol": atol,
+        "model_parameters": staged.num_weights,
+        "stage_reports": [
+            {
+                "stage": index,
+                "device": str(stage.device),
+                "parameters": sum(int(weight.size) for weight in stage.placed_weights),
+                "parameter_tensors": len(stage.weights),
+                "step_times_s": times,
+                "compute_times_s": compute[index],
+                "checks": stage_checks[index],
+                "loss_checks": loss_checks if index == last else [],
+            }
+            for index, stage in enumerate(staged.stages)
+        ],
+        "unplaced": unplaced,
     }
-    if not verify:
-        return report
+
+
+def _reference(
+    example: Any, text: str, file: str, batches: list[tuple[Any, Any]]
+) -> tuple[Any, list[float]]:
+    """The unsplit model's mean gradient over ``batches`` and its loss on each micro-batch."""
+    import jax
+    import jax.numpy as jnp
+
+    from syncpass.backends.jax.example import apply_of, line_map, model_failure, model_from_source
+    from syncpass.backends.jax.rewrite import strip_jax_sync_points
+
     stripped = strip_jax_sync_points(text, file, example.name)
     original = model_from_source(example, stripped, file, "original")
     apply = apply_of(original, example.is_function)
@@ -381,7 +312,7 @@ def _child(
         )
     )
     # The unsplit model on the same micro-batches, gradients summed in the same order.
-    reference_losses, reference = [], None
+    losses, total = [], None
     for micro_args, target in batches:
         try:  # the stripped copy runs under the file's name, with its own line numbers
             loss, gradient = whole(example.params, micro_args, target)
@@ -389,30 +320,32 @@ def _child(
             raise model_failure(
                 error, file, "the unsplit reference failed", line_map(stripped, text)
             ) from None
-        reference_losses.append(float(loss))
-        reference = (
-            gradient if reference is None else jax.tree_util.tree_map(jnp.add, reference, gradient)
-        )
-    reference = jax.tree_util.tree_map(lambda gradient: gradient * (1 / count), reference)
-    paths = jax.tree_util.tree_flatten_with_path(reference)[0]
-    mismatches, max_abs = [], 0.0
-    for (path, want), got in zip(paths, jax.tree_util.tree_leaves(grads), strict=True):
-        got = jax.device_put(got, jax.devices()[0])
-        diff = jnp.abs(got - want)
-        max_abs = max(max_abs, float(diff.max()) if diff.size else 0.0)
-        if not bool(jnp.all(diff <= atol + rtol * jnp.abs(want))):
-            mismatches.append(jax.tree_util.keystr(path))
-    for index, (got, want) in enumerate(zip(report["losses"], reference_losses, strict=True)):
-        if abs(got - want) > atol + rtol * abs(want):
-            mismatches.append(f"{LOSS_MISMATCH} {index}")
-    report.update(
-        verified=not mismatches,
-        reference_losses=reference_losses,
-        checks=len(paths),
-        mismatches=mismatches,
-        max_abs=max_abs,
-    )
-    return report
+        losses.append(float(loss))
+        total = gradient if total is None else jax.tree_util.tree_map(jnp.add, total, gradient)
+    return jax.tree_util.tree_map(lambda gradient: gradient * (1 / len(batches)), total), losses
+
+
+def _compare(name: str, got: Any, want: Any, rtol: float, atol: float) -> dict[str, Any]:
+    """One gradient leaf against the reference's, as the fields of a ParamCheck (no stage)."""
+    import jax
+    import jax.numpy as jnp
+
+    got = jax.device_put(got, jax.devices()[0])
+    diff = jnp.abs(got - want)
+    max_abs = max_rel = 0.0
+    if diff.size:  # relative differences where the reference is not zero, as torch's check
+        nonzero = want != 0
+        relative = jnp.where(nonzero, diff / jnp.where(nonzero, jnp.abs(want), 1), 0)
+        max_abs, max_rel = float(diff.max()), float(relative.max())
+    return {
+        "name": name,
+        "numel": int(want.size),
+        "max_abs": max_abs,
+        "max_rel": max_rel,
+        "ok": bool(jnp.all(diff <= atol + rtol * jnp.abs(want))),
+        "rtol": rtol,
+        "atol": atol,
+    }
 
 
 def _stated_transfers(text: str, file: str, name: str) -> int:

@@ -51,7 +51,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-import syncpass
+from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.contracts.costs import Costs, CutCost, OpCost
 from syncpass.contracts.graph import OpGraph
 from syncpass.contracts.hardware import load_profile
@@ -63,7 +63,6 @@ from syncpass.frontend import (
     parse_source,
     sequential_calls,
 )
-from syncpass.rewrite.driver import strip_sync_points
 from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
 
 #: Until link calibration exists: a gloo link between local processes, roughly.
@@ -556,7 +555,7 @@ def _library_folders() -> tuple[Path, ...]:
     names = ("stdlib", "platstdlib", "purelib", "platlib")
     folders = {Path(sysconfig.get_paths()[name]).resolve() for name in names}
     folders.add(Path(torch.__file__).resolve().parent)
-    folders.add(Path(syncpass.__file__).resolve().parent)
+    folders.add(Path(__file__).resolve().parents[2])  # syncpass/, this being backends/torch/
     return tuple(folders)
 
 

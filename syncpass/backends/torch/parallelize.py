@@ -39,7 +39,8 @@ from torch.distributed.pipelining import SplitPoint, pipeline
 from syncpass.contracts.config import SyncConfig, sync_config_from_mapping
 from syncpass.contracts.costs import Costs
 from syncpass.core.errors import SyncpassError
-from syncpass.plan.planner import Plan, PlanRequest, make_plan
+from syncpass.plan.planner import Plan, make_plan
+from syncpass.settings.resolve import Overrides, Settings, resolve_settings
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,34 @@ def parallelize(
     return ParallelStage(stage, plan, dict(spec), plan.microbatches, rank)
 
 
+def resolve_parallel_settings(
+    source: Path,
+    stages: int,
+    sync_config: SyncConfig | Mapping[str, Any] | None,
+    microbatches: int | None = None,
+    schedule: str = "1f1b",
+) -> Settings:
+    """The settings :func:`parallelize` plans with, from the one resolver every entry point
+    uses: the project of the model's source file, then ``sync_config`` over it (a whole
+    :class:`SyncConfig` sets every key; a mapping only its own)."""
+    if isinstance(sync_config, SyncConfig):
+        given: dict[str, Any] = dataclasses.asdict(sync_config)
+    else:
+        given = dict(sync_config or {})
+        sync_config_from_mapping(given, "sync_config", SyncConfig())  # unknown keys, bad values
+    return resolve_settings(
+        source,
+        Overrides(
+            stages=stages,
+            strategy=given.get("strategy"),
+            min_sync_interval=given.get("min_sync_interval"),
+            communication_cost_threshold=given.get("communication_cost_threshold"),
+            microbatches=microbatches,
+            schedule=schedule,
+        ),
+    )
+
+
 def _plan(
     model: torch.nn.Module,
     example_args: tuple[Any, ...],
@@ -133,10 +162,10 @@ def _plan(
     microbatches: int | None,
     schedule: str,
 ) -> tuple[Plan, dict[str, str]]:
+    from syncpass.backends.torch.example import default_loss
     from syncpass.backends.torch.measure import batch_size_of, profile_costs
-    from syncpass.commands.profile import smaller_batch
+    from syncpass.backends.torch.profile import smaller_batch
     from syncpass.frontend.source import read_model_text
-    from syncpass.runtime.example import default_loss
 
     try:
         source = inspect.getsourcefile(type(model))
@@ -172,17 +201,9 @@ def _plan(
             "use syncpass rewrite to write pipe_split() calls into its source",
             source,
         )
-    base = costs.config
-    if isinstance(sync_config, SyncConfig):
-        config = sync_config
-    elif sync_config is not None:
-        config = sync_config_from_mapping(dict(sync_config), "sync_config", base)
-    else:
-        config = base
-    try:
-        request = PlanRequest(stages, config, microbatches, schedule)
-    except ValueError as error:
-        raise SyncpassError(str(error)) from None
+    settings = resolve_parallel_settings(Path(source), stages, sync_config, microbatches, schedule)
+    costs = settings.retarget(costs)
+    request = settings.request(costs)
     plan = make_plan(costs, request, source)
     return plan, dict(spec_of[point.after] for point in plan.sync_points)
 

@@ -1,42 +1,26 @@
-"""Predictions next to measurements: what the cost model said a run would take.
+"""The torch backend's predict hook: what the cost model says a run of a file would take.
 
 ``syncpass run FILE --costs COSTS`` finds the sync points FILE carries (the
 ``pipe_split()`` calls, read from the source like any other), plans exactly
 those cuts on COSTS for the run's schedule and micro-batches, and sets the
-predicted step and stage times beside the measured ones, so the cost model is
+predicted step and stage times beside the measured ones
+(:class:`~syncpass.runtime.prediction.RunPrediction`), so the cost model is
 checked against a real run rather than trusted.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from typing import Any
 
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs
 from syncpass.contracts.graph import INPUT, OUTPUT
 from syncpass.core.errors import SyncpassError
-from syncpass.core.units import percent, seconds
 from syncpass.frontend import analyse_model, loop_containers, parse_source, sequential_calls
-from syncpass.plan.planner import Plan, PlanRequest, make_plan
-from syncpass.rewrite.driver import container_sizes, match_costs
+from syncpass.frontend.match import container_sizes, match_costs
+from syncpass.plan.planner import PlanRequest, make_plan
 from syncpass.runtime.contracts import RunResult
-
-
-@dataclass(frozen=True)
-class RunPrediction:
-    """The plan of the sync points a file carries, and the run that measured it."""
-
-    plan: Plan
-    measured_step_s: float
-    measured_stage_steps_s: tuple[float, ...]
-    measured_wait_ratio: float
-
-    @property
-    def ratio(self) -> float:
-        """Predicted over measured step time."""
-        return self.plan.predicted_step_s / self.measured_step_s if self.measured_step_s else 0.0
+from syncpass.runtime.prediction import RunPrediction
 
 
 def predict_run(text: str, path: str, costs: Costs, result: RunResult) -> RunPrediction:
@@ -84,47 +68,3 @@ def predict_run(text: str, path: str, costs: Costs, result: RunResult) -> RunPre
         measured_stage_steps_s=steps,
         measured_wait_ratio=wait / steps[slowest] if steps[slowest] else 0.0,
     )
-
-
-def render_prediction(prediction: RunPrediction) -> str:
-    """Predicted beside measured, per stage and for the step."""
-    plan = prediction.plan
-    lines = [
-        "",
-        f"predicted by the cost model ({plan.schedule}, {plan.microbatches} micro-batches) "
-        "beside the measured run:",
-    ]
-    for index, (stage, measured) in enumerate(
-        zip(plan.stages, prediction.measured_stage_steps_s, strict=False)
-    ):
-        lines.append(
-            f"  stage {index}: {stage.ops[0]} .. {stage.ops[-1]}: predicted busy "
-            f"{seconds(stage.time_s)} per step, measured step {seconds(measured)}"
-        )
-    lines.append(
-        f"  step: predicted {seconds(plan.predicted_step_s)}, measured "
-        f"{seconds(prediction.measured_step_s)} (predicted/measured {prediction.ratio:.2f}); "
-        f"communication wait predicted {percent(plan.comm_wait_ratio)}, measured "
-        f"{percent(prediction.measured_wait_ratio)} (bubbles included)"
-    )
-    return "\n".join(lines) + "\n"
-
-
-def prediction_to_json(prediction: RunPrediction) -> dict[str, Any]:
-    plan = prediction.plan
-    return {
-        "sync_points": [point.after for point in plan.sync_points],
-        "predicted_step_s": plan.predicted_step_s,
-        "measured_step_s": prediction.measured_step_s,
-        "predicted_over_measured": prediction.ratio,
-        "predicted_comm_wait_ratio": plan.comm_wait_ratio,
-        "measured_wait_ratio": prediction.measured_wait_ratio,
-        "stages": [
-            {
-                "ops": [stage.ops[0], stage.ops[-1]],
-                "predicted_time_s": stage.time_s,
-                "measured_step_s": measured,
-            }
-            for stage, measured in zip(plan.stages, prediction.measured_stage_steps_s, strict=False)
-        ],
-    }

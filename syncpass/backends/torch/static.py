@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from syncpass.backends.spec import EstimateRequest
 from syncpass.contracts.costs import Costs
 from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
@@ -63,3 +64,16 @@ def estimate_file(
     for unsized in estimate.unsized:
         print(f"syncpass: warning: {unsized} (estimated by the fallback)", file=out)
     return estimate.costs
+
+
+def estimate(request: EstimateRequest) -> Costs:
+    """The estimate hook: :func:`estimate_file` with the request's settings."""
+    return estimate_file(
+        request.file,
+        request.text,
+        request.model,
+        request.input_shape,
+        request.input_dtype,
+        request.hardware,
+        request.depth,
+    )

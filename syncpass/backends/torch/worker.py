@@ -32,6 +32,7 @@ from torch.distributed.pipelining import Pipe, Schedule1F1B, ScheduleGPipe, pipe
 from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
 
 from syncpass.backends.torch import verify
+from syncpass.backends.torch.example import Example, load_example
 from syncpass.core.errors import SyncpassError
 from syncpass.runtime.contracts import (
     LossCheck,
@@ -43,7 +44,7 @@ from syncpass.runtime.contracts import (
     WorkerFailed,
     default_microbatches,
 )
-from syncpass.runtime.example import Example, innermost_user_frame, load_example
+from syncpass.runtime.example import innermost_user_frame
 
 SGD_LR = 1e-3
 # What gloo and NCCL say when another rank went away.

@@ -23,6 +23,7 @@ from syncpass.backends.torch.estimate.values import (
     Unsized,
     numel,
 )
+from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.contracts.costs import Costs, CutCost, Hardware, OpCost
 from syncpass.contracts.graph import OpGraph
 from syncpass.core.errors import SyncpassError
@@ -34,7 +35,6 @@ from syncpass.frontend import (
     parse_source,
 )
 from syncpass.frontend import sequential_calls as find_sequential_calls
-from syncpass.rewrite.driver import strip_sync_points
 
 #: The compute rate assumed when the hardware gives none (a few CPU cores' worth).
 DEFAULT_FLOPS_PER_S = 50e9

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from syncpass.backends.torch.lint import RULES, finding, lint_source, noqa_lines
 from syncpass.core.errors import SyncpassError
-from syncpass.frontend.lint import RULES, Finding, lint_source, noqa_lines
+from syncpass.frontend.findings import Finding
 
 MODEL = """\
 import torch
@@ -165,7 +166,7 @@ def test_noqa_lines_ignores_noqa_inside_strings() -> None:
 def test_every_rule_has_a_code_and_findings_check_it() -> None:
     assert sorted(RULES) == [f"SP10{n}" for n in range(1, 8)]
     with pytest.raises(ValueError, match="unknown rule"):
-        Finding("XX1", "m.py", 1, 1, "?")
+        finding("XX1", "m.py", 1, 1, "?")
 
 
 def test_a_parameter_rebound_to_a_number_is_not_a_number_everywhere() -> None:

@@ -177,6 +177,8 @@ def test_report_and_json_from_figures() -> None:
     assert stages[0].comm_wait_s == pytest.approx(0.05)
     assert not result.verified
     text = render_run(result)
+    assert "gloo on cpu, 1 thread(s) per process" in text
+    assert "device" not in text.splitlines()[2]  # a process per stage: its rank says which
     assert "verify: MISMATCH: 3 of 3 parameter(s) compared with the unsplit model (1 match)" in text
     assert "mismatch: b.weight (stage 1): max abs diff 0.002, max rel diff 0.5" in text
     assert "mismatch: c.bias (stage 1): no gradient in the pipeline" in text
@@ -413,3 +415,21 @@ def test_a_failure_mid_step_is_reported_not_its_echo(
     line = path.read_text().splitlines().index(bad.rstrip()) + 1
     assert f"{path}:{line}: rank 1: RuntimeError: Expected target size" in err
     assert "Connection closed" not in err
+
+
+def test_one_process_of_several_stages_names_their_devices() -> None:
+    """A run whose one process holds every stage (JAX) shows each stage's device, no thread count."""
+    request = RunRequest(file="m.py", example="m.py:example", stages=2, schedule="gpipe")
+    stages = tuple(
+        StageFigures(index, 0, 6, 1, (0.2,) * 3, (0.1,) * 3, device=f"cpu:{index}")
+        for index in range(2)
+    )
+    result = RunResult(request, 8, 4, "jax", "cpu", stages, 2, own_threads=False)
+    text = render_run(result)
+    assert "jax on cpu, CPU threads as the backend's runtime sizes them" in text
+    assert text.splitlines()[2].split() == ["stage", "rank", "device", "params", "step",
+                                            "compute", "comm", "wait", "wait/step"]  # fmt: skip
+    assert text.splitlines()[4].split()[:3] == ["1", "0", "cpu:1"]
+    document = json.loads(dumps_report(result))
+    assert document["threads"] is None
+    assert [stage["device"] for stage in document["stage_reports"]] == ["cpu:0", "cpu:1"]

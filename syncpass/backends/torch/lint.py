@@ -24,7 +24,8 @@ literals, ``len(...)``, sizes (``x.shape[0]``, ``x.size(1)``, ``x.ndim``,
 to a number), attributes set in ``__init__`` from such values or from
 attributes of its arguments (``config.eps``), and local names assigned only
 from them are numbers; everything else may be a tensor (the rules are
-:mod:`syncpass.frontend.numbers`, shared with the JAX analysis).
+:mod:`syncpass.frontend.numbers`, shared with the JAX analysis). It is the torch
+backend's ``lint`` hook, which ``syncpass check`` runs.
 
 A finding is suppressed by ``# noqa: SP101`` on its line (several codes with
 commas), or by a bare ``# noqa``, as flake8 reads them.
@@ -35,13 +36,13 @@ from __future__ import annotations
 import io
 import re
 import tokenize
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
+from syncpass.frontend.findings import Finding
 from syncpass.frontend.numbers import HostValues, host_values, module_numbers, qualified_name
 from syncpass.frontend.source import parse_source
 
@@ -72,22 +73,11 @@ _SYNCHRONIZE = (
 )
 
 
-@dataclass(frozen=True)
-class Finding:
-    """One implicit synchronisation: ``path:line:column`` (1-based), rule and why."""
-
-    code: str
-    path: str
-    line: int
-    column: int
-    message: str
-
-    def __post_init__(self) -> None:
-        if self.code not in RULES:
-            raise ValueError(f"unknown rule {self.code!r}; rules are {', '.join(RULES)}")
-
-    def __str__(self) -> str:
-        return f"{self.path}:{self.line}:{self.column}: {self.code} {self.message}"
+def finding(code: str, path: str, line: int, column: int, message: str) -> Finding:
+    """A finding of one of this lint's :data:`RULES`; any other code is a bug here."""
+    if code not in RULES:
+        raise ValueError(f"unknown rule {code!r}; rules are {', '.join(RULES)}")
+    return Finding(code, path, line, column, message)
 
 
 def lint_source(text: str, path: str) -> tuple[Finding, ...]:
@@ -241,7 +231,7 @@ class GatherHostSyncVisitor(cst.CSTVisitor):
 
     def _report(self, node: cst.CSTNode, code: str, message: str) -> None:
         position = self.get_metadata(PositionProvider, node).start
-        self.findings.append(Finding(code, self.path, position.line, position.column + 1, message))
+        self.findings.append(finding(code, self.path, position.line, position.column + 1, message))
 
 
 def _moves_to_cpu(node: cst.Call) -> bool:
@@ -269,8 +259,3 @@ def _prints_plainly(node: cst.BaseExpression, numbers: HostValues) -> bool:
     if isinstance(node, cst.ConcatenatedString):
         return _prints_plainly(node.left, numbers) and _prints_plainly(node.right, numbers)
     return numbers.holds(node)
-
-
-def format_findings(findings: Iterable[Finding]) -> str:
-    """One ``path:line:col: CODE message`` line per finding."""
-    return "".join(f"{finding}\n" for finding in findings)

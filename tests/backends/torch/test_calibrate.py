@@ -25,16 +25,15 @@ from syncpass.backends.torch.calibrate import (
     MatmulRate,
     Measurements,
     SizeTimes,
-    calibrate_command,
     fit_link,
     measure,
     parse_sizes,
     profile_toml,
-    register,
     relative_error,
     render_calibration,
 )
 from syncpass.cli import main as cli_main
+from syncpass.commands.calibrate import calibrate_command, register
 from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import write_atomically

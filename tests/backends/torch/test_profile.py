@@ -18,6 +18,8 @@ import pytest
 import torch
 from conftest import REPO
 
+from syncpass.backends.torch.backend import BACKEND as TORCH
+from syncpass.backends.torch.example import load_example
 from syncpass.backends.torch.measure import (
     _backward_spans,
     _forward_spans,
@@ -32,8 +34,7 @@ from syncpass.contracts.graph import OpGraph
 from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import PlanRequest
-from syncpass.rewrite.driver import rewrite_source
-from syncpass.runtime.example import load_example
+from syncpass.rewrite.driver import rewrite_text
 from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
 
 BATCH, IN, WIDTH, OUT = 4, 8, 16, 3
@@ -328,8 +329,8 @@ def test_rewrite_accepts_the_profiled_costs(
     text = model_file.read_text()
     for factory in ("example", "skip_example", "sliced_example"):
         costs = profiled(factory).costs
-        result = rewrite_source(
-            text, str(model_file), costs, PlanRequest(stages=2, config=costs.config)
+        result = rewrite_text(
+            text, str(model_file), TORCH, PlanRequest(stages=2, config=costs.config), costs
         )
         assert len(result.plan.sync_points) == 1
         assert "pipe_split()" in result.rewritten
@@ -557,8 +558,8 @@ def test_bundled_examples_profile_and_rewrite(
     assert sum(op.flops or 0 for op in costs.ops) > 0
     # Every parameter of these models belongs to a submodule the forward calls.
     assert sum(op.param_bytes for op in costs.ops) == module_bytes(model)
-    result = rewrite_source(
-        source.read_text(), str(source), costs, PlanRequest(stages=2, config=costs.config)
+    result = rewrite_text(
+        source.read_text(), str(source), TORCH, PlanRequest(stages=2, config=costs.config), costs
     )
     assert "pipe_split()" in result.rewritten
 

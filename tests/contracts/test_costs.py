@@ -10,9 +10,10 @@ from typing import Any
 import pytest
 from costbuilder import cost_dict
 
-from syncpass.contracts.config import SyncConfig, default_sync_config, load_config_file
+from syncpass.contracts.config import SyncConfig, default_sync_config
 from syncpass.contracts.costs import costs_to_json, load_costs, parse_costs
 from syncpass.core.errors import SyncpassError
+from syncpass.settings.project import load_project_config
 
 ISSUE_EXAMPLE = {
     "version": 1,
@@ -143,11 +144,11 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_config_file_reads_pyproject_table_and_names_unknown_keys(tmp_path: Path) -> None:
     pyproject = tmp_path / "pyproject.toml"
     pyproject.write_text('[project]\nname = "m"\n[tool.syncpass]\nmin_sync_interval = 3\n')
-    assert load_config_file(pyproject, SyncConfig()).min_sync_interval == 3
+    assert load_project_config(pyproject).sync_over(SyncConfig()).min_sync_interval == 3
     bad = tmp_path / "sync.toml"
     bad.write_text("min_interval = 3\n")
     with pytest.raises(SyncpassError) as caught:
-        load_config_file(bad, SyncConfig())
+        load_project_config(bad).sync_over(SyncConfig())
     assert "unknown setting 'min_interval'" in str(caught.value)
     assert "min_sync_interval" in str(caught.value)  # lists the valid ones
 

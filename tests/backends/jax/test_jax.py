@@ -10,10 +10,12 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+from conftest import REPO
 
 from syncpass.backends.jax.analysis import analyse_jax_model
+from syncpass.backends.jax.backend import BACKEND as JAX
 from syncpass.backends.jax.example import line_map
-from syncpass.backends.jax.rewrite import rewrite_jax_source, strip_jax_sync_points
+from syncpass.backends.jax.rewrite import strip_jax_sync_points
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs, parse_costs
 from syncpass.contracts.graph import OpGraph
@@ -21,12 +23,14 @@ from syncpass.core.errors import SyncpassError
 from syncpass.frontend.numbers import JAX_RULES, host_values
 from syncpass.frontend.source import parse_source
 from syncpass.plan.planner import PlanRequest
+from syncpass.rewrite.driver import rewrite_text
+from syncpass.runtime.contracts import RunRequest
 from syncpass.transformers.jax_transfer import retarget_device_puts
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = REPO
 EXAMPLES = ROOT / "examples"
-GOLDEN = Path(__file__).parent / "golden" / "jax"
-DATA = Path(__file__).parent / "data"
+GOLDEN = REPO / "tests" / "golden" / "jax"
+DATA = REPO / "tests" / "data"
 MARKER = "# output:\n"
 SIZES = {"TransformerLM": {"blocks": 4}, "Net": {"blocks": 4}}
 
@@ -54,7 +58,7 @@ def rewrite(text: str, path: str, name: str | None, stages: int) -> str:
     request = PlanRequest(
         stages=stages, config=SyncConfig().replace(communication_cost_threshold=float("inf"))
     )
-    return rewrite_jax_source(text, path, costs, request, name).rewritten
+    return rewrite_text(text, path, JAX, request, costs, class_name=name).rewritten
 
 
 CASES = [
@@ -265,7 +269,7 @@ def test_compact_flax_profile_rewrite_run_verify(tmp_path: Path) -> None:
         capture_output=True, text=True, cwd=tmp_path, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert "verify: ok: 8 gradient leaves" in done.stdout
+    assert "verify: ok: 8 of 8 parameter(s) compared with the unsplit model" in done.stdout
 
 
 GPIPE_CHECK = """
@@ -344,15 +348,61 @@ def test_gpipe_matches_the_unsplit_model_on_three_devices() -> None:
     assert done.stdout.strip() == "ok"
 
 
-def test_run_refuses_a_schedule_jax_does_not_have(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        ("--schedule 1f1b", "--schedule 1f1b: the JAX run has the gpipe schedule only"),
+        ("--device cuda", "--device cuda: the JAX run puts its stages on N host (CPU) devices"),
+        ("--threads 2", "--threads 2: the JAX run's one process holds every stage"),
+        ("--timeline TIMELINE", "--timeline: the timeline profiles torch pipelines only"),
+    ],
+)
+def test_run_refuses_a_flag_it_cannot_honour(
+    flags: str, reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each flag the JAX run does not honour is refused before anything starts, with why."""
     from syncpass.cli import main as cli_main
 
     model = tmp_path / "model.py"
     model.write_text("def forward(params, x):\n    return x\n")
-    status = cli_main(
-        ["run", str(model), "--backend", "jax", "--stages", "2", "--schedule", "1f1b"]
-    )
-    assert status == 2
+    costs = tmp_path / "model.costs.json"
+    costs.write_text((ROOT / "examples" / "costs" / "gpt_24x1024.costs.json").read_text())
+    flags = flags.replace("TIMELINE", str(tmp_path / "t")).replace("COSTS", str(costs))
+    argv = ["run", str(model), "--backend", "jax", "--stages", "2", *flags.split()]
+    assert cli_main(argv) == 2
+    assert f"--backend jax cannot honour {reason}" in capsys.readouterr().err
+
+
+def test_run_refuses_costs_as_the_backend_has_no_prediction(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--costs needs the backend's predict hook; the JAX spec has none, so nothing starts."""
+    from syncpass.cli import main as cli_main
+
+    model = tmp_path / "model.py"
+    model.write_text("def forward(params, x):\n    return x\n")
+    costs = ROOT / "examples" / "costs" / "gpt_24x1024.costs.json"
+    argv = ["run", str(model), "--backend", "jax", "--stages", "2", "--costs", str(costs)]
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err
+    assert "the jax backend has no prediction of a run" in err
+    assert "drop --costs" in err
+
+
+@pytest.mark.parametrize("flags", ["", "--schedule gpipe", "--device cpu", "--threads 1"])
+def test_run_honours_the_defaults_and_what_it_runs(flags: str, tmp_path: Path) -> None:
+    """gpipe (its default), the CPU and the default thread count pass the refusals."""
+    from syncpass.backends.jax.run import refusals
+    from syncpass.cli import build_parser
+    from syncpass.commands.run import request_from_args
+
+    model = tmp_path / "model.py"
+    model.write_text("def forward(params, x):\n    return x\n")
+    argv = ["run", str(model), "--backend", "jax", "--stages", "2", *flags.split()]
+    args = build_parser().parse_args(argv)
+    request = request_from_args(args, JAX.schedules[0])
+    assert request.schedule == "gpipe"
+    assert refusals(request) == []
 
 
 # --- host values, hand-written transfers, errors -------------------------------------------
@@ -637,12 +687,11 @@ def test_run_child_refuses_a_file_with_more_stages_before_tracing(
 
 
 def test_run_reports_a_model_error_at_the_files_line(tmp_path: Path) -> None:
-    from syncpass.backends.jax.run import run_jax
-
     model = tmp_path / "model.py"
     model.write_text(TRACE_ERROR)
+    request = RunRequest(str(model), f"{model}:example", 1, schedule="gpipe", steps=1)
     with pytest.raises(SyncpassError) as raised:
-        run_jax(str(model), f"{model}:example", 1, steps=1)
+        JAX.need("run", "run it")(request)
     assert raised.value.location == f"{model}:7"
     assert raised.value.message.startswith(
         "the JAX run failed: TracerBoolConversionError: Attempted boolean conversion"

@@ -9,15 +9,15 @@ import pytest
 from costbuilder import cost_dict
 
 from syncpass.cli import main
-from syncpass.contracts.config import SyncConfig, load_config_file
+from syncpass.contracts.config import SyncConfig
 from syncpass.core.errors import SyncpassError
 from syncpass.settings.project import (
     ModelEntry,
     ProjectConfig,
     find_project_config,
     load_project_config,
-    resolve_project_config,
 )
+from syncpass.settings.resolve import Overrides, resolve_settings
 
 PYPROJECT = """\
 [project]
@@ -85,7 +85,9 @@ def test_a_toml_file_of_its_own_has_the_keys_at_the_top(tmp_path: Path) -> None:
     assert config.stages == 2 and config.sync.communication_cost_threshold == float("inf")
     assert config.models[0].source == tmp_path / "conf" / ".." / "m.py"
     # The sync settings alone, as `plan/rewrite --config` always read them:
-    assert load_config_file(path, SyncConfig()).communication_cost_threshold == float("inf")
+    assert load_project_config(path).sync_over(SyncConfig()).communication_cost_threshold == float(
+        "inf"
+    )
 
 
 def test_found_in_the_nearest_pyproject_with_a_syncpass_table(tmp_path: Path) -> None:
@@ -96,14 +98,14 @@ def test_found_in_the_nearest_pyproject_with_a_syncpass_table(tmp_path: Path) ->
     assert find_project_config(model.parent) == outer
     inner = write(tmp_path / "pkg" / "models" / "pyproject.toml", "[tool.syncpass]\n")  # empty
     assert find_project_config(model) == inner
-    assert resolve_project_config(None, model).stages is None
-    assert resolve_project_config(outer, model).stages == 2  # --config wins over discovery
+    assert resolve_settings(model).stages is None
+    assert resolve_settings(model, Overrides(config=outer)).stages == 2  # --config wins
 
 
 def test_nothing_found_gives_the_defaults(tmp_path: Path) -> None:
     model = write(tmp_path / "m.py", "")
     if find_project_config(tmp_path) is None:  # (a [tool.syncpass] above /tmp would count)
-        assert resolve_project_config(None, model) == ProjectConfig()
+        assert resolve_settings(model).project is None
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,9 @@ import pytest
 import torch
 from conftest import REPO
 
+from syncpass.backends.torch.example import default_loss, load_example
 from syncpass.core.errors import SyncpassError
-from syncpass.runtime.example import default_loss, load_example, private_module_name
+from syncpass.runtime.example import private_module_name
 
 MODEL = """\
 import torch

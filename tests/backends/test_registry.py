@@ -22,10 +22,15 @@ from golden_cases import GOLDEN, read_case
 CASE = read_case(GOLDEN / "container_loop.py")
 
 PLUGIN = '''
+import dataclasses
 import os
 from pathlib import Path
 
-from syncpass.rewrite.driver import rewrite_source
+import libcst as cst
+
+from syncpass.backends.registry import load_backend
+
+TORCH = load_backend("torch")
 
 
 def last_cuts(problem, stages, costs):
@@ -42,26 +47,32 @@ def explodes(problem, stages, costs):
     raise RuntimeError("no idea")
 
 
-class Demo:
-    description = "the torch pass, leaving a trace that it ran"
-
-    def rewrite(self, text, path, costs, request, class_name=None, max_stages=None):
-        Path(os.environ["DEMO_TRACE"]).write_text(path)
-        return rewrite_source(text, path, costs, request, class_name, max_stages)
+def traced_insert(source, sites, path):
+    Path(os.environ["DEMO_TRACE"]).write_text(path)
+    return TORCH.insert(source, sites, path)
 
 
-BACKEND = Demo()
+BACKEND = dataclasses.replace(
+    TORCH, name="demo", description="the torch pass, leaving a trace that it ran",
+    insert=traced_insert,
+)
 
 
-class Garbage:
-    def rewrite(self, text, path, costs, request, class_name=None, max_stages=None):
-        import dataclasses
-
-        result = rewrite_source(text, path, costs, request, class_name, max_stages)
-        return dataclasses.replace(result, rewritten=result.rewritten + "\\ndef (:\\n")
+def garbage_insert(source, sites, path):
+    module, warnings = TORCH.insert(source, sites, path)
+    broken = cst.SimpleStatementLine([cst.Expr(cst.Name("def"))])
+    return module.with_changes(body=[*module.body, broken]), warnings
 
 
-GARBAGE = Garbage()
+GARBAGE = dataclasses.replace(TORCH, name="garbage", insert=garbage_insert)
+
+
+def failing_analyse(text, path, known, name):
+    raise RuntimeError("cannot read this")
+
+
+FAILING = dataclasses.replace(TORCH, name="failing", analyse=failing_analyse)
+NOT_A_SPEC = object()
 '''
 
 ENTRY_POINTS = """
@@ -75,6 +86,8 @@ adaptive = syncpass_demo_plugin:last_cuts
 [syncpass.backends]
 demo = syncpass_demo_plugin:BACKEND
 garbage = syncpass_demo_plugin:GARBAGE
+failing = syncpass_demo_plugin:FAILING
+not_a_spec = syncpass_demo_plugin:NOT_A_SPEC
 """
 
 
@@ -180,3 +193,18 @@ def test_an_installed_backend_whose_output_does_not_parse_writes_nothing(
     assert done.returncode == 2
     assert "does not parse" in done.stderr
     assert not out.exists()
+
+
+def test_an_installed_backend_that_raises_is_an_error_naming_it_and_the_hook(
+    site: Path, tmp_path: Path
+) -> None:
+    source = tmp_path / "model.py"
+    source.write_text(CASE.source)
+    args = ["rewrite", str(source), "--costs", str(CASE.costs_path), "--stages", "3"]
+    done = syncpass(site, *args, "--backend", "failing")
+    assert done.returncode == 2
+    assert "backend 'failing' failed in analyse: RuntimeError: cannot read this" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = syncpass(site, *args, "--backend", "not_a_spec")
+    assert done.returncode == 2
+    assert "is not a syncpass.backends.spec.Backend but a object" in done.stderr

@@ -8,9 +8,9 @@ import pytest
 from golden_cases import Case, cases, run_case
 from libcst.codemod import CodemodTest
 
+from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.frontend import parse_source
 from syncpass.plan.planfile import plan_to_json
-from syncpass.rewrite.driver import strip_sync_points
 from syncpass.transformers.torch_pipeline import (
     InsertPipeSplitsCommand,
     RemovePipeSplitsCommand,

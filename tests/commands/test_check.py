@@ -12,11 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import REPO
 
 from syncpass.cli import main
 from syncpass.commands.check import CheckRequest, run_check
-
-REPO = Path(__file__).resolve().parent.parent
 
 MODEL = """\
 import torch

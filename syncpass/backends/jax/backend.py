@@ -1,0 +1,49 @@
+"""The JAX backend's spec: every hook the commands call (:class:`~syncpass.backends.spec.Backend`).
+
+It has no static estimator, lint or run prediction (those hooks are ``None``). Importing this module
+imports no jax: the measure and run hooks import it when they are called.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from syncpass.backends.jax.rewrite import analyse, insert, remove, strip_jax_sync_points
+from syncpass.backends.spec import Backend, MeasureRequest
+
+if TYPE_CHECKING:
+    from syncpass.backends.jax.example import JaxExample
+    from syncpass.contracts.costs import Costs
+    from syncpass.runtime.contracts import RunRequest, RunResult
+
+
+def _measure(request: MeasureRequest) -> Costs:
+    from syncpass.backends.jax.profile import measure
+
+    return measure(request)
+
+
+def _run(request: RunRequest) -> RunResult:
+    from syncpass.backends.jax.run import run_jax
+
+    return run_jax(request)
+
+
+def _load_example(spec: str) -> JaxExample:
+    from syncpass.backends.jax.example import load_jax_example
+
+    return load_jax_example(spec)
+
+
+BACKEND = Backend(
+    name="jax",
+    description="jax.device_put transfers in a JAX function or a Flax module (docs/jax.md)",
+    analyse=analyse,
+    insert=insert,
+    remove=remove,
+    strip=strip_jax_sync_points,
+    measure=_measure,
+    run=_run,
+    schedules=("gpipe",),
+    load_example=_load_example,
+)

@@ -1,0 +1,139 @@
+"""A backend as one frozen spec of hooks: what the commands need of torch, JAX or a plugin.
+
+Every command takes a :class:`Backend` from :func:`syncpass.backends.registry.load_backend`
+and calls its hooks; none asks a backend's name. The rewrite hooks are
+required; a backend without a profiler, a static estimator or a runtime
+leaves that hook ``None``, and a command that needs it says so
+(:meth:`Backend.need`) with exit status 2.
+
+The rewrite hooks split the pass so that the driver (:mod:`syncpass.rewrite.driver`)
+is the same for every backend:
+
+* ``analyse(text, path, known, name)``: parse ``text``, take out the sync points
+  an earlier run wrote, find the model (``name``, else the one ``known`` names,
+  else the file's one model) and build its op graph, loops sized by the op ids
+  of the cost file or plan (:class:`KnownOps`); a :class:`ModelSource`;
+* ``insert(source, sites, path)``: the module with one sync statement per
+  :class:`~syncpass.transformers.torch_pipeline.SyncSite`, and warnings for
+  sites it could not place;
+* ``remove(module, source, path)``: the code of ``module`` without syncpass's sync
+  statements (the driver checks that it gives back ``source.base``);
+* ``strip(text, path, name)``: ``text`` without syncpass's sync statements.
+
+``lint(text, path)`` is what ``syncpass check`` reports about a model file
+(the torch backend's finds implicit host-device synchronisation).
+
+Importing this module imports neither torch nor jax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from syncpass.core.errors import SyncpassError
+from syncpass.rewrite.source import KnownOps, ModelSource
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+    from syncpass.contracts.costs import Costs
+    from syncpass.frontend.findings import Finding
+    from syncpass.runtime.contracts import RunRequest, RunResult
+    from syncpass.runtime.prediction import RunPrediction
+    from syncpass.transformers.common import SyncSite
+
+
+@dataclass(frozen=True)
+class MeasureRequest:
+    """Profile the model of ``file`` (source ``text``) on the example ``example``.
+
+    ``threads`` and ``depth`` are the torch profiler's (CPU threads; 2 plans the
+    children of ``nn.Sequential`` calls); a backend that cannot honour a value
+    other than the default refuses it.
+    """
+
+    file: Path
+    text: str
+    example: str
+    model: str | None = None
+    repeats: int = 5
+    warmup: int = 2
+    threads: int = 1
+    depth: int = 1
+
+
+@dataclass(frozen=True)
+class EstimateRequest:
+    """Estimate the costs of the model in ``text`` from the source alone, for these inputs."""
+
+    file: str
+    text: str
+    input_shape: str
+    model: str | None = None
+    input_dtype: str | None = None
+    hardware: str | None = None
+    depth: int = 1
+
+
+Analyse = Callable[[str, str, KnownOps, "str | None"], ModelSource]
+Insert = Callable[[ModelSource, Sequence["SyncSite"], str], "tuple[cst.Module, tuple[str, ...]]"]
+Remove = Callable[["cst.Module", ModelSource, str], str]
+Strip = Callable[[str, str, "str | None"], str]
+Measure = Callable[[MeasureRequest], "Costs"]
+Estimate = Callable[[EstimateRequest], "Costs"]
+Run = Callable[["RunRequest"], "RunResult"]
+Lint = Callable[[str, str], "Sequence[Finding]"]
+Predict = Callable[[str, str, "Costs", "RunResult"], "RunPrediction"]
+LoadExample = Callable[[str], Any]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """Every per-backend hook; one instance per backend (``BACKEND`` in its folder's ``backend.py``).
+
+    ``schedules`` are the pipeline schedules its ``run`` hook runs, its default first;
+    ``load_example(spec)`` loads the user's example factory (``PATH.py:FUNC``) as
+    the backend's profiler and runtime do, running the user's code.
+    ``predict(text, path, costs, result)`` plans the sync points a rewritten file
+    carries on a cost file, beside a run of it (``syncpass run --costs``).
+    """
+
+    name: str
+    description: str
+    analyse: Analyse
+    insert: Insert
+    remove: Remove
+    strip: Strip
+    measure: Measure | None = None
+    estimate: Estimate | None = None
+    run: Run | None = None
+    lint: Lint | None = None
+    predict: Predict | None = None
+    load_example: LoadExample | None = None
+    schedules: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.isidentifier():
+            raise ValueError(f"a backend's name must be an identifier, got {self.name!r}")
+        for hook in ("analyse", "insert", "remove", "strip"):
+            if not callable(getattr(self, hook)):
+                raise ValueError(f"backend {self.name!r}: {hook} must be a function")
+
+    def need(self, hook: str, wanted: str) -> Callable[..., Any]:
+        """The hook ``hook``, or an error saying that this backend cannot do ``wanted``."""
+        found: Callable[..., Any] | None = getattr(self, hook)
+        if found is None:
+            raise SyncpassError(f"the {self.name} backend has no {_HOOK_NAMES[hook]}; {wanted}")
+        return found
+
+
+_HOOK_NAMES = {
+    "measure": "profiler (it cannot time a model on an example)",
+    "estimate": "static estimator (it cannot estimate costs from source)",
+    "run": "runtime (it cannot run a pipeline)",
+    "predict": "prediction of a run (it cannot plan the sync points a file carries)",
+    "load_example": "example loader (it cannot run the user's example)",
+}

@@ -1,0 +1,78 @@
+"""Building the optimiser's problem from a cost file: per-op compute and memory, per-cut
+communication, admissible and pinned cuts, and how far each value reaches."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import numpy.typing as npt
+
+from syncpass.contracts.config import SyncConfig
+from syncpass.contracts.costs import Costs
+from syncpass.contracts.graph import INPUT, OUTPUT
+from syncpass.core.errors import SyncpassError
+from syncpass.plan.optimizer import Problem
+
+
+def problem_from_costs(
+    costs: Costs, config: SyncConfig, pinned: tuple[str, ...] = (), microbatches: int = 1
+) -> Problem:
+    """The optimiser's arrays for ``costs``; ``pinned`` op ids must have cuts.
+
+    Costs are per step of ``microbatches`` micro-batches: each micro-batch pays
+    every op's fixed part and every transfer's latency.
+    """
+    n = len(costs.ops)
+    index = costs.op_index
+    cut_comm = np.zeros(n + 1)
+    admissible = np.zeros(n + 1, dtype=bool)
+    pins = np.zeros(n + 1, dtype=bool)
+    for cut in costs.cuts:
+        position = index[cut.after] + 1
+        admissible[position] = True
+        cut_comm[position] = costs.cut_comm_s(cut, microbatches)
+        pins[position] = cut.pinned
+    for op_id in pinned:
+        if op_id not in index:
+            known = ", ".join(cut.after for cut in costs.cuts[:12])
+            more = ", ..." if len(costs.cuts) > 12 else ""
+            raise SyncpassError(
+                f"cannot pin a sync point after {op_id!r}: no op has that id; "
+                f"admissible cuts follow {known}{more}"
+            )
+        position = index[op_id] + 1
+        if not admissible[position]:
+            raise SyncpassError(
+                f"cannot pin a sync point after {op_id!r}: the cost file lists no cut there"
+            )
+        pins[position] = True
+    memory = costs.hardware.device_memory_bytes
+    return Problem(
+        last_use=last_use_positions(costs),
+        op_compute=np.array(
+            [costs.op_compute_s(op, microbatches) for op in costs.ops], dtype=np.float64
+        ),
+        op_memory=np.array([costs.op_memory_bytes(op) for op in costs.ops], dtype=np.float64),
+        cut_comm=cut_comm,
+        admissible=admissible,
+        pinned=pins,
+        min_ops=config.min_sync_interval,
+        memory_limit=math.inf if memory is None else float(memory),
+    )
+
+
+def last_use_positions(costs: Costs) -> npt.NDArray[np.int64] | None:
+    """``Problem.last_use`` from the cost file's def-use edges (``None`` without edges)."""
+    if not costs.edges:
+        return None
+    n = len(costs.ops)
+    index = costs.op_index
+    furthest = np.arange(n + 1, dtype=np.int64)  # by producer position; inputs at 0
+    for producer, consumer in costs.edges:
+        source = 0 if producer == INPUT else index[producer] + 1
+        target = n if consumer == OUTPUT else index[consumer] + 1
+        furthest[source] = max(furthest[source], target)
+    last_use = np.maximum.accumulate(furthest)
+    last_use[0] = 0  # the first stage receives the inputs itself
+    return last_use

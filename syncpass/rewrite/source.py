@@ -1,0 +1,68 @@
+"""What a backend's analysis hands the rewrite driver, and the hooks the driver calls.
+
+:class:`KnownOps` is what a cost file or plan says of its model; a backend's
+``analyse`` hook returns a :class:`ModelSource`; the driver writes through any
+object with the :class:`SyncWriter` hooks (a :class:`~syncpass.backends.spec.Backend`
+has them). Importing this module imports no libcst.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import libcst as cst
+
+    from syncpass.contracts.costs import Costs
+    from syncpass.contracts.graph import OpGraph
+    from syncpass.transformers.common import SyncSite
+
+
+@dataclass(frozen=True)
+class KnownOps:
+    """What a cost file or a plan says of the model it was made for: its name and op ids.
+
+    The analysis reads the length of each loop container off the ids
+    (``blocks.11`` -> 12), and picks the model the file or plan names.
+    """
+
+    model: str | None
+    ids: tuple[str, ...]
+
+    @classmethod
+    def of_costs(cls, costs: Costs) -> KnownOps:
+        return cls(costs.model, tuple(op.id for op in costs.ops))
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model's source as the analysis read it: the contract between analysis and rewrite.
+
+    ``base`` is ``text`` without the sync points syncpass wrote before (equal to
+    ``text`` when there were none); ``module`` is ``base`` parsed and ``graph``
+    the op graph of its model. ``handle`` is the backend's own note of where
+    the model is (opaque to everything else).
+    """
+
+    text: str
+    base: str
+    module: cst.Module
+    graph: OpGraph
+    handle: Any = None
+
+
+class SyncWriter(Protocol):
+    """The two hooks :func:`syncpass.rewrite.driver.apply_plan` writes and checks with."""
+
+    @property
+    def insert(
+        self,
+    ) -> Callable[[ModelSource, Sequence[SyncSite], str], tuple[cst.Module, tuple[str, ...]]]: ...
+
+    @property
+    def remove(self) -> Callable[[cst.Module, ModelSource, str], str]: ...
+
+    @property
+    def analyse(self) -> Callable[[str, str, KnownOps, str | None], ModelSource]: ...
