@@ -66,7 +66,16 @@ def test_the_top_level_holds_at_most_a_dozen_files() -> None:
 
 
 #: The tests of the parts that need neither torch nor jax: they must run on a machine without them.
-TORCH_FREE = ("core", "contracts", "plan", "settings", "frontend", "rewrite", "commands")
+TORCH_FREE = (
+    "core",
+    "contracts",
+    "plan",
+    "settings",
+    "frontend",
+    "rewrite",
+    "commands",
+    "backends/torch/test_estimate.py",  # the static estimator never needs torch
+)
 
 
 @pytest.mark.slow
