@@ -20,10 +20,11 @@ from collections.abc import Callable
 
 import libcst as cst
 
+from syncpass.backends.torch.analysis import analyse_model, loop_containers
 from syncpass.backends.torch.backend import BACKEND as TORCH
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs, parse_costs
-from syncpass.frontend import analyse_model, loop_containers, parse_source
+from syncpass.frontend import parse_source
 from syncpass.plan.planner import PlanRequest
 from syncpass.rewrite.driver import rewrite_text
 

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from syncpass.backends.torch.analysis import analyse_model, loop_containers, sequential_calls
 from syncpass.backends.torch.backend import BACKEND as TORCH
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs, costs_to_json, load_costs, parse_costs
-from syncpass.frontend import analyse_model, loop_containers, parse_source, sequential_calls
+from syncpass.frontend import parse_source
 from syncpass.plan.planfile import plan_to_json
 from syncpass.plan.planner import PlanRequest
 from syncpass.rewrite.driver import RewriteResult, rewrite_text

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from syncpass.frontend import analyse_model, parse_source
+from syncpass.backends.torch.analysis import analyse_model
+from syncpass.frontend import parse_source
 
 
 def bench_module() -> object:

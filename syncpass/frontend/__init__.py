@@ -1,7 +1,9 @@
-"""Reading model source with libcst: parsing, finding the model, building its op graph.
+"""Backend-neutral reading of model source with libcst: parsing, finding a model's class and
+method, building the op graph of its statements, matching a cost file to it.
 
-Only this package, ``syncpass.transformers`` and the library API
-(:mod:`syncpass.api`, which takes and returns parsed modules) import libcst.
+Each backend's ``analysis.py`` says which method is the model's and what its
+own calls mean (:mod:`syncpass.backends.torch.analysis`,
+:mod:`syncpass.backends.jax.analysis`).
 """
 
 from __future__ import annotations
@@ -9,22 +11,16 @@ from __future__ import annotations
 from syncpass.frontend.analysis import (
     ContainerSizes,
     ForwardModel,
-    analyse_model,
     find_forward,
-    loop_containers,
     model_class_names,
-    sequential_calls,
 )
 from syncpass.frontend.source import parse_source, read_source
 
 __all__ = [
     "ContainerSizes",
     "ForwardModel",
-    "analyse_model",
     "find_forward",
-    "loop_containers",
     "model_class_names",
     "parse_source",
     "read_source",
-    "sequential_calls",
 ]

@@ -626,25 +626,6 @@ def _calls(facts: StatementFacts, loop_item: dict[str, str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(names))
 
 
-def analyse_model(
-    module: cst.Module,
-    path: str,
-    class_name: str | None = None,
-    sizes: ContainerSizes | None = None,
-    text: str | None = None,
-    expand: ContainerSizes | None = None,
-) -> OpGraph:
-    """The op graph of ``class_name``'s forward (see :mod:`syncpass.contracts.graph`).
-
-    ``expand`` gives the length of sequential containers whose calls
-    (``h = self.layer1(x)``) are planned per child (``--depth 2``).
-
-    ``text``, the module's source when at hand, saves printing the module to
-    find the forward's lines.
-    """
-    return analyse_method(module, path, class_name, sizes, text, expand)
-
-
 def analyse_method(
     module: cst.Module,
     path: str,
@@ -938,27 +919,3 @@ def _dataflow(
         defined.update(dict.fromkeys(op.writes))
         live_lists.append(tuple(name for name in defined if name in live_after[position]))
     return tuple(edges), live_lists
-
-
-def sequential_calls(module: cst.Module, class_name: str | None, path: str) -> tuple[str, ...]:
-    """Containers the forward calls whole (``"layer1"`` for ``h = self.layer1(x)``): the
-    candidates for ``--depth 2``, if they are sequential."""
-    forward = find_forward(module, class_name, path).forward
-    if not isinstance(forward.body, cst.IndentedBlock):
-        return ()
-    calls = (match_sequential_call(statement) for statement in forward.body.body)
-    return tuple(dict.fromkeys(call.container for call in calls if call is not None))
-
-
-def loop_containers(module: cst.Module, class_name: str | None, path: str) -> tuple[str, ...]:
-    """Layer containers the forward loops over (``"blocks"`` for ``for b in self.blocks``)."""
-    forward = find_forward(module, class_name, path).forward
-    if not isinstance(forward.body, cst.IndentedBlock):
-        return ()
-    names = []
-    for statement in forward.body.body:
-        if isinstance(statement, cst.For):
-            loop = match_container_loop(statement)
-            if loop is not None:
-                names.append(loop.container)
-    return tuple(dict.fromkeys(names))

@@ -6,9 +6,10 @@ import textwrap
 
 import pytest
 
+from syncpass.backends.torch.analysis import analyse_model
 from syncpass.contracts.graph import OpGraph
 from syncpass.core.errors import SyncpassError
-from syncpass.frontend import analyse_model, parse_source
+from syncpass.frontend import parse_source
 
 
 def graph_of(source: str, sizes: dict[str, int] | None = None, model: str | None = None) -> OpGraph:

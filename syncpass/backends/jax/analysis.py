@@ -63,8 +63,12 @@ from syncpass.frontend.analysis import (
     find_forward,
     match_container_loop,
 )
+from syncpass.frontend.match import pick_model, sizes_from_ids
 from syncpass.frontend.numbers import JAX_RULES, host_values, module_numbers
-from syncpass.transformers.jax_transfer import names_a_device
+from syncpass.frontend.source import parse_source
+from syncpass.rewrite.source import KnownOps, ModelSource
+from syncpass.transformers.common import SYNC_COMMENT_PREFIX
+from syncpass.transformers.jax_transfer import names_a_device, remove_device_puts
 
 #: The method of a Flax module that computes the model.
 FLAX_METHOD = "__call__"
@@ -263,3 +267,24 @@ def jax_loop_containers(module: cst.Module, name: str | None, path: str) -> tupl
             if loop is not None:
                 names.append(loop.container)
     return tuple(dict.fromkeys(names))
+
+
+def analyse(text: str, path: str, known: KnownOps, name: str | None) -> ModelSource:
+    """The JAX model of ``text`` (a function, or a Flax module's ``__call__``) and its op graph.
+
+    ``name`` is the function or Flax module class (default: the one ``known``
+    names when the file has it, else :func:`resolve_jax_model`'s choice).
+    """
+    module = parse_source(text, path)
+    model, is_function = resolve_jax_model(
+        module, pick_model(jax_model_names(module), known.model, name), path
+    )
+    base = text
+    if SYNC_COMMENT_PREFIX in text:
+        module = remove_device_puts(module, model, is_function, path)
+        base = module.code
+    sizes = sizes_from_ids(known.ids, jax_loop_containers(module, model, path))
+    graph = analyse_jax_model(module, path, model, sizes, base)
+    return ModelSource(
+        text=text, base=base, module=module, graph=graph, handle=(model, is_function)
+    )

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from syncpass.backends.jax.rewrite import analyse, insert, remove, strip_jax_sync_points
+from syncpass.backends.jax.analysis import analyse
+from syncpass.backends.jax.rewrite import insert, remove, strip_jax_sync_points
 from syncpass.backends.spec import Backend, MeasureRequest
 
 if TYPE_CHECKING:

@@ -9,8 +9,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from syncpass.backends.spec import Backend, EstimateRequest, MeasureRequest
+from syncpass.backends.torch.analysis import analyse
 from syncpass.backends.torch.lint import lint_source
-from syncpass.backends.torch.rewrite import analyse, insert, remove, strip_sync_points
+from syncpass.backends.torch.rewrite import insert, remove, strip_sync_points
 
 if TYPE_CHECKING:
     from syncpass.backends.torch.example import Example

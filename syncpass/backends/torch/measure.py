@@ -51,18 +51,13 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
+from syncpass.backends.torch.analysis import analyse_model, loop_containers, sequential_calls
 from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.contracts.costs import Costs, CutCost, OpCost
 from syncpass.contracts.graph import OpGraph
 from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
-from syncpass.frontend import (
-    analyse_model,
-    find_forward,
-    loop_containers,
-    parse_source,
-    sequential_calls,
-)
+from syncpass.frontend import find_forward, parse_source
 from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
 
 #: Until link calibration exists: a gloo link between local processes, roughly.

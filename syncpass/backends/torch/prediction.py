@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from syncpass.backends.torch.analysis import analyse_model, loop_containers, sequential_calls
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs
 from syncpass.contracts.graph import INPUT, OUTPUT
 from syncpass.core.errors import SyncpassError
-from syncpass.frontend import analyse_model, loop_containers, parse_source, sequential_calls
 from syncpass.frontend.match import container_sizes, match_costs
+from syncpass.frontend.source import parse_source
 from syncpass.plan.planner import PlanRequest, make_plan
 from syncpass.runtime.contracts import RunResult
 from syncpass.runtime.prediction import RunPrediction

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
+from syncpass.backends.torch.analysis import analyse_model, loop_containers
+from syncpass.backends.torch.analysis import sequential_calls as find_sequential_calls
 from syncpass.backends.torch.estimate.forward import ForwardRun, resolve_path
 from syncpass.backends.torch.estimate.inputs import bind_inputs
 from syncpass.backends.torch.estimate.interpreter import Interpreter
@@ -27,14 +29,7 @@ from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.contracts.costs import Costs, CutCost, Hardware, OpCost
 from syncpass.contracts.graph import OpGraph
 from syncpass.core.errors import SyncpassError
-from syncpass.frontend import (
-    analyse_model,
-    find_forward,
-    loop_containers,
-    model_class_names,
-    parse_source,
-)
-from syncpass.frontend import sequential_calls as find_sequential_calls
+from syncpass.frontend import find_forward, model_class_names, parse_source
 
 #: The compute rate assumed when the hardware gives none (a few CPU cores' worth).
 DEFAULT_FLOPS_PER_S = 50e9
