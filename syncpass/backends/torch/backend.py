@@ -39,7 +39,7 @@ def _predict(text: str, path: str, costs: Costs, result: RunResult) -> RunPredic
 
 
 def _run(request: RunRequest) -> RunResult:
-    from syncpass.backends.torch.launch import launch
+    from syncpass.backends.torch.run import launch
 
     return launch(request)
 

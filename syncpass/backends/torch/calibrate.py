@@ -25,7 +25,7 @@ The send/recv times are fitted with ``t = alpha + bytes / beta`` (see
 :mod:`syncpass.commands.calibrate` is the command shell. Bad input and failed
 processes raise :class:`~syncpass.core.errors.SyncpassError`, which the caller
 prints and turns into status 2. The processes come from the
-launcher of ``syncpass run`` (:mod:`syncpass.backends.torch.launch`). Importing this
+launcher of ``syncpass run`` (:mod:`syncpass.backends.torch.run`). Importing this
 module does not import torch; the handler and the processes do.
 """
 
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from syncpass.backends.torch.launch import (
+from syncpass.backends.torch.run import (
     free_port,
     run_local,
     wait_for_reports,
