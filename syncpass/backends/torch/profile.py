@@ -8,6 +8,7 @@ module imports no torch; calling :func:`measure` does.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import time
@@ -92,6 +93,9 @@ def measure_file(
     """Load the example named by ``example`` and profile the model of ``file`` with it.
 
     The one place where user code runs, for ``profile`` and ``rewrite --example``.
+    It also asks torch's tracer whether it takes the model
+    (:mod:`syncpass.backends.torch.traceable`): a model it cannot trace gets a
+    warning now and a note in its cost file, which every plan of it shows.
     """
     from syncpass.backends.torch.example import load_example
     from syncpass.frontend.source import parse_source
@@ -123,6 +127,17 @@ def measure_file(
         depth=depth,
         small_batch=smaller_batch(loaded.args, loaded.target, loaded.loss_fn),
     )
+    progress("checking that torch's tracer takes the model")
+    from syncpass.backends.torch.traceable import tracer_failure
+
+    failure = tracer_failure(loaded.model, loaded.args, file)
+    if failure is not None:
+        note = (
+            f"torch.distributed.pipelining.pipeline() cannot trace this model ({failure}); "
+            "the pipe_split() stages syncpass writes are built by that tracer, so `syncpass run` "
+            "cannot run them until the line is changed"
+        )
+        costs = dataclasses.replace(costs, notes=(*costs.notes, note))
     for note in costs.notes:
         print(f"syncpass: warning: {note}", file=sys.stderr)
     return costs
