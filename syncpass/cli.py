@@ -18,7 +18,7 @@ from pathlib import Path
 
 from syncpass import __version__
 from syncpass.backends.registry import load_backend
-from syncpass.backends.spec import EstimateRequest, MeasureRequest
+from syncpass.backends.spec import Backend, EstimateRequest, MeasureRequest
 from syncpass.commands.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
 from syncpass.contracts.config import SCHEDULES, strategy_names
 from syncpass.contracts.costs import Costs, load_costs
@@ -307,10 +307,11 @@ def _run_sweep(args: argparse.Namespace, costs: Costs, request: PlanRequest) -> 
     return EXIT_OK
 
 
-def _rewrite_costs(args: argparse.Namespace, text: str, settings: Settings) -> Costs:
+def _rewrite_costs(
+    args: argparse.Namespace, text: str, settings: Settings, backend: Backend
+) -> Costs:
     """The costs ``rewrite`` plans with: the cost file, a profile of the example, or an
     estimate from the source."""
-    backend = load_backend(settings.backend)
     if args.input_shape is not None:
         estimate = backend.need("estimate", "give --costs or --example")
         # Estimated for --hardware directly: there is nothing to re-target from.
@@ -389,7 +390,7 @@ def _run_rewrite(args: argparse.Namespace) -> int:
         plan = _saved_plan(args)
         result = rewrite_text(text, path, backend, None, class_name=settings.model, plan=plan)
     else:
-        costs = _rewrite_costs(args, text, settings)
+        costs = _rewrite_costs(args, text, settings, backend)
         result = rewrite_text(
             text,
             path,

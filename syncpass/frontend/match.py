@@ -48,11 +48,6 @@ def pick_model(names: list[str], described: str | None, requested: str | None) -
     return None
 
 
-def model_class(class_names: list[str], costs: Costs, requested: str | None) -> str | None:
-    """The class to rewrite: ``--model``, else the cost file's model if it names one here."""
-    return pick_model(class_names, costs.model, requested)
-
-
 def match_costs(graph: OpGraph, costs: Costs) -> Costs:
     """The cost file with its op ids as this source names them.
 
