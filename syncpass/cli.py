@@ -260,7 +260,9 @@ def _overrides(args: argparse.Namespace) -> Overrides:
 def _run_plan(args: argparse.Namespace) -> int:
     settings = resolve_settings(args.costs, _overrides(args))
     costs = settings.retarget(load_costs(args.costs))
-    request = settings.request(costs)
+    request = dataclasses.replace(
+        settings.request(costs), carries_values=load_backend(settings.backend).carries_values
+    )
     auto = settings.auto
     if args.sweep_batch is not None:
         return _run_sweep(args, costs, request)

@@ -40,20 +40,22 @@ from syncpass.core.plugins import (
 _HOOKS = tuple(
     field.name
     for field in dataclasses.fields(Backend)
-    if field.name not in ("name", "description", "schedules")
+    if field.name not in ("name", "description", "schedules", "carries_values")
 )
-#: The module whose ``BACKEND`` is each built-in backend's spec.
-_BUILTIN_MODULES = {
-    "torch": "syncpass.backends.torch.backend",
-    "jax": "syncpass.backends.jax.backend",
+#: The module and attribute that hold each built-in backend's spec.
+_BUILTIN_SPECS = {
+    "torch": ("syncpass.backends.torch.backend", "BACKEND"),
+    "torch_stages": ("syncpass.backends.torch.backend", "STAGES_BACKEND"),
+    "jax": ("syncpass.backends.jax.backend", "BACKEND"),
 }
 
 
 @functools.cache
 def load_backend(name: str) -> Backend:
     """The spec of the backend called ``name``; an unknown name lists the known ones."""
-    if name in _BUILTIN_MODULES:
-        spec: Backend = importlib.import_module(_BUILTIN_MODULES[name]).BACKEND
+    if name in _BUILTIN_SPECS:
+        module, attribute = _BUILTIN_SPECS[name]
+        spec: Backend = getattr(importlib.import_module(module), attribute)
         return spec
     point = declared(BACKEND_GROUP, BUILTIN_BACKENDS).get(name)
     if point is None:

@@ -99,6 +99,9 @@ class Backend:
     the backend's profiler and runtime do, running the user's code.
     ``predict(text, path, costs, result)`` plans the sync points a rewritten file
     carries on a cost file, beside a run of it (``syncpass run --costs``).
+    ``carries_values`` is true when the stages it writes pass any value on to any
+    later stage; plans for a backend without it keep every value within the next
+    stage (the rule of torch's tracer).
     """
 
     name: str
@@ -114,6 +117,7 @@ class Backend:
     predict: Predict | None = None
     load_example: LoadExample | None = None
     schedules: tuple[str, ...] = ()
+    carries_values: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():

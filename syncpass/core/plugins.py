@@ -18,7 +18,7 @@ from syncpass.core.errors import SyncpassError
 BACKEND_GROUP = "syncpass.backends"
 STRATEGY_GROUP = "syncpass.strategies"
 #: The backends syncpass ships (:mod:`syncpass.backends.registry` holds their specs).
-BUILTIN_BACKENDS = ("torch", "jax")
+BUILTIN_BACKENDS = ("torch", "torch_stages", "jax")
 
 
 @cache

@@ -130,10 +130,10 @@ def find_forward(
 # --- recognising loops over layer containers ---------------------------------
 
 
-def _self_path(node: cst.BaseExpression) -> str | None:
+def self_path(node: cst.BaseExpression) -> str | None:
     """``self.a.b`` -> ``"a.b"``; ``self.a[3]`` -> ``"a.3"``; otherwise ``None``."""
     if isinstance(node, cst.Attribute):
-        base = _self_path(node.value)
+        base = self_path(node.value)
         if base is not None:
             return f"{base}.{node.attr.value}" if base else node.attr.value
         return None
@@ -145,7 +145,7 @@ def _self_path(node: cst.BaseExpression) -> str | None:
         and isinstance(node.slice[0].slice, cst.Index)
         and isinstance(node.slice[0].slice.value, cst.Integer)
     ):
-        base = _self_path(node.value)
+        base = self_path(node.value)
         if base:
             return f"{base}.{node.slice[0].slice.value.evaluated_value}"
     return None
@@ -163,13 +163,13 @@ def _container_slice(node: cst.BaseExpression) -> tuple[str, int | None, int | N
     if isinstance(node, cst.Subscript) and len(node.slice) == 1:
         part = node.slice[0].slice
         if isinstance(part, cst.Slice) and part.step is None:
-            base = _self_path(node.value)
+            base = self_path(node.value)
             ok_lower, lower = _int_or_none(part.lower)
             ok_upper, upper = _int_or_none(part.upper)
             if base and ok_lower and ok_upper:
                 return base, lower, upper
         return None
-    base = _self_path(node)
+    base = self_path(node)
     return (base, None, None) if base else None
 
 
@@ -346,7 +346,7 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
         return self.order
 
     def _describe(self, node: cst.Call) -> _CallFact:
-        path = _self_path(node.func)
+        path = self_path(node.func)
         if path:
             return _CallFact(self.depth, self._next(), path, None)
         dotted = _dotted(node.func)

@@ -39,6 +39,9 @@ class PlanRequest:
     """What the user asked for: ``stages`` (or ``None`` for manual) and settings.
 
     ``pinned`` adds user-marked cuts (op ids) to those pinned in the cost file.
+    ``carries_values`` says that the stages the plan is for pass any value on to
+    any later stage (torch's eager stages, JAX); without it, as for torch's tracer,
+    every value may reach only the next stage.
     """
 
     stages: int | None
@@ -46,6 +49,7 @@ class PlanRequest:
     microbatches: int | None = None
     schedule: str = "1f1b"
     pinned: tuple[str, ...] = ()
+    carries_values: bool = False
 
     def __post_init__(self) -> None:
         if self.stages is not None and self.stages < 1:
@@ -147,10 +151,14 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
     # count (which the costs per step depend on) may depend on the stage count.
     stages = request.stages
     if stages is None or request.microbatches is None:
-        unit = problem_from_costs(costs, request.config, request.pinned)
+        unit = problem_from_costs(
+            costs, request.config, request.pinned, carries_values=request.carries_values
+        )
         stages = _stage_count(unit, request, origin)
     microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
-    problem = problem_from_costs(costs, request.config, request.pinned, microbatches)
+    problem = problem_from_costs(
+        costs, request.config, request.pinned, microbatches, request.carries_values
+    )
     strategy = request.config.strategy
     requested_tau = request.config.communication_cost_threshold
     stages = _stage_count(problem, request, origin)

@@ -16,12 +16,18 @@ from syncpass.plan.optimizer import Problem
 
 
 def problem_from_costs(
-    costs: Costs, config: SyncConfig, pinned: tuple[str, ...] = (), microbatches: int = 1
+    costs: Costs,
+    config: SyncConfig,
+    pinned: tuple[str, ...] = (),
+    microbatches: int = 1,
+    carries_values: bool = False,
 ) -> Problem:
     """The optimiser's arrays for ``costs``; ``pinned`` op ids must have cuts.
 
     Costs are per step of ``microbatches`` micro-batches: each micro-batch pays
-    every op's fixed part and every transfer's latency.
+    every op's fixed part and every transfer's latency. With ``carries_values``
+    a value may reach any later stage (each stage between sends it on, and every
+    cut's live bytes already count it); otherwise only the next one.
     """
     n = len(costs.ops)
     index = costs.op_index
@@ -49,7 +55,7 @@ def problem_from_costs(
         pins[position] = True
     memory = costs.hardware.device_memory_bytes
     return Problem(
-        last_use=last_use_positions(costs),
+        last_use=None if carries_values else last_use_positions(costs),
         op_compute=np.array(
             [costs.op_compute_s(op, microbatches) for op in costs.ops], dtype=np.float64
         ),

@@ -20,6 +20,7 @@ or jax, runs the user's code or writes files.
 from __future__ import annotations
 
 import ast
+import dataclasses
 from dataclasses import dataclass
 
 from syncpass.contracts.costs import Costs
@@ -167,6 +168,8 @@ def rewrite_text(
         return apply_plan(source, check_saved_plan(plan, source.graph), backend, path)
     if costs is None or request is None:
         raise ValueError("rewrite_text needs costs and a request to plan from, or a saved plan")
+    if backend.carries_values and not request.carries_values:
+        request = dataclasses.replace(request, carries_values=True)
     source = backend.analyse(text, path, KnownOps.of_costs(costs), class_name)
     matched = steer_by_source(source.graph, match_costs(source.graph, costs))
     return apply_plan(source, plan_for(matched, request, path, max_stages), backend, path)

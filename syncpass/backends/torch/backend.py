@@ -1,29 +1,99 @@
 """The torch backend's spec: every hook the commands call (:class:`~syncpass.backends.spec.Backend`).
 
-Importing this module imports neither torch nor the user's code: the measure
-and run hooks import torch when they are called.
+Importing this module imports neither torch, libcst nor the user's code: each
+hook imports what it needs when it is called (``syncpass plan`` reads a spec
+and never parses a source).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from syncpass.backends.spec import Backend, EstimateRequest, MeasureRequest
-from syncpass.backends.torch.analysis import analyse
-from syncpass.backends.torch.lint import lint_source
-from syncpass.backends.torch.rewrite import insert, remove, strip_sync_points
+from syncpass.rewrite.source import KnownOps, ModelSource
 
 if TYPE_CHECKING:
+    import libcst as cst
+
     from syncpass.backends.torch.example import Example
     from syncpass.contracts.costs import Costs
+    from syncpass.frontend.findings import Finding
     from syncpass.runtime.contracts import RunRequest, RunResult
     from syncpass.runtime.prediction import RunPrediction
+    from syncpass.transformers.common import SyncSite
+
+
+def _analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> ModelSource:
+    from syncpass.backends.torch.analysis import analyse
+
+    return analyse(text, path, known, class_name)
+
+
+def _insert(
+    source: ModelSource, sites: Sequence[SyncSite], path: str
+) -> tuple[cst.Module, tuple[str, ...]]:
+    from syncpass.backends.torch.rewrite import insert
+
+    return insert(source, sites, path)
+
+
+def _remove(module: cst.Module, source: ModelSource, path: str) -> str:
+    from syncpass.backends.torch.rewrite import remove
+
+    return remove(module, source, path)
+
+
+def _strip(text: str, path: str, class_name: str | None = None) -> str:
+    from syncpass.backends.torch.rewrite import strip_sync_points
+
+    return strip_sync_points(text, path, class_name)
+
+
+def _lint(text: str, path: str) -> Sequence[Finding]:
+    from syncpass.backends.torch.lint import lint_source
+
+    return lint_source(text, path)
 
 
 def _measure(request: MeasureRequest) -> Costs:
     from syncpass.backends.torch.profile import measure
 
     return measure(request)
+
+
+def _measure_for_stages(request: MeasureRequest) -> Costs:
+    from syncpass.backends.torch.profile import measure
+
+    return measure(request, check_tracer=False)
+
+
+def _analyse_for_stages(
+    text: str, path: str, known: KnownOps, class_name: str | None
+) -> ModelSource:
+    from syncpass.backends.torch.stages import analyse
+
+    return analyse(text, path, known, class_name)
+
+
+def _insert_stages(
+    source: ModelSource, sites: Sequence[SyncSite], path: str
+) -> tuple[cst.Module, tuple[str, ...]]:
+    from syncpass.backends.torch.stages import insert
+
+    return insert(source, sites, path)
+
+
+def _remove_stages(module: cst.Module, source: ModelSource, path: str) -> str:
+    from syncpass.backends.torch.stages import remove
+
+    return remove(module, source, path)
+
+
+def _strip_stages(text: str, path: str, class_name: str | None = None) -> str:
+    from syncpass.backends.torch.stages import strip
+
+    return strip(text, path, class_name)
 
 
 def _estimate(request: EstimateRequest) -> Costs:
@@ -53,15 +123,37 @@ def _load_example(spec: str) -> Example:
 BACKEND = Backend(
     name="torch",
     description="pipe_split() calls in an nn.Module's forward (torch.distributed.pipelining)",
-    analyse=analyse,
-    insert=insert,
-    remove=remove,
-    strip=strip_sync_points,
+    analyse=_analyse,
+    insert=_insert,
+    remove=_remove,
+    strip=_strip,
     measure=_measure,
     estimate=_estimate,
     run=_run,
-    lint=lint_source,
+    lint=_lint,
     predict=_predict,
     schedules=("1f1b", "gpipe"),
     load_example=_load_example,
+)
+
+
+#: The eager form: one stage module per pipeline stage, run by ``PipelineStage``
+#: (:mod:`syncpass.backends.torch.stages`); measured, estimated, run and linted as above.
+STAGES_BACKEND = Backend(
+    name="torch_stages",
+    description=(
+        "one eager stage module per pipeline stage, written after an nn.Module "
+        "(torch.distributed.pipelining.PipelineStage)"
+    ),
+    analyse=_analyse_for_stages,
+    insert=_insert_stages,
+    remove=_remove_stages,
+    strip=_strip_stages,
+    measure=_measure_for_stages,
+    estimate=_estimate,
+    run=_run,
+    lint=_lint,
+    schedules=("1f1b", "gpipe"),
+    load_example=_load_example,
+    carries_values=True,
 )

@@ -28,8 +28,12 @@ if TYPE_CHECKING:
 PROGRESS_AFTER_S = 2.0
 
 
-def measure(request: MeasureRequest) -> Costs:
-    """The measure hook: :func:`measure_file` with the request's settings."""
+def measure(request: MeasureRequest, check_tracer: bool = True) -> Costs:
+    """The measure hook: :func:`measure_file` with the request's settings.
+
+    ``check_tracer`` asks torch's tracer whether it takes the model: the
+    ``pipe_split()`` form needs it, the eager stages do not.
+    """
     return measure_file(
         request.file,
         request.text,
@@ -39,6 +43,7 @@ def measure(request: MeasureRequest) -> Costs:
         request.warmup,
         request.threads,
         request.depth,
+        check_tracer,
     )
 
 
@@ -89,6 +94,7 @@ def measure_file(
     warmup: int = 2,
     threads: int = 1,
     depth: int = 1,
+    check_tracer: bool = True,
 ) -> Costs:
     """Load the example named by ``example`` and profile the model of ``file`` with it.
 
@@ -127,15 +133,18 @@ def measure_file(
         depth=depth,
         small_batch=smaller_batch(loaded.args, loaded.target, loaded.loss_fn),
     )
-    progress("checking that torch's tracer takes the model")
-    from syncpass.backends.torch.traceable import tracer_failure
+    failure = None
+    if check_tracer:
+        progress("checking that torch's tracer takes the model")
+        from syncpass.backends.torch.traceable import tracer_failure
 
-    failure = tracer_failure(loaded.model, loaded.args, file)
+        failure = tracer_failure(loaded.model, loaded.args, file)
     if failure is not None:
         note = (
             f"torch.distributed.pipelining.pipeline() cannot trace this model ({failure}); "
             "the pipe_split() stages syncpass writes are built by that tracer, so `syncpass run` "
-            "cannot run them until the line is changed"
+            "cannot run them until the line is changed; the eager stages of --backend "
+            "torch_stages need no tracer"
         )
         costs = dataclasses.replace(costs, notes=(*costs.notes, note))
     for note in costs.notes:

@@ -28,8 +28,15 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import Pipe, Schedule1F1B, ScheduleGPipe, pipeline
+from torch.distributed.pipelining import (
+    Pipe,
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    pipeline,
+)
 from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from syncpass.backends.torch import verify
 from syncpass.backends.torch.example import Example, load_example
@@ -167,7 +174,8 @@ class StageRun:
     backend: str
     example: Example
     batch: Batch
-    pipe: Pipe
+    pipe: Pipe | None  # None for eager stages
+    stage_modules: tuple[torch.nn.Module, ...]  # every rank's eager stage, sharing the weights
     stage: Any
     schedule: ScheduleGPipe | Schedule1F1B
     optimizer: torch.optim.Optimizer | None
@@ -227,7 +235,8 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
     # Taken before tracing: the stages hold these very parameter objects.
     aliases = verify.canonical_names(model)
     identity = {id(p): aliases[name] for name, p in model.named_parameters(remove_duplicate=False)}
-    pipe = _trace(model, batch, request)
+    stage_modules = eager_stages(model, request)
+    pipe = None if stage_modules else _trace(model, batch, request)
 
     dist.init_process_group(
         backend,
@@ -237,7 +246,11 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
         timeout=timedelta(seconds=request.timeout_s),
         device_id=device if device.type == "cuda" else None,
     )
-    stage = pipe.build_stage(rank, device)
+    stage: _PipelineStageBase
+    if pipe is not None:
+        stage = pipe.build_stage(rank, device)
+    else:
+        stage = PipelineStage(stage_modules[rank], rank, request.stages, device)
     clock = ComputeClock(device)
     # Instance attributes shadow the methods the schedule calls on the stage.
     stage.forward_one_chunk = clock.wrap(stage.forward_one_chunk)  # type: ignore[method-assign]
@@ -267,6 +280,7 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
         example=example,
         batch=batch,
         pipe=pipe,
+        stage_modules=stage_modules,
         stage=stage,
         schedule=schedule,
         optimizer=torch.optim.SGD(parameters, lr=SGD_LR) if parameters else None,
@@ -403,6 +417,37 @@ def _split_batch(example: Example, request: RunRequest, device: torch.device) ->
     )
 
 
+def eager_stages(model: torch.nn.Module, request: RunRequest) -> tuple[torch.nn.Module, ...]:
+    """Every stage of ``model`` as the eager stage classes of its file build it (``Stage<k>.of``),
+    or ``()`` when the file has none (then the model is traced at its ``pipe_split()`` calls)."""
+    name = type(model).__name__
+    module = sys.modules.get(type(model).__module__)
+    classes: list[Any] = []
+    while module is not None and hasattr(module, f"{name}Stage{len(classes)}"):
+        classes.append(getattr(module, f"{name}Stage{len(classes)}"))
+    if not classes:
+        return ()
+    if len(classes) != request.stages:
+        raise SyncpassError(
+            f"the file has {len(classes)} stage classes ({name}Stage0 .. {name}Stage"
+            f"{len(classes) - 1}); --stages asks for {request.stages}",
+            request.file,
+        )
+    return tuple(stage_class.of(model) for stage_class in classes)
+
+
+def shared_parameters(
+    stage_modules: tuple[torch.nn.Module, ...], aliases: dict[str, str]
+) -> list[dict[str, str]]:
+    """The parameters several eager stages hold (a tied embedding and head), as groups of
+    ``"stage<k>"`` -> the name there, in the form :func:`verify.sum_replicated` takes."""
+    holders: dict[str, dict[str, str]] = {}
+    for index, stage_module in enumerate(stage_modules):
+        for local, _ in stage_module.named_parameters():
+            holders.setdefault(aliases.get(local, local), {})[f"stage{index}"] = local
+    return [group for group in holders.values() if len(group) > 1]
+
+
 def _trace(model: torch.nn.Module, batch: Batch, request: RunRequest) -> Pipe:
     """Split ``model`` at its ``pipe_split()`` calls and check the stage count."""
     # A failed torch.export prints its partial graph to stderr (hundreds of
@@ -460,9 +505,15 @@ def _check(
 ) -> tuple[tuple[ParamCheck, ...], tuple[LossCheck, ...]]:
     """This stage's gradient checks and, on the last stage, the loss checks."""
     request, stage_module = run.request, run.stage.submod
-    own = next(name for name, child in run.pipe.split_gm.named_children() if child is stage_module)
+    if run.pipe is not None:
+        own = next(
+            name for name, child in run.pipe.split_gm.named_children() if child is stage_module
+        )
+        groups = run.pipe.replicated_params
+    else:
+        own, groups = f"stage{run.rank}", shared_parameters(run.stage_modules, run.aliases)
     replicated = verify.sum_replicated(
-        run.pipe.replicated_params, own, stage_module, run.aliases, reference, run.device
+        groups, own, stage_module, run.aliases, reference, run.device
     )
     names = verify.stage_parameter_names(stage_module, run.identity, run.aliases)
     checks = verify.check_stage(

@@ -1,0 +1,269 @@
+"""The torch backend's eager form: the plan written out as one ``PipelineStage`` module per stage.
+
+The hooks of ``--backend torch_stages`` (its spec is
+:data:`syncpass.backends.torch.backend.STAGES_BACKEND`). It leaves the model's class and ``forward`` as they are
+and writes, after the class, a subclass per stage whose ``forward`` is that
+stage's slice of the original statements (:mod:`syncpass.transformers.torch_stages`).
+``syncpass run`` builds each rank's stage with ``Stage<k>.of(model)`` and runs it
+under ``torch.distributed.pipelining.PipelineStage`` and torch's schedules:
+nothing is traced or exported, so any Python the forward runs eagerly runs in a
+stage too.
+
+This module decides what each stage's code holds (:func:`stage_codes`), from the
+op graph and the plan's sync sites:
+
+* **what crosses a sync point**: every value defined before it and used after
+  it, as the analysis finds it; a value needed further on is sent on by each
+  stage in between (so values may reach any later stage, and the planner
+  knows it: :attr:`Backend.carries_values`);
+* **what is not sent**: the model's parameters with a constant default
+  (``output_hidden_states: bool = False``) and ``**kwargs`` are declared again,
+  with the same default, by every later stage that reads them (torch's
+  schedules give a later stage nothing but what the stage before sends); a
+  local computed only from those (``all_hidden_states = () if output_hidden_states
+  else None``) is computed again, by the same statement, in each stage that
+  needs it;
+* **what a stage holds**: the submodules, parameters and buffers its
+  statements reach through ``self`` (also through the model's own methods it
+  calls), and of a layer container only the layers its ops run; everything
+  else is ``None`` in the stage.
+
+Nothing here imports torch or runs the user's code.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import libcst as cst
+
+from syncpass.backends.torch.analysis import analyse as analyse_traced
+from syncpass.contracts.graph import Op, OpGraph
+from syncpass.core.errors import SyncpassError
+from syncpass.frontend.analysis import find_forward
+from syncpass.frontend.source import parse_source
+from syncpass.rewrite.source import KnownOps, ModelSource
+from syncpass.transformers.common import SyncSite
+from syncpass.transformers.torch_stages import (
+    STAGES_COMMENT,
+    StageCode,
+    insert_stages,
+    method_bodies,
+    remove_stages,
+    self_paths,
+    split_forward,
+)
+
+
+def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> ModelSource:
+    """The model of ``text`` without the stages (or ``pipe_split()`` calls) syncpass wrote."""
+    without = strip(text, path, class_name)
+    source = analyse_traced(without, path, known, class_name)
+    return ModelSource(text=text, base=source.base, module=source.module, graph=source.graph)
+
+
+def strip(text: str, path: str, class_name: str | None = None) -> str:
+    """``text`` without the stage classes syncpass wrote (unchanged if there are none)."""
+    if STAGES_COMMENT not in text:
+        return text
+    stripped: str = remove_stages(parse_source(text, path)).code
+    return stripped
+
+
+def remove(module: cst.Module, source: ModelSource, path: str) -> str:
+    """The code of ``module`` without the stage classes syncpass wrote."""
+    stripped: str = remove_stages(module).code
+    return stripped
+
+
+def insert(
+    source: ModelSource, sites: Sequence[SyncSite], path: str
+) -> tuple[cst.Module, tuple[str, ...]]:
+    """``source``'s module with one stage class per stage of the plan after the model."""
+    if not sites:
+        return source.module, ()
+    try:
+        codes = stage_codes(source, sites, path)
+    except SyncpassError as error:
+        return source.module, (error.message,)
+    return insert_stages(source.module, source.graph.model_class, sites, codes, path)
+
+
+def _cut_positions(graph: OpGraph, sites: Sequence[SyncSite]) -> list[int]:
+    """For each site, the number of ops before it (in graph order)."""
+    positions = []
+    for site in sites:
+        found = None
+        for position, op in enumerate(graph.ops):
+            if op.statement != site.statement:
+                continue
+            if site.split_after is None or (
+                op.loop is not None and op.loop.index == site.split_after
+            ):
+                found = position + 1
+        if found is None:
+            raise SyncpassError(f"no op of the forward is at the planned site {site}")
+        positions.append(found)
+    return positions
+
+
+def _constant_default(param: cst.Param) -> bool:
+    """A default no caller would pass a tensor for: a number, a string, True or False."""
+    value = param.default
+    if isinstance(value, cst.UnaryOperation):
+        value = value.expression
+    return isinstance(value, (cst.Integer, cst.Float, cst.SimpleString)) or (
+        isinstance(value, cst.Name) and value.value in ("True", "False")
+    )
+
+
+def _unsent_params(forward: cst.FunctionDef) -> set[str]:
+    """The forward's parameters a later stage declares again instead of receiving."""
+    params = forward.params
+    names = {
+        param.name.value
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params)
+        if param.default is not None and _constant_default(param)
+    }
+    if isinstance(params.star_kwarg, cst.Param):
+        names.add(params.star_kwarg.name.value)
+    return names
+
+
+def _replayable(
+    name: str, before: int, ops: Sequence[Op], unsent: set[str], inputs: set[str]
+) -> list[int] | None:
+    """The top-level statements that compute ``name`` again from the unsent parameters alone
+    (its own, then what it reads), or ``None`` when it must be sent."""
+    if name in inputs:
+        return None
+    writers = [op for op in ops[:before] if name in op.writes]
+    if len(writers) != 1:
+        return None
+    writer = writers[0]
+    if writer.region is not None or writer.loop is not None:
+        return None
+    statements = [writer.statement]
+    for read in writer.reads:
+        if read in unsent:
+            continue
+        needed = _replayable(read, ops.index(writer), ops, unsent, inputs)
+        if needed is None:
+            return None
+        statements.extend(needed)
+    return statements
+
+
+def _reach(
+    paths: Sequence[str], methods: dict[str, cst.FunctionDef], seen: set[str]
+) -> tuple[list[str], bool]:
+    """``paths`` with the paths the model's own methods among them reach, methods left out."""
+    reached: list[str] = []
+    bare = False
+    for path in paths:
+        head = path.split(".")[0]
+        if head in methods:
+            if head not in seen:
+                seen.add(head)
+                inner, inner_bare = self_paths([methods[head].body])
+                more, more_bare = _reach(inner, methods, seen)
+                reached.extend(more)
+                bare = bare or inner_bare or more_bare
+            continue
+        reached.append(path)
+    return reached, bare
+
+
+def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> list[StageCode]:
+    """What each stage's code takes, sends, computes again and holds (module docstring)."""
+    graph = source.graph
+    ordered = sorted(sites, key=lambda site: site.stage)
+    positions = _cut_positions(graph, ordered)
+    bounds = [0, *positions, len(graph.ops)]
+    forward = find_forward(source.module, graph.model_class, path).forward
+    unsent = _unsent_params(forward)
+    inputs = set(graph.inputs)
+    methods = method_bodies(source.module, graph.model_class)
+    pieces, warnings = split_forward(source.module, graph.model_class, ordered, path)
+    if warnings or len(pieces) != len(bounds) - 1:
+        raise SyncpassError("; ".join(warnings) or "the forward does not cut at the planned sites")
+    statements = list(forward.body.body) if isinstance(forward.body, cst.IndentedBlock) else []
+
+    takes: list[tuple[str, ...]] = [()]
+    defaults: list[tuple[str, ...]] = [()]
+    replays: list[tuple[int, ...]] = [()]
+    for site, position in zip(ordered, positions, strict=True):
+        live = site.values
+        sent, declared, again = [], [], []
+        for name in live:
+            if name in unsent:
+                declared.append(name)
+                continue
+            replay = _replayable(name, position, graph.ops, unsent, inputs)
+            if replay is None:
+                sent.append(name)
+            else:
+                again.extend(replay)
+                declared.extend(
+                    read
+                    for index in replay
+                    for op in graph.ops
+                    if op.statement == index
+                    for read in op.reads
+                    if read in unsent
+                )
+        takes.append(tuple(sent))
+        defaults.append(tuple(dict.fromkeys(declared)))
+        replays.append(tuple(sorted(set(again))))
+
+    paths_by_stage: list[list[str]] = []
+    any_bare = False
+    for index, (start, end) in enumerate(itertools.pairwise(bounds)):
+        code = [*(statements[i] for i in replays[index]), *pieces[index]]
+        paths, bare = self_paths(code)
+        reached, reached_bare = _reach(paths, methods, set())
+        layers = [
+            f"{op.loop.container}.{op.loop.index}"
+            for op in graph.ops[start:end]
+            if op.loop is not None
+        ]
+        paths_by_stage.append(list(dict.fromkeys([*reached, *layers])))
+        any_bare = any_bare or bare or reached_bare
+    if any_bare:
+        # The forward hands `self` itself to something: any stage may reach anything.
+        union = list(dict.fromkeys(path for paths in paths_by_stage for path in paths))
+        paths_by_stage = [union for _ in paths_by_stage]
+
+    codes = []
+    count = len(bounds) - 1
+    for index in range(count):
+        sends = takes[index + 1] if index + 1 < count else ()
+        comment = ""
+        if index + 1 < count:
+            number, _, rest = ordered[index].comment.partition(": ")
+            comment = f"{number}: sends {', '.join(sends) or 'nothing'}; {rest}"
+        codes.append(
+            StageCode(
+                index=index,
+                takes=takes[index],
+                defaults=defaults[index],
+                replays=replays[index],
+                sends=sends,
+                keeps=_outermost(paths_by_stage[index]),
+                comment=comment,
+            )
+        )
+    return codes
+
+
+def _outermost(paths: Sequence[str]) -> tuple[str, ...]:
+    """``paths`` without those inside another one (``blocks`` covers ``blocks.3``), sorted."""
+    kept = set(paths)
+    return tuple(
+        sorted(
+            path
+            for path in kept
+            if not any(path.startswith(other + ".") for other in kept if other != path)
+        )
+    )

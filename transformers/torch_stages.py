@@ -1,0 +1,434 @@
+"""Write and remove eager pipeline stages: one subclass of the model per stage, beside the model.
+
+The eager form of a torch plan leaves the user's class and its ``forward``
+byte for byte as they are and writes, right after the class, the stage
+boundaries explicitly (as torchtitan builds its stages, but in the user's
+file)::
+
+    # syncpass stages: Net.forward in 2 pipeline stages (torch.distributed.pipelining.PipelineStage)
+    class NetStage(Net):
+        '''... holds only the submodules its slice uses ...'''
+        keeps: tuple[str, ...] = ()
+        sends: tuple[str, ...] = ()
+
+        @classmethod
+        def of(cls, model): ...   # the same parameter objects, under the same names
+
+
+    class NetStage0(NetStage):
+        keeps = ("embed", "blocks.0", "blocks.1")
+        sends = ("h",)
+
+        def forward(self, x):
+            h = self.embed(x)
+            for block in self.blocks[:2]:
+                h = block(h)
+            return h  # syncpass sync 1/1: h; 64 KiB, 1.8 ms/step predicted
+
+
+    class NetStage1(NetStage):
+        ...
+
+Each stage's ``forward`` is the slice of the original statements it runs
+(verbatim, comments kept; a loop cut by a sync point runs over a slice of its
+container), taking what the stage before sends and returning what the next
+one needs. What each stage takes, sends, recomputes and keeps is decided by
+the backend (:class:`StageCode`); this module only writes it, and
+:func:`remove_stages` takes it out again (found by :data:`STAGES_COMMENT`).
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+
+from syncpass.frontend.analysis import self_path
+from syncpass.transformers.common import (
+    InsertSyncPointsCommand,
+    SyncSite,
+    is_sync_comment,
+    sync_comment,
+)
+
+#: The comment that opens the block of stage classes syncpass writes.
+STAGES_COMMENT = "# syncpass stages"
+_STAGES_COMMENT = re.compile(r"^#\s*syncpass stages\b")
+
+
+@dataclass(frozen=True)
+class StageCode:
+    """What one stage's code holds: decided by the backend, written here.
+
+    ``takes`` are the names its ``forward`` receives from the stage before
+    (stage 0 keeps the model's own parameters instead); ``defaults`` are the
+    model's parameters with constant defaults that it reads, declared again
+    with the same default; ``replays`` indexes the forward's top-level
+    statements it runs again before its own (cheap values the stage before
+    cannot send); ``sends`` is what it returns to the next stage (nothing for
+    the last, which returns what the model returns); ``keeps`` the submodule,
+    parameter and buffer paths it holds; ``comment`` the text of the sync
+    comment on its return line.
+    """
+
+    index: int
+    takes: tuple[str, ...]
+    defaults: tuple[str, ...]
+    replays: tuple[int, ...]
+    sends: tuple[str, ...]
+    keeps: tuple[str, ...]
+    comment: str = ""
+
+
+def stage_class_name(model: str, index: int | None = None) -> str:
+    """``NetStage`` (the base) or ``NetStage1`` (stage 1 of ``Net``)."""
+    return f"{model}Stage" if index is None else f"{model}Stage{index}"
+
+
+def is_stages_comment(text: str) -> bool:
+    """Whether a comment opens a block of stage classes syncpass wrote."""
+    return bool(_STAGES_COMMENT.match(text))
+
+
+def _model_class(module: cst.Module, class_name: str) -> tuple[int, cst.ClassDef] | None:
+    found = [
+        (index, statement)
+        for index, statement in enumerate(module.body)
+        if isinstance(statement, cst.ClassDef) and statement.name.value == class_name
+    ]
+    return found[0] if len(found) == 1 else None
+
+
+def _forward(classdef: cst.ClassDef) -> cst.FunctionDef | None:
+    methods = [
+        member
+        for member in classdef.body.body
+        if isinstance(member, cst.FunctionDef) and member.name.value == "forward"
+    ]
+    return methods[0] if len(methods) == 1 else None
+
+
+class _SplitForwardCommand(InsertSyncPointsCommand):
+    """The forward's body with a marker line at each site, loops split: cut into stage slices."""
+
+    DESCRIPTION = "Split a forward's statements at the planned sync points."
+
+    def __init__(self, context: CodemodContext, class_name: str, sites: Sequence[SyncSite]) -> None:
+        super().__init__(context, sites)
+        self.class_name = class_name
+        self.body: list[cst.BaseStatement] | None = None
+
+    @property
+    def title(self) -> str:
+        return f"{self.class_name}.forward"
+
+    def find_function(self, tree: cst.Module) -> cst.FunctionDef | None:
+        found = _model_class(tree, self.class_name)
+        return None if found is None else _forward(found[1])
+
+    def replace_body(self, tree: cst.Module, new_body: Sequence[cst.BaseStatement]) -> cst.Module:
+        self.body = list(new_body)
+        return tree
+
+    def schedule_import(self) -> None:
+        """The stages need no import: they run the model's own code."""
+
+    def sync_statement(self, site: SyncSite) -> str:
+        return "pass"
+
+
+def _is_marker(statement: cst.BaseStatement) -> bool:
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    comment = statement.trailing_whitespace.comment
+    return (
+        len(statement.body) == 1
+        and isinstance(statement.body[0], cst.Pass)
+        and comment is not None
+        and is_sync_comment(comment.value)
+    )
+
+
+def split_forward(
+    module: cst.Module, class_name: str, sites: Sequence[SyncSite], path: str
+) -> tuple[list[list[cst.BaseStatement]], tuple[str, ...]]:
+    """The forward's statements cut at ``sites`` (one list per stage), and warnings."""
+    context = CodemodContext(filename=path)
+    command = _SplitForwardCommand(context, class_name, sites)
+    command.transform_module_impl(module)
+    if command.body is None:
+        return [], tuple(context.warnings)
+    pieces: list[list[cst.BaseStatement]] = [[]]
+    for statement in command.body:
+        if _is_marker(statement):
+            pieces.append([])
+        else:
+            pieces[-1].append(statement)
+    return pieces, tuple(context.warnings)
+
+
+class _GatherSelfPathsVisitor(cst.CSTVisitor):
+    """Every ``self.a.b`` / ``self.a[3]`` a piece of code reads, outermost first; and whether
+    it uses ``self`` bare (hands the whole model to something)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: dict[str, None] = {}
+        self.bare_self = False
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        path = self_path(node)
+        if path is not None:
+            self.paths[path] = None
+            return False
+        return True
+
+    def visit_Subscript(self, node: cst.Subscript) -> bool:
+        path = self_path(node)
+        if path is not None:
+            self.paths[path] = None
+            return False
+        if self_path(node.value):
+            # A slice of a container (``self.blocks[2:4]``): which layers it holds is the
+            # plan's to say, not the whole container's; only the bounds are read here.
+            for element in node.slice:
+                element.visit(self)
+            return False
+        return True
+
+    def visit_Name(self, node: cst.Name) -> None:
+        if node.value == "self":
+            self.bare_self = True
+
+
+def self_paths(statements: Sequence[cst.CSTNode]) -> tuple[tuple[str, ...], bool]:
+    """The ``self.`` paths ``statements`` read (``"blocks.3"``, ``"ln_f"``), and whether they
+    use ``self`` other than through an attribute."""
+    visitor = _GatherSelfPathsVisitor()
+    for statement in statements:
+        statement.visit(visitor)
+    return tuple(visitor.paths), visitor.bare_self
+
+
+def method_bodies(module: cst.Module, class_name: str) -> dict[str, cst.FunctionDef]:
+    """The model class's own methods by name (what a stage may call through ``self``)."""
+    found = _model_class(module, class_name)
+    if found is None:
+        return {}
+    return {
+        member.name.value: member
+        for member in found[1].body.body
+        if isinstance(member, cst.FunctionDef)
+    }
+
+
+_BASE_TEMPLATE = '''\
+class {base}({model}):
+    """One pipeline stage of {model}: a slice of its forward.
+
+    A stage holds only the submodules, parameters and buffers its slice uses, under the
+    unsplit model's names (a {model} state dict loads into it with strict=False); build
+    stage k with ``{model}Stage<k>.of(model)`` and hand it to PipelineStage.
+    """
+
+    keeps: tuple[str, ...] = ()  # what the stage holds; everything else is None
+    sends: tuple[str, ...] = ()  # what its forward returns to the next stage
+
+    @classmethod
+    def of(cls, model: {model}) -> {base}:
+        """This stage of ``model``: the same parameter objects, the other stages' set to None."""
+
+        def kept(module, prefix, into):
+            part = into.__new__(into)
+            part.__dict__.update(module.__dict__)
+            for table in ("_parameters", "_buffers", "_modules"):
+                entries = dict(module.__dict__[table])
+                for name, value in entries.items():
+                    path = prefix + name
+                    whole = any(path == k or path.startswith(k + ".") for k in cls.keeps)
+                    inside = any(k.startswith(path + ".") for k in cls.keeps)
+                    if value is not None and not whole:
+                        entries[name] = kept(value, path + ".", type(value)) if inside else None
+                part.__dict__[table] = entries
+            return part
+
+        stage: {base} = kept(model, "", cls)
+        return stage
+'''
+
+
+def _tuple_code(names: Sequence[str]) -> str:
+    if not names:
+        return "()"
+    return "(" + ", ".join(f'"{name}"' for name in names) + ("," if len(names) == 1 else "") + ")"
+
+
+def _stage_params(
+    forward: cst.FunctionDef, stage: StageCode
+) -> cst.Parameters:
+    """Stage 0: the model's own parameters. Later stages: what they take, then the constant
+    defaults they read as keyword-only parameters (the schedule passes them nothing)."""
+    if stage.index == 0:
+        return forward.params
+    own = {param.name.value: param for param in _all_params(forward.params)}
+    self_param = forward.params.params[0] if forward.params.params else cst.Param(cst.Name("self"))
+    taken = [cst.Param(cst.Name(name)) for name in stage.takes]
+    defaults = [
+        own[name].with_changes(comma=cst.MaybeSentinel.DEFAULT, star="")
+        for name in stage.defaults
+        if name in own
+    ]
+    return cst.Parameters(
+        params=[self_param.with_changes(comma=cst.MaybeSentinel.DEFAULT), *taken],
+        star_arg=cst.ParamStar() if defaults else cst.MaybeSentinel.DEFAULT,
+        kwonly_params=defaults,
+    )
+
+
+def _all_params(params: cst.Parameters) -> list[cst.Param]:
+    found = [*params.posonly_params, *params.params, *params.kwonly_params]
+    for extra in (params.star_arg, params.star_kwarg):
+        if isinstance(extra, cst.Param):
+            found.append(extra)
+    return found
+
+
+def _return_line(stage: StageCode, config: cst.Module) -> cst.SimpleStatementLine:
+    value = ", ".join(stage.sends)
+    code = f"return {value}  {sync_comment(stage.comment)}\n"
+    line = cst.parse_statement(code, config=config.config_for_parsing)
+    assert isinstance(line, cst.SimpleStatementLine)
+    return line
+
+
+def _stage_class(
+    model: str,
+    forward: cst.FunctionDef,
+    statements: Sequence[cst.BaseStatement],
+    replayed: Sequence[cst.BaseStatement],
+    stage: StageCode,
+    count: int,
+    module: cst.Module,
+) -> cst.ClassDef:
+    """``class NetStage<k>(NetStage)`` with its keeps, sends and slice of ``forward``."""
+    last = stage.index == count - 1
+    body = [statement.with_changes(leading_lines=()) if i == 0 else statement
+            for i, statement in enumerate([*replayed, *statements])]
+    if not last:
+        body.append(_return_line(stage, module))
+    params = _stage_params(forward, stage)
+    returns = forward.returns if last else None
+    assert isinstance(forward.body, cst.IndentedBlock)
+    method = forward.with_changes(
+        params=params,
+        returns=returns,
+        body=forward.body.with_changes(body=tuple(body)),
+        leading_lines=(cst.EmptyLine(indent=False),),
+        decorators=(),
+    )
+    header = (
+        f"class {stage_class_name(model, stage.index)}({stage_class_name(model)}):\n"
+        f'    """Stage {stage.index} of {count} of {model}.forward."""\n\n'
+        f"    keeps = {_tuple_code(stage.keeps)}\n"
+        + (f"    sends = {_tuple_code(stage.sends)}\n" if stage.sends else "")
+    )
+    skeleton = cst.parse_statement(header, config=module.config_for_parsing)
+    assert isinstance(skeleton, cst.ClassDef) and isinstance(skeleton.body, cst.IndentedBlock)
+    # The method keeps the forward's own indentation: re-indent through the class's body.
+    inner = skeleton.body.with_changes(body=(*skeleton.body.body, method))
+    return skeleton.with_changes(
+        body=inner, leading_lines=(cst.EmptyLine(), cst.EmptyLine())
+    )
+
+
+def insert_stages(
+    module: cst.Module,
+    class_name: str,
+    sites: Sequence[SyncSite],
+    stages: Sequence[StageCode],
+    path: str,
+) -> tuple[cst.Module, tuple[str, ...]]:
+    """``module`` with the stage classes of ``stages`` after ``class_name``, and warnings.
+
+    With one stage (no sync point) the module is returned unchanged.
+    """
+    if len(stages) < 2:
+        return module, ()
+    found = _model_class(module, class_name)
+    if found is None:
+        return module, (f"no single top-level class {class_name} to write stages for",)
+    index, classdef = found
+    forward = _forward(classdef)
+    if forward is None or not isinstance(forward.body, cst.IndentedBlock):
+        return module, (f"{class_name} has no single indented forward to cut into stages",)
+    pieces, warnings = split_forward(module, class_name, sites, path)
+    if warnings:
+        return module, warnings
+    if len(pieces) != len(stages):
+        return module, (
+            f"the forward cuts into {len(pieces)} piece(s) at the sites, not {len(stages)}",
+        )
+    statements = list(forward.body.body)
+    base_code = _BASE_TEMPLATE.format(base=stage_class_name(class_name), model=class_name)
+    base = cst.parse_statement(base_code, config=module.config_for_parsing)
+    note = cst.EmptyLine(
+        comment=cst.Comment(
+            f"{STAGES_COMMENT}: {class_name}.forward in {len(stages)} PipelineStage modules"
+        )
+    )
+    base = base.with_changes(leading_lines=(cst.EmptyLine(), cst.EmptyLine(), note))
+    classes: list[cst.BaseStatement] = [base]
+    for stage, piece in zip(stages, pieces, strict=True):
+        replayed = [statements[position] for position in stage.replays]
+        classes.append(
+            _stage_class(class_name, forward, piece, replayed, stage, len(stages), module)
+        )
+    body = [*module.body[: index + 1], *classes, *module.body[index + 1 :]]
+    return module.with_changes(body=body), ()
+
+
+def _is_stage_class(statement: cst.BaseStatement, model: str) -> bool:
+    if not isinstance(statement, cst.ClassDef):
+        return False
+    name = statement.name.value
+    if name == stage_class_name(model):
+        return any(
+            line.comment is not None and is_stages_comment(line.comment.value)
+            for line in statement.leading_lines
+        )
+    bases = [arg.value for arg in statement.bases]
+    return (
+        re.fullmatch(rf"{re.escape(stage_class_name(model))}\d+", name) is not None
+        and len(bases) == 1
+        and isinstance(bases[0], cst.Name)
+        and bases[0].value == stage_class_name(model)
+    )
+
+
+def written_models(module: cst.Module) -> tuple[str, ...]:
+    """The models whose stage classes syncpass wrote into ``module``."""
+    names = []
+    for statement in module.body:
+        if isinstance(statement, cst.ClassDef) and statement.name.value.endswith("Stage"):
+            model = statement.name.value[: -len("Stage")]
+            if _is_stage_class(statement, model):
+                names.append(model)
+    return tuple(names)
+
+
+def remove_stages(module: cst.Module) -> cst.Module:
+    """``module`` without the stage classes syncpass wrote (unchanged if there are none)."""
+    models = written_models(module)
+    if not models:
+        return module
+    body = [
+        statement
+        for statement in module.body
+        if not any(_is_stage_class(statement, model) for model in models)
+    ]
+    return module.with_changes(body=body)
