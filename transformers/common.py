@@ -63,7 +63,10 @@ class SyncSite:
     (absolute container indices); otherwise it goes after the statement.
     ``comment`` is the text after ``# syncpass sync``. ``values`` (the names
     live across the sync point) and ``stage`` (the stage it opens) are for
-    backends whose sync call names what it moves and where (JAX).
+    backends whose sync call names what it moves and where (JAX). ``written``
+    marks a sync point the user wrote by hand (a ``pipe_split()`` already
+    there): a backend whose sync statement it is writes nothing there, a
+    backend that writes stages still cuts there.
     """
 
     statement: int
@@ -71,6 +74,7 @@ class SyncSite:
     comment: str
     values: tuple[str, ...] = ()
     stage: int = 0
+    written: bool = False
 
 
 def _site_order(site: SyncSite) -> tuple[int, int]:
@@ -105,9 +109,13 @@ class InsertSyncPointsCommand(VisitorBasedCodemodCommand):
 
     DESCRIPTION = "Insert sync points at the planned sites of a model's function."
 
+    #: Whether the sync points the user wrote get a line too (they already have one).
+    WRITE_HAND_WRITTEN = False
+
     def __init__(self, context: CodemodContext, sites: Sequence[SyncSite]) -> None:
         super().__init__(context)
-        self.sites = tuple(sorted(sites, key=_site_order))
+        wanted = (site for site in sites if self.WRITE_HAND_WRITTEN or not site.written)
+        self.sites = tuple(sorted(wanted, key=_site_order))
 
     @property
     @abstractmethod

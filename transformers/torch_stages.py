@@ -117,6 +117,7 @@ class _SplitForwardCommand(InsertSyncPointsCommand):
     """The forward's body with a marker line at each site, loops split: cut into stage slices."""
 
     DESCRIPTION = "Split a forward's statements at the planned sync points."
+    WRITE_HAND_WRITTEN = True  # a stage ends at the user's own pipe_split() too
 
     def __init__(self, context: CodemodContext, class_name: str, sites: Sequence[SyncSite]) -> None:
         super().__init__(context, sites)
@@ -215,6 +216,33 @@ def self_paths(statements: Sequence[cst.CSTNode]) -> tuple[tuple[str, ...], bool
     return tuple(visitor.paths), visitor.bare_self
 
 
+class _GatherNamesReadVisitor(cst.CSTVisitor):
+    """Every plain name a piece of code mentions, but attribute names and keywords."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: dict[str, None] = {}
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names[node.value] = None
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+
+def names_read(statements: Sequence[cst.CSTNode]) -> tuple[str, ...]:
+    """The names ``statements`` mention (a superset of what they read: targets count too)."""
+    visitor = _GatherNamesReadVisitor()
+    for statement in statements:
+        statement.visit(visitor)
+    return tuple(visitor.names)
+
+
 def method_bodies(module: cst.Module, class_name: str) -> dict[str, cst.FunctionDef]:
     """The model class's own methods by name (what a stage may call through ``self``)."""
     found = _model_class(module, class_name)
@@ -268,9 +296,7 @@ def _tuple_code(names: Sequence[str]) -> str:
     return "(" + ", ".join(f'"{name}"' for name in names) + ("," if len(names) == 1 else "") + ")"
 
 
-def _stage_params(
-    forward: cst.FunctionDef, stage: StageCode
-) -> cst.Parameters:
+def _stage_params(forward: cst.FunctionDef, stage: StageCode) -> cst.Parameters:
     """Stage 0: the model's own parameters. Later stages: what they take, then the constant
     defaults they read as keyword-only parameters (the schedule passes them nothing)."""
     if stage.index == 0:
@@ -317,8 +343,10 @@ def _stage_class(
 ) -> cst.ClassDef:
     """``class NetStage<k>(NetStage)`` with its keeps, sends and slice of ``forward``."""
     last = stage.index == count - 1
-    body = [statement.with_changes(leading_lines=()) if i == 0 else statement
-            for i, statement in enumerate([*replayed, *statements])]
+    body = [
+        statement.with_changes(leading_lines=()) if i == 0 else statement
+        for i, statement in enumerate([*replayed, *statements])
+    ]
     if not last:
         body.append(_return_line(stage, module))
     params = _stage_params(forward, stage)
@@ -341,9 +369,7 @@ def _stage_class(
     assert isinstance(skeleton, cst.ClassDef) and isinstance(skeleton.body, cst.IndentedBlock)
     # The method keeps the forward's own indentation: re-indent through the class's body.
     inner = skeleton.body.with_changes(body=(*skeleton.body.body, method))
-    return skeleton.with_changes(
-        body=inner, leading_lines=(cst.EmptyLine(), cst.EmptyLine())
-    )
+    return skeleton.with_changes(body=inner, leading_lines=(cst.EmptyLine(), cst.EmptyLine()))
 
 
 def insert_stages(

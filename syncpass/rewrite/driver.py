@@ -91,8 +91,6 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
     live = {cut.after: cut.live for cut in graph.cuts}
     count = len(plan.sync_points)
     for number, point in enumerate(plan.sync_points, start=1):
-        if point.after in graph.written:
-            continue  # the user's own pipe_split() is already there
         op = graph.op(point.after)
         comment = (
             f"{number}/{count}: {num_bytes(point.live_bytes)}, "
@@ -106,6 +104,7 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
                 comment=comment,
                 values=live.get(point.after, ()),
                 stage=number,
+                written=point.after in graph.written,  # the user's own pipe_split() is there
             )
         )
     return sites

@@ -50,6 +50,7 @@ from syncpass.transformers.torch_stages import (
     StageCode,
     insert_stages,
     method_bodies,
+    names_read,
     remove_stages,
     self_paths,
     split_forward,
@@ -193,17 +194,18 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     takes: list[tuple[str, ...]] = [()]
     defaults: list[tuple[str, ...]] = [()]
     replays: list[tuple[int, ...]] = [()]
-    for site, position in zip(ordered, positions, strict=True):
-        live = site.values
+    for number, (site, position) in enumerate(zip(ordered, positions, strict=True), start=1):
+        reads = set(names_read(pieces[number]))
         sent, declared, again = [], [], []
-        for name in live:
+        for name in site.values:
             if name in unsent:
-                declared.append(name)
+                if name in reads:
+                    declared.append(name)
                 continue
             replay = _replayable(name, position, graph.ops, unsent, inputs)
             if replay is None:
                 sent.append(name)
-            else:
+            elif name in reads:  # else a later stage that reads it computes it itself
                 again.extend(replay)
                 declared.extend(
                     read
@@ -241,8 +243,8 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         sends = takes[index + 1] if index + 1 < count else ()
         comment = ""
         if index + 1 < count:
-            number, _, rest = ordered[index].comment.partition(": ")
-            comment = f"{number}: sends {', '.join(sends) or 'nothing'}; {rest}"
+            counted, _, rest = ordered[index].comment.partition(": ")
+            comment = f"{counted}: sends {', '.join(sends) or 'nothing'}; {rest}"
         codes.append(
             StageCode(
                 index=index,

@@ -1,0 +1,191 @@
+"""The eager stage form (``--backend torch_stages``): what each stage's code holds, and the
+rewrite's guarantees on every golden model. Nothing here runs torch; test_stages_run.py does."""
+
+from __future__ import annotations
+
+import ast
+import textwrap
+
+import pytest
+from costbuilder import cost_dict
+from golden_cases import Case, cases
+
+from syncpass.backends.registry import load_backend
+from syncpass.contracts.config import SyncConfig
+from syncpass.contracts.costs import Costs, load_costs, parse_costs
+from syncpass.core.errors import SyncpassError
+from syncpass.plan.planner import PlanRequest, make_plan
+from syncpass.rewrite.driver import rewrite_text
+from syncpass.rewrite.source import KnownOps
+
+STAGES = load_backend("torch_stages")
+TRACED = load_backend("torch")
+GOLDEN = cases()
+
+MASKED = textwrap.dedent(
+    """\
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.wte = nn.Embedding(8, 4)
+            self.blocks = nn.ModuleList([nn.Linear(4, 4) for _ in range(4)])
+            self.head = nn.Linear(4, 8)
+
+        def embed(self, idx):
+            return self.wte(idx)
+
+        def forward(self, idx, flag: bool = False, **kwargs):
+            # one mask for every block
+            mask = torch.ones(idx.shape[1], idx.shape[1]).tril()
+            extra = () if flag else None
+            x = self.embed(idx)
+            for block in self.blocks:
+                x = block(x) @ mask
+            if extra is not None:
+                x = x + 1
+            return self.head(x)
+
+
+    def example():
+        return Net(), (torch.zeros(2, 3, dtype=torch.long),)
+    """
+)
+
+
+def costs_for(text: str, layers: int, live: float = 64.0) -> Costs:
+    """Equal ops and equal cuts for the model in ``text`` (its blocks sized ``layers``)."""
+    known = KnownOps(None, tuple(f"blocks.{index}" for index in range(layers)))
+    graph = STAGES.analyse(text, "net.py", known, None).graph
+    data = cost_dict([1e-3] * len(graph.ops), [live] * (len(graph.ops) - 1))
+    for op, entry in zip(graph.ops, data["ops"], strict=True):
+        entry["id"] = op.id
+    data["cuts"] = [
+        {"after": op.id, "live_bytes": live} for op in graph.ops[:-1] if op.region is None
+    ]
+    data["edges"] = [list(edge) for edge in graph.edges]
+    return parse_costs(data)
+
+
+def rewrite(text: str, stages: int, backend=STAGES, layers: int = 4):  # type: ignore[no-untyped-def]
+    costs = costs_for(text, layers)
+    request = PlanRequest(stages=stages, config=SyncConfig(communication_cost_threshold=100.0))
+    return rewrite_text(text, "net.py", backend, request, costs)
+
+
+def classes(code: str) -> dict[str, ast.ClassDef]:
+    return {node.name: node for node in ast.parse(code).body if isinstance(node, ast.ClassDef)}
+
+
+def attribute(classdef: ast.ClassDef, name: str) -> object:
+    for node in classdef.body:
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == name:
+            return ast.literal_eval(node.value)
+    return None
+
+
+def forward_source(code: str, classdef: ast.ClassDef) -> str:
+    method = next(n for n in classdef.body if isinstance(n, ast.FunctionDef))
+    return ast.get_source_segment(code, method) or ""
+
+
+def test_the_users_class_stays_byte_identical_and_stages_follow_it() -> None:
+    result = rewrite(MASKED, 3)
+    assert result.rewritten.startswith(MASKED.split("\n\ndef example")[0])
+    assert result.rewritten.endswith(MASKED[MASKED.index("def example") :])
+    found = classes(result.rewritten)
+    assert [name for name in found if name.startswith("NetStage")] == [
+        "NetStage",
+        "NetStage0",
+        "NetStage1",
+        "NetStage2",
+    ]
+    assert "# syncpass stages: Net.forward in 3 PipelineStage modules" in result.rewritten
+
+
+def test_a_value_every_block_needs_is_carried_by_each_stage_between() -> None:
+    result = rewrite(MASKED, 3)
+    found = classes(result.rewritten)
+    first, middle = found["NetStage0"], found["NetStage1"]
+    assert "mask" in attribute(first, "sends")  # type: ignore[operator]
+    assert "mask" in attribute(middle, "sends") or "NetStage2" not in found
+    middle_code = forward_source(result.rewritten, middle)
+    assert middle_code.startswith("def forward(self, mask, x")
+    assert "return mask, x  # syncpass sync 2/2: sends mask, x;" in result.rewritten
+
+
+def test_the_traced_form_refuses_what_the_eager_form_plans() -> None:
+    with pytest.raises(SyncpassError, match="stage"):
+        rewrite(MASKED, 4, backend=TRACED)
+    result = rewrite(MASKED, 4)
+    assert len(result.plan.stages) == 4
+
+
+def test_constant_defaults_are_declared_again_and_their_locals_computed_again() -> None:
+    result = rewrite(MASKED, 3)
+    last = forward_source(result.rewritten, classes(result.rewritten)["NetStage2"])
+    # `extra` comes from the flag alone: the last stage computes it again, nothing sends it.
+    assert "*, flag: bool = False" in last
+    assert "extra = () if flag else None" in last
+    for name in ("NetStage0", "NetStage1"):
+        assert "extra" not in attribute(classes(result.rewritten)[name], "sends")  # type: ignore[operator]
+
+
+def test_a_stage_keeps_only_what_its_slice_reaches() -> None:
+    result = rewrite(MASKED, 3)
+    found = classes(result.rewritten)
+    keeps = [attribute(found[f"NetStage{index}"], "keeps") for index in range(3)]
+    assert "wte" in keeps[0]  # type: ignore[operator]  # reached through self.embed()
+    assert "head" in keeps[2] and "wte" not in keeps[2]  # type: ignore[operator]
+    layers = [
+        {path for path in kept if path.startswith("blocks.")}  # type: ignore[union-attr]
+        for kept in keeps
+    ]
+    assert set().union(*layers) == {f"blocks.{index}" for index in range(4)}
+    assert sum(len(part) for part in layers) == 4  # each layer on exactly one stage
+
+
+def test_a_second_rewrite_changes_nothing_and_stripping_gives_the_input_back() -> None:
+    result = rewrite(MASKED, 3)
+    assert rewrite(result.rewritten, 3).rewritten == result.rewritten
+    assert STAGES.strip(result.rewritten, "net.py", None) == MASKED
+
+
+def test_one_stage_leaves_the_file_byte_identical() -> None:
+    assert rewrite(MASKED, 1).rewritten == MASKED
+
+
+@pytest.mark.parametrize("case", GOLDEN, ids=[case.name for case in GOLDEN])
+def test_every_golden_model_gets_readable_reversible_stages(case: Case) -> None:
+    costs = load_costs(case.costs_path)
+    request = PlanRequest(stages=case.stages, config=costs.config)
+    result = rewrite_text(case.source, f"{case.name}.py", STAGES, request, costs)
+    ast.parse(result.rewritten)
+    assert STAGES.strip(result.rewritten, case.name, None) == case.source
+    again = rewrite_text(result.rewritten, f"{case.name}.py", STAGES, request, costs)
+    assert again.rewritten == result.rewritten
+    stage_classes = [name for name in classes(result.rewritten) if "Stage" in name]
+    expected = len(result.plan.stages) + 1 if len(result.plan.stages) > 1 else 0
+    assert len(stage_classes) == expected
+    assert result.rewritten.count("# syncpass sync ") == len(result.plan.sync_points)
+
+
+def test_planning_for_eager_stages_lets_values_reach_any_later_stage() -> None:
+    data = cost_dict([1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0])
+    data["edges"] = [
+        ["<input>", "op0"],
+        ["op0", "op1"],
+        ["op0", "op3"],
+        ["op1", "op2"],
+        ["op2", "op3"],
+        ["op3", "<output>"],
+    ]
+    costs = parse_costs(data)
+    config = SyncConfig(communication_cost_threshold=100.0)
+    with pytest.raises(SyncpassError):
+        make_plan(costs, PlanRequest(stages=4, config=config))
+    plan = make_plan(costs, PlanRequest(stages=4, config=config, carries_values=True))
+    assert [len(stage.ops) for stage in plan.stages] == [1, 1, 1, 1]
