@@ -147,6 +147,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="plan at each of these batch sizes and show the batch range where each plan is "
         "optimal",
     )
+    plan.add_argument(
+        "--backend",
+        choices=backend_names(),
+        default=None,
+        help="the backend the plan is for (default torch, or the config's): torch_stages and "
+        "jax let a value reach any later stage, torch's tracer only the next one",
+    )
     plan.set_defaults(handler=_run_plan)
 
     rewrite = commands.add_parser(
@@ -216,7 +223,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=backend_names(),
         default=None,
         help="torch: pipe_split() calls in an nn.Module's forward (default, or the config's "
-        "backend); jax: jax.device_put transfers in a JAX function or a Flax module's __call__ "
+        "backend); torch_stages: one eager stage module per stage after the model, run by "
+        "torch's PipelineStage (docs/stages.md); jax: jax.device_put transfers in a JAX function or a Flax module's __call__ "
         "(docs/jax.md); others: installed packages' (docs/plugin.md)",
     )
     rewrite.set_defaults(handler=_run_rewrite)

@@ -433,7 +433,48 @@ def eager_stages(model: torch.nn.Module, request: RunRequest) -> tuple[torch.nn.
             f"{len(classes) - 1}); --stages asks for {request.stages}",
             request.file,
         )
-    return tuple(stage_class.of(model) for stage_class in classes)
+    stages = tuple(stage_class.of(model) for stage_class in classes)
+    for index, stage_module in enumerate(stages[:-1]):
+        _check_sends(stage_module, index)
+    return stages
+
+
+def _check_sends(stage_module: torch.nn.Module, index: int) -> None:
+    """Make ``stage_module`` refuse to send anything but tensors, naming the value and line.
+
+    torch's PipelineStage sends only tensors between stages; its own error names
+    neither the value nor where it comes from.
+    """
+    forward = stage_module.forward
+    names = tuple(getattr(type(stage_module), "sends", ()))
+
+    def checked(*args: Any, **kwargs: Any) -> Any:
+        outputs = forward(*args, **kwargs)
+        values = outputs if isinstance(outputs, tuple) else (outputs,)
+        for position, value in enumerate(values):
+            if not isinstance(value, torch.Tensor):
+                name = names[position] if position < len(names) else f"output {position}"
+                raise SyncpassError(
+                    f"stage {index} sends {name} (of type {type(value).__name__}) to stage "
+                    f"{index + 1}: "
+                    "torch's PipelineStage sends only tensors between stages; compute "
+                    f"{name} again in the next stage from what it receives (or make it a tensor)",
+                    _return_line(type(stage_module)),
+                )
+        return outputs
+
+    stage_module.forward = checked
+
+
+def _return_line(stage_class: type[torch.nn.Module]) -> str:
+    """``file:line`` of the return statement of a stage class's forward."""
+    try:
+        lines, start = inspect.getsourcelines(stage_class.forward)
+    except (OSError, TypeError):
+        return ""
+    returns = [offset for offset, line in enumerate(lines) if line.strip().startswith("return")]
+    file = inspect.getsourcefile(stage_class) or ""
+    return f"{file}:{start + returns[-1]}" if returns else file
 
 
 def shared_parameters(

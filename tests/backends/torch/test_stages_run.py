@@ -90,3 +90,22 @@ def test_a_stage_count_the_file_does_not_have_is_an_error(
     assert status == 2
     assert "the file has 2 stage classes (MaskedGPTStage0 .. MaskedGPTStage1)" in err
     assert "--stages asks for 3" in err
+
+
+@pytest.mark.slow
+def test_a_stage_that_would_send_a_python_number_names_it_and_its_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "masked_gpt.py"
+    text = MODEL.read_text().replace("x = self.ln_f(x)\n", "x = self.ln_f(x)[:, :seq]\n")
+    source.write_text(text)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "2"]
+    assert main([*argv, "--backend", "torch_stages", "-o", str(out)]) == 0
+    capsys.readouterr()
+    status = main(["run", str(out), "--stages", "2", "--timeout", "60"])
+    err = capsys.readouterr().err
+    assert status == 2
+    lines = out.read_text().splitlines()
+    line = next(i for i, text in enumerate(lines, 1) if text.strip().startswith("return seq,"))
+    assert f"{out}:{line}: rank 0: stage 0 sends seq (of type int) to stage 1" in err
