@@ -151,8 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=backend_names(),
         default=None,
-        help="the backend the plan is for (default torch, or the config's): torch_stages and "
-        "jax let a value reach any later stage, torch's tracer only the next one",
+        help="the backend the plan is for (default torch, or the config's): with torch_stages "
+        "a value may reach any later stage, with torch's tracer only the next one",
     )
     plan.set_defaults(handler=_run_plan)
 
