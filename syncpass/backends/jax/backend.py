@@ -46,5 +46,6 @@ BACKEND = Backend(
     measure=_measure,
     run=_run,
     schedules=("gpipe",),
+    carries_values=True,  # each transfer moves every live value, so any value reaches any stage
     load_example=_load_example,
 )
