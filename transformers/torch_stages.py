@@ -268,7 +268,7 @@ class {base}({model}):
     sends: tuple[str, ...] = ()  # what its forward returns to the next stage
 
     @classmethod
-    def of(cls, model: {model}) -> {base}:
+    def of(cls, model: {model}) -> "{base}":
         """This stage of ``model``: the same parameter objects, the other stages' set to None."""
 
         def kept(module, prefix, into):
@@ -285,7 +285,7 @@ class {base}({model}):
                 part.__dict__[table] = entries
             return part
 
-        stage: {base} = kept(model, "", cls)
+        stage: "{base}" = kept(model, "", cls)
         return stage
 '''
 
@@ -343,10 +343,12 @@ def _stage_class(
 ) -> cst.ClassDef:
     """``class NetStage<k>(NetStage)`` with its keeps, sends and slice of ``forward``."""
     last = stage.index == count - 1
-    body = [
-        statement.with_changes(leading_lines=()) if i == 0 else statement
-        for i, statement in enumerate([*replayed, *statements])
-    ]
+    body = [*replayed, *statements]
+    # The first statement opens the method: its blank lines go, its comments stay.
+    first = body[0]
+    if isinstance(first, cst.SimpleStatementLine | cst.BaseCompoundStatement):
+        comments = tuple(line for line in first.leading_lines if line.comment is not None)
+        body[0] = first.with_changes(leading_lines=comments)
     if not last:
         body.append(_return_line(stage, module))
     params = _stage_params(forward, stage)
@@ -378,21 +380,27 @@ def insert_stages(
     sites: Sequence[SyncSite],
     stages: Sequence[StageCode],
     path: str,
+    planned: cst.Module | None = None,
 ) -> tuple[cst.Module, tuple[str, ...]]:
     """``module`` with the stage classes of ``stages`` after ``class_name``, and warnings.
 
-    With one stage (no sync point) the module is returned unchanged.
+    The stages' statements come from the forward of ``planned`` (the module the
+    plan was made for, with the model's own methods inlined; ``module`` itself
+    when not given), the classes go into ``module``. With one stage (no sync
+    point) the module is returned unchanged.
     """
     if len(stages) < 2:
         return module, ()
+    planned = module if planned is None else planned
     found = _model_class(module, class_name)
-    if found is None:
+    planned_class = _model_class(planned, class_name)
+    if found is None or planned_class is None:
         return module, (f"no single top-level class {class_name} to write stages for",)
-    index, classdef = found
-    forward = _forward(classdef)
+    index, _ = found
+    forward = _forward(planned_class[1])
     if forward is None or not isinstance(forward.body, cst.IndentedBlock):
         return module, (f"{class_name} has no single indented forward to cut into stages",)
-    pieces, warnings = split_forward(module, class_name, sites, path)
+    pieces, warnings = split_forward(planned, class_name, sites, path)
     if warnings:
         return module, warnings
     if len(pieces) != len(stages):

@@ -7,6 +7,7 @@ and never parses a source).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -64,8 +65,18 @@ def _measure(request: MeasureRequest) -> Costs:
 
 def _measure_for_stages(request: MeasureRequest) -> Costs:
     from syncpass.backends.torch.profile import measure
+    from syncpass.backends.torch.stages import expand_text
 
-    return measure(request, check_tracer=False)
+    expanded = expand_text(request.text, str(request.file), request.model)
+    return measure(dataclasses.replace(request, text=expanded), check_tracer=False)
+
+
+def _estimate_for_stages(request: EstimateRequest) -> Costs:
+    from syncpass.backends.torch.stages import expand_text
+    from syncpass.backends.torch.static import estimate
+
+    expanded = expand_text(request.text, request.file, request.model)
+    return estimate(dataclasses.replace(request, text=expanded))
 
 
 def _analyse_for_stages(
@@ -150,7 +161,7 @@ STAGES_BACKEND = Backend(
     remove=_remove_stages,
     strip=_strip_stages,
     measure=_measure_for_stages,
-    estimate=_estimate,
+    estimate=_estimate_for_stages,
     run=_run,
     lint=_lint,
     schedules=("1f1b", "gpipe"),

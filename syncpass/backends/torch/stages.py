@@ -39,9 +39,11 @@ from collections.abc import Sequence
 import libcst as cst
 
 from syncpass.backends.torch.analysis import analyse as analyse_traced
+from syncpass.backends.torch.rewrite import strip_sync_points as strip_pipe_splits
 from syncpass.contracts.graph import Op, OpGraph
 from syncpass.core.errors import SyncpassError
-from syncpass.frontend.analysis import find_forward
+from syncpass.frontend.analysis import find_forward, model_class_names
+from syncpass.frontend.inline import inline_own_methods
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
 from syncpass.transformers.common import SyncSite
@@ -57,11 +59,41 @@ from syncpass.transformers.torch_stages import (
 )
 
 
+def expanded_source(text: str, path: str, class_name: str | None) -> tuple[str, cst.Module]:
+    """``text`` without the stages and ``pipe_split()`` calls syncpass wrote (the user's
+    source), and that source with the model's own methods inlined into its forward
+    (:mod:`syncpass.frontend.inline`): what the eager form plans and profiles."""
+    base = strip_pipe_splits(strip(text, path, class_name), path, class_name)
+    module = parse_source(base, path)
+    # Every model class's forward is expanded: which one is the model is the analysis's to
+    # say (from --model, the cost file or the example), and the others' code is never run.
+    for name in [class_name] if class_name is not None else model_class_names(module):
+        module = inline_own_methods(module, name).module
+    return base, module
+
+
+def expand_text(text: str, path: str, class_name: str | None) -> str:
+    """The source the eager form profiles and estimates: :func:`expanded_source`'s code."""
+    code: str = expanded_source(text, path, class_name)[1].code
+    return code
+
+
 def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> ModelSource:
-    """The model of ``text`` without the stages (or ``pipe_split()`` calls) syncpass wrote."""
-    without = strip(text, path, class_name)
-    source = analyse_traced(without, path, known, class_name)
-    return ModelSource(text=text, base=source.base, module=source.module, graph=source.graph)
+    """The model of ``text`` as the eager form plans it: its forward with the model's own
+    methods inlined, without the stages (or ``pipe_split()`` calls) syncpass wrote.
+
+    The returned ``module`` is the user's source (where the stages go); ``handle``
+    holds the expanded one (where their statements come from).
+    """
+    base, expanded = expanded_source(text, path, class_name)
+    source = analyse_traced(expanded.code, path, known, class_name)
+    return ModelSource(
+        text=text,
+        base=base,
+        module=parse_source(base, path),
+        graph=source.graph,
+        handle=expanded,
+    )
 
 
 def strip(text: str, path: str, class_name: str | None = None) -> str:
@@ -88,7 +120,14 @@ def insert(
         codes = stage_codes(source, sites, path)
     except SyncpassError as error:
         return source.module, (error.message,)
-    return insert_stages(source.module, source.graph.model_class, sites, codes, path)
+    return insert_stages(
+        source.module, source.graph.model_class, sites, codes, path, _planned(source)
+    )
+
+
+def _planned(source: ModelSource) -> cst.Module:
+    """The module whose forward the graph was built from (the expanded one)."""
+    return source.handle if isinstance(source.handle, cst.Module) else source.module
 
 
 def _cut_positions(graph: OpGraph, sites: Sequence[SyncSite]) -> list[int]:
@@ -182,11 +221,12 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     ordered = sorted(sites, key=lambda site: site.stage)
     positions = _cut_positions(graph, ordered)
     bounds = [0, *positions, len(graph.ops)]
-    forward = find_forward(source.module, graph.model_class, path).forward
+    planned = _planned(source)
+    forward = find_forward(planned, graph.model_class, path).forward
     unsent = _unsent_params(forward)
     inputs = set(graph.inputs)
-    methods = method_bodies(source.module, graph.model_class)
-    pieces, warnings = split_forward(source.module, graph.model_class, ordered, path)
+    methods = method_bodies(planned, graph.model_class)
+    pieces, warnings = split_forward(planned, graph.model_class, ordered, path)
     if warnings or len(pieces) != len(bounds) - 1:
         raise SyncpassError("; ".join(warnings) or "the forward does not cut at the planned sites")
     statements = list(forward.body.body) if isinstance(forward.body, cst.IndentedBlock) else []

@@ -56,10 +56,11 @@ MASKED = textwrap.dedent(
 )
 
 
-def costs_for(text: str, layers: int, live: float = 64.0) -> Costs:
-    """Equal ops and equal cuts for the model in ``text`` (its blocks sized ``layers``)."""
+def costs_for(text: str, layers: int, live: float = 64.0, backend=STAGES) -> Costs:  # type: ignore[no-untyped-def]
+    """Equal ops and equal cuts for the model in ``text`` (its blocks sized ``layers``), as
+    ``backend`` reads it."""
     known = KnownOps(None, tuple(f"blocks.{index}" for index in range(layers)))
-    graph = STAGES.analyse(text, "net.py", known, None).graph
+    graph = backend.analyse(text, "net.py", known, None).graph
     data = cost_dict([1e-3] * len(graph.ops), [live] * (len(graph.ops) - 1))
     for op, entry in zip(graph.ops, data["ops"], strict=True):
         entry["id"] = op.id
@@ -71,7 +72,7 @@ def costs_for(text: str, layers: int, live: float = 64.0) -> Costs:
 
 
 def rewrite(text: str, stages: int, backend=STAGES, layers: int = 4):  # type: ignore[no-untyped-def]
-    costs = costs_for(text, layers)
+    costs = costs_for(text, layers, backend=backend)
     request = PlanRequest(stages=stages, config=SyncConfig(communication_cost_threshold=100.0))
     return rewrite_text(text, "net.py", backend, request, costs)
 

@@ -109,3 +109,22 @@ def test_a_stage_that_would_send_a_python_number_names_it_and_its_line(
     lines = out.read_text().splitlines()
     line = next(i for i, text in enumerate(lines, 1) if text.strip().startswith("return seq,"))
     assert f"{out}:{line}: rank 0: stage 0 sends seq (of type int) to stage 1" in err
+
+
+@pytest.mark.slow
+def test_a_forward_that_delegates_to_a_method_is_planned_inside_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "delegating_resnet.py"
+    shutil.copy(REPO / "tests" / "data" / "delegating_resnet.py", source)
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "4"]
+    # Planned as written, forward is one op: `return self._forward_impl(x)`.
+    assert main([*argv, "-o", str(tmp_path / "traced.py")]) == 2
+    assert "the model has 1" in capsys.readouterr().err
+    out = tmp_path / "eager.py"
+    assert main([*argv, "--backend", "torch_stages", "-o", str(out)]) == 0
+    capsys.readouterr()
+    assert out.read_text().startswith(source.read_text().split("\n\ndef example")[0])
+    document = run_verified(out, "--stages 4", capsys)
+    assert document["verify"]["ok"] is True
+    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]

@@ -1,0 +1,311 @@
+"""Bring the layer stack into sight: a model's own methods, inlined into its ``forward``.
+
+Much model code keeps ``forward`` short and the work in methods of its own:
+torchvision's ResNet runs ``return self._forward_impl(x)``, timm's ViT
+``x = self.forward_features(x)`` then ``x = self.forward_head(x)``. Planned as
+written, each call is one op, and nothing can be cut inside it. The eager stage
+form plans the forward with those calls replaced by the methods' statements,
+so the stages can be cut anywhere in them (the user's file keeps its own
+methods; only the stages run the inlined statements).
+
+A call is inlined when it is a whole top-level statement of ``forward``
+(``name = self.method(...)``, ``return self.method(...)``), the method is a plain
+one of the same class (not a static or class method, a property, or ``forward``
+itself) with positional-or-keyword parameters whose defaults, if any, are
+constants, its body ends with its only ``return`` (no ``yield``), and none of the
+names it binds is read after the call (so the inlined statements cannot clobber
+a value the forward still needs). Arguments that are not the parameter's own name
+become an assignment first (``x = features``). Inlining repeats, so a method
+that calls another is followed too; a method is never inlined into itself.
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+#: How many rounds of inlining at most (each may expose further calls).
+MAX_ROUNDS = 8
+
+
+@dataclass(frozen=True)
+class Inlined:
+    """The module with the forward expanded, and the methods that were inlined (in order)."""
+
+    module: cst.Module
+    methods: tuple[str, ...]
+
+
+class _BoundNamesVisitor(cst.CSTVisitor):
+    """Names a function body binds (assignments, loop targets, with/except names, imports)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def _bind(self, target: cst.CSTNode) -> None:
+        for name in m.findall(target, m.Name()):
+            assert isinstance(name, cst.Name)
+            self.names.add(name.value)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._bind(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._bind(node.target)
+
+    def visit_AugAssign(self, node: cst.AugAssign) -> None:
+        self._bind(node.target)
+
+    def visit_For(self, node: cst.For) -> None:
+        self._bind(node.target)
+
+    def visit_AsName(self, node: cst.AsName) -> None:
+        self._bind(node.name)
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self._bind(node.target)
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        self.names.add(node.name.value)
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        self.names.add(node.name.value)
+        return False
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        return False  # self.x = ... binds no local
+
+    def visit_Subscript(self, node: cst.Subscript) -> bool:
+        return False
+
+
+class _MentionsVisitor(cst.CSTVisitor):
+    """Every plain name mentioned (attribute names and keywords aside)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+    def visit_Attribute(self, node: cst.Attribute) -> bool:
+        node.value.visit(self)
+        return False
+
+    def visit_Arg(self, node: cst.Arg) -> bool:
+        node.value.visit(self)
+        return False
+
+
+def _mentions(statements: Sequence[cst.BaseStatement]) -> set[str]:
+    visitor = _MentionsVisitor()
+    for statement in statements:
+        statement.visit(visitor)
+    return visitor.names
+
+
+_CONSTANT = (
+    m.Integer() | m.Float() | m.SimpleString() | m.Name("True") | m.Name("False") | m.Name("None")
+)
+_NESTED = m.FunctionDef() | m.Lambda() | m.ClassDef()
+
+
+def _call_of(statement: cst.BaseStatement) -> tuple[str | None, str, cst.Call] | None:
+    """``(target, method, call)`` for ``target = self.method(...)`` or ``return self.method(...)``
+    (target ``None``)."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    call_matcher = m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name()))
+    if m.matches(small, m.Return(value=call_matcher)):
+        assert isinstance(small, cst.Return) and isinstance(small.value, cst.Call)
+        target = None
+        call = small.value
+    elif m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=call_matcher)):
+        assert isinstance(small, cst.Assign) and isinstance(small.value, cst.Call)
+        name = small.targets[0].target
+        assert isinstance(name, cst.Name)
+        target, call = name.value, small.value
+    else:
+        return None
+    func = call.func
+    assert isinstance(func, cst.Attribute)
+    return target, func.attr.value, call
+
+
+def _plain_method(method: cst.FunctionDef) -> bool:
+    if method.asynchronous is not None:
+        return False
+    if method.decorators:
+        return False  # a decorator may change what the call does
+    params = method.params
+    if params.posonly_params or params.kwonly_params or params.star_kwarg:
+        return False
+    if isinstance(params.star_arg, cst.Param | cst.ParamStar):
+        return False
+    if not params.params or params.params[0].name.value != "self":
+        return False
+    return all(
+        param.default is None or m.matches(param.default, _CONSTANT) for param in params.params[1:]
+    )
+
+
+def _returns_only_at_end(method: cst.FunctionDef) -> cst.BaseExpression | None:
+    """The expression the method's last statement returns, if that is its only return."""
+    if not isinstance(method.body, cst.IndentedBlock) or not method.body.body:
+        return None
+    last = method.body.body[-1]
+    if not (
+        isinstance(last, cst.SimpleStatementLine)
+        and len(last.body) == 1
+        and isinstance(last.body[0], cst.Return)
+        and last.body[0].value is not None
+    ):
+        return None
+    for statement in method.body.body[:-1]:
+        found = m.findall(statement, m.Return() | m.Yield() | m.Global() | m.Nonlocal())
+        nested = m.findall(statement, _NESTED)
+        inside_nested = {
+            id(node) for holder in nested for node in m.findall(holder, m.Return() | m.Yield())
+        }
+        if any(id(node) not in inside_nested for node in found):
+            return None
+    if m.findall(last.body[0], m.Yield()):
+        return None
+    return last.body[0].value
+
+
+def _bind_arguments(
+    method: cst.FunctionDef, call: cst.Call
+) -> list[tuple[str, cst.BaseExpression]] | None:
+    """``(parameter, expression)`` for each parameter but ``self``, or ``None`` if the call
+    cannot be matched (starred arguments, unknown keywords, a missing argument)."""
+    params = list(method.params.params[1:])
+    bound: dict[str, cst.BaseExpression] = {}
+    position = 0
+    for arg in call.args:
+        if arg.star:
+            return None
+        if arg.keyword is None:
+            if position >= len(params):
+                return None
+            bound[params[position].name.value] = arg.value
+            position += 1
+        else:
+            name = arg.keyword.value
+            if name in bound or name not in {param.name.value for param in params}:
+                return None
+            bound[name] = arg.value
+    result = []
+    for param in params:
+        name = param.name.value
+        if name in bound:
+            result.append((name, bound[name]))
+        elif param.default is not None:
+            result.append((name, param.default))
+        else:
+            return None
+    return result
+
+
+def _inline_one(
+    statement: cst.BaseStatement,
+    later: Sequence[cst.BaseStatement],
+    methods: dict[str, cst.FunctionDef],
+    config: cst.Module,
+) -> tuple[list[cst.BaseStatement], str] | None:
+    found = _call_of(statement)
+    if found is None:
+        return None
+    target, name, call = found
+    method = methods.get(name)
+    if method is None or name == "forward" or not _plain_method(method):
+        return None
+    returned = _returns_only_at_end(method)
+    if returned is None:
+        return None
+    arguments = _bind_arguments(method, call)
+    if arguments is None:
+        return None
+    assert isinstance(method.body, cst.IndentedBlock)
+    bound = _BoundNamesVisitor()
+    method.body.visit(bound)
+    binds = bound.names | {param for param, _ in arguments}
+    if (binds - {target}) & _mentions(later):
+        return None  # an inlined name would overwrite a value the forward reads later
+    if isinstance(statement, cst.SimpleStatementLine) and statement.trailing_whitespace.comment:
+        return None  # a comment on the call line (a sync pin, say) belongs to the call
+    body: list[cst.BaseStatement] = []
+    for param, expression in arguments:
+        if m.matches(expression, m.Name(param)):
+            continue
+        code = f"{param} = {config.code_for_node(expression)}\n"
+        body.append(cst.parse_statement(code, config=config.config_for_parsing))
+    body.extend(method.body.body[:-1])
+    last = method.body.body[-1]
+    assert isinstance(last, cst.SimpleStatementLine)
+    value = config.code_for_node(returned)
+    # `x = x` (the method hands back the name it was given) is left out, unless nothing is left.
+    if not (body and target is not None and m.matches(returned, m.Name(target))):
+        final = f"{target} = {value}\n" if target is not None else f"return {value}\n"
+        replacement = cst.parse_statement(final, config=config.config_for_parsing)
+        assert isinstance(replacement, cst.SimpleStatementLine)
+        body.append(replacement.with_changes(trailing_whitespace=last.trailing_whitespace))
+    assert isinstance(statement, cst.SimpleStatementLine)
+    first = body[0]
+    if isinstance(first, cst.SimpleStatementLine | cst.BaseCompoundStatement):
+        lines = (*statement.leading_lines, *first.leading_lines)
+        body[0] = first.with_changes(leading_lines=lines)
+    return body, name
+
+
+def inline_own_methods(module: cst.Module, class_name: str) -> Inlined:
+    """``module`` with ``class_name.forward``'s calls of the class's own methods inlined."""
+    found = [
+        (index, statement)
+        for index, statement in enumerate(module.body)
+        if isinstance(statement, cst.ClassDef) and statement.name.value == class_name
+    ]
+    if len(found) != 1:
+        return Inlined(module, ())
+    index, classdef = found[0]
+    assert isinstance(classdef, cst.ClassDef)
+    methods = {
+        member.name.value: member
+        for member in classdef.body.body
+        if isinstance(member, cst.FunctionDef)
+    }
+    forward = methods.get("forward")
+    if forward is None or not isinstance(forward.body, cst.IndentedBlock):
+        return Inlined(module, ())
+    statements = list(forward.body.body)
+    inlined: list[str] = []
+    for _ in range(MAX_ROUNDS):
+        changed = False
+        expanded: list[cst.BaseStatement] = []
+        for position, current in enumerate(statements):
+            result = _inline_one(current, statements[position + 1 :], methods, module)
+            if result is None:
+                expanded.append(current)
+                continue
+            expanded.extend(result[0])
+            inlined.append(result[1])
+            changed = True
+        statements = expanded
+        if not changed:
+            break
+    if not inlined:
+        return Inlined(module, ())
+    new_forward = forward.with_changes(body=forward.body.with_changes(body=tuple(statements)))
+    members = [new_forward if member is forward else member for member in classdef.body.body]
+    new_class = classdef.with_changes(body=classdef.body.with_changes(body=tuple(members)))
+    body = [*module.body[:index], new_class, *module.body[index + 1 :]]
+    return Inlined(module.with_changes(body=body), tuple(inlined))
