@@ -63,12 +63,18 @@ def _measure(request: MeasureRequest) -> Costs:
     return measure(request)
 
 
+#: The eager stages always plan the children of ``nn.Sequential`` calls (``--depth 2``): a
+#: stage may end inside one, and the stage then runs a slice of it (``self.layer3[:1](x)``).
+SEQUENTIAL_DEPTH = 2
+
+
 def _measure_for_stages(request: MeasureRequest) -> Costs:
     from syncpass.backends.torch.profile import measure
     from syncpass.backends.torch.stages import expand_text
 
     expanded = expand_text(request.text, str(request.file), request.model)
-    return measure(dataclasses.replace(request, text=expanded), check_tracer=False)
+    deeper = dataclasses.replace(request, text=expanded, depth=max(request.depth, SEQUENTIAL_DEPTH))
+    return measure(deeper, check_tracer=False)
 
 
 def _estimate_for_stages(request: EstimateRequest) -> Costs:
@@ -76,7 +82,8 @@ def _estimate_for_stages(request: EstimateRequest) -> Costs:
     from syncpass.backends.torch.static import estimate
 
     expanded = expand_text(request.text, request.file, request.model)
-    return estimate(dataclasses.replace(request, text=expanded))
+    deeper = dataclasses.replace(request, text=expanded, depth=max(request.depth, SEQUENTIAL_DEPTH))
+    return estimate(deeper)
 
 
 def _analyse_for_stages(
