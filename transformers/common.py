@@ -243,8 +243,25 @@ def _container_expr(iterable: cst.BaseExpression) -> cst.BaseExpression:
     return iterable
 
 
-def _bound(value: int | None) -> cst.Integer | None:
-    return None if value is None else cst.Integer(str(value))
+def _bound(value: int | None) -> cst.BaseExpression | None:
+    if value is None:
+        return None
+    if value < 0:  # counted from the end, as the user wrote it (self.layers[:-1])
+        return cst.UnaryOperation(operator=cst.Minus(), expression=cst.Integer(str(-value)))
+    return cst.Integer(str(value))
+
+
+def _int_bound(node: cst.BaseExpression | None) -> int | None:
+    """The integer a slice bound holds (``3``, ``-1``), or ``None``."""
+    if isinstance(node, cst.Integer):
+        return int(node.evaluated_value)
+    if (
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, cst.Integer)
+    ):
+        return -int(node.expression.evaluated_value)
+    return None
 
 
 def _sliced(
@@ -334,9 +351,7 @@ def _slice_bounds(
         iterable = iterable.args[0].value
     if isinstance(iterable, cst.Subscript) and isinstance(iterable.slice[0].slice, cst.Slice):
         part = iterable.slice[0].slice
-        lower = int(part.lower.evaluated_value) if isinstance(part.lower, cst.Integer) else None
-        upper = int(part.upper.evaluated_value) if isinstance(part.upper, cst.Integer) else None
-        return iterable.value, lower, upper
+        return iterable.value, _int_bound(part.lower), _int_bound(part.upper)
     return None
 
 

@@ -164,6 +164,8 @@ class InsertProbesCommand(VisitorBasedCodemodCommand):
         new_iter = cst.Call(func=cst.Name("enumerate"), args=[cst.Arg(statement.iter)])
         # enumerate counts from 0 over the slice; the probe wants the container index.
         index = f"{ITERATION} + {loop.start}" if loop.start else ITERATION
+        if loop.start is not None and loop.start < 0:  # self.layers[-3:]: counted from the end
+            index = f"{ITERATION} + len(self.{loop.container}) - {-loop.start}"
         probe = _probe_lines(site, index, tree)
         body = statement.body
         if isinstance(body, cst.SimpleStatementSuite):  # `for b in self.blocks: x = b(x)`

@@ -194,7 +194,26 @@ class _GatherSelfPathsVisitor(cst.CSTVisitor):
         if path is not None:
             self.paths[path] = None
             return False
-        if self_path(node.value):
+        base = self_path(node.value)
+        if base:
+            index = node.slice[0].slice if len(node.slice) == 1 else None
+            if isinstance(index, cst.Index):
+                # self.layers[-1] (counted from the end: the caller knows the length), or
+                # self.layers[i] (any layer: the whole container).
+                value = index.value
+                negative = (
+                    isinstance(value, cst.UnaryOperation)
+                    and isinstance(value.operator, cst.Minus)
+                    and isinstance(value.expression, cst.Integer)
+                )
+                if negative:
+                    assert isinstance(value, cst.UnaryOperation)
+                    assert isinstance(value.expression, cst.Integer)
+                    self.paths[f"{base}.-{value.expression.value}"] = None
+                else:
+                    self.paths[base] = None
+                index.visit(self)
+                return False
             # A slice of a container (``self.blocks[2:4]``): which layers it holds is the
             # plan's to say, not the whole container's; only the bounds are read here.
             for element in node.slice:

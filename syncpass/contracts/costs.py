@@ -166,6 +166,8 @@ class Costs:
     version: int = COST_FILE_VERSION
     edges: tuple[tuple[str, str], ...] = ()  # def-use: (producer, consumer), INPUT/OUTPUT too
     notes: tuple[str, ...] = ()  # what was done to the figures since they were measured
+    # Each layer container's length, where op ids cannot tell it (a loop over self.layers[:-1]).
+    containers: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.version != COST_FILE_VERSION:
@@ -274,6 +276,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             "model",
             "edges",
             "notes",
+            "containers",
         ),
     )
     version = reader.required(top, "$", "version")
@@ -439,7 +442,22 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         model=reader.optional_string(top, "$", "model"),
         edges=tuple(edges),
         notes=tuple(str(note) for note in reader.sequence(top.get("notes", []), "$.notes")),
+        containers=_containers(reader, top.get("containers", {})),
     )
+
+
+def _containers(reader: _Reader, value: Any) -> tuple[tuple[str, int], ...]:
+    """``$.containers``: layer container -> its length (a whole number >= 0)."""
+    if not isinstance(value, dict):
+        raise reader.error("$.containers", "must be an object of container name -> length")
+    found = []
+    for name, length in value.items():
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise reader.error(
+                f"$.containers.{name}", f"must be a whole number >= 0, got {length!r}"
+            )
+        found.append((str(name), length))
+    return tuple(sorted(found))
 
 
 def costs_to_json(costs: Costs) -> dict[str, Any]:
@@ -475,6 +493,8 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
         data["edges"] = [list(edge) for edge in costs.edges]
     if costs.notes:
         data["notes"] = list(costs.notes)
+    if costs.containers:
+        data["containers"] = dict(costs.containers)
     return data
 
 

@@ -101,6 +101,9 @@ class OpGraph:
     regions: tuple[Region, ...] = ()
     forbidden: tuple[str, ...] = ()  # op ids the user marked "# syncpass: no-sync"
     written: tuple[str, ...] = ()  # op ids a hand-written pipe_split() already follows
+    # The length of each layer container a loop was planned over: what op ids cannot
+    # say when a loop runs over part of it (self.layers[:-1]).
+    containers: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         ids = [op.id for op in self.ops]

@@ -60,18 +60,28 @@ _OPERATORS = {
 
 @dataclass(frozen=True)
 class ContainerLoop:
-    """``for item in self.<container>[start:stop]`` (optionally enumerated)."""
+    """``for item in self.<container>[start:stop]`` (optionally enumerated).
+
+    Bounds may be negative (``self.layers[:-1]``), counted from the end as Python
+    does. ``parts`` names the pieces of an unpacked item (``for attn, ff in
+    self.layers``: each layer is a pair of modules); ``item`` is then ``""``.
+    """
 
     container: str
     start: int | None
     stop: int | None
     item: str
     index_name: str | None = None
+    parts: tuple[str, ...] = ()
 
     def iterations(self, size: int) -> range:
-        start = 0 if self.start is None else self.start
-        stop = size if self.stop is None else min(self.stop, size)
-        return range(start, stop)
+        return range(size)[self.start : self.stop]
+
+    def item_paths(self, item_path: str) -> dict[str, str]:
+        """The loop's names -> what they are in one iteration (``<ff>`` -> ``layers.3.1``)."""
+        if self.parts:
+            return {f"<{part}>": f"{item_path}.{k}" for k, part in enumerate(self.parts)}
+        return {f"<{self.item}>": item_path}
 
 
 @dataclass(frozen=True)
@@ -156,6 +166,12 @@ def _int_or_none(node: cst.BaseExpression | None) -> tuple[bool, int | None]:
         return True, None
     if isinstance(node, cst.Integer):
         return True, int(node.evaluated_value)
+    if (
+        isinstance(node, cst.UnaryOperation)
+        and isinstance(node.operator, cst.Minus)
+        and isinstance(node.expression, cst.Integer)
+    ):
+        return True, -int(node.expression.evaluated_value)
     return False, None
 
 
@@ -179,6 +195,7 @@ def match_container_loop(node: cst.For) -> ContainerLoop | None:
         return None
     iterable = node.iter
     index_name = None
+    parts: tuple[str, ...] = ()
     counted_from = m.Arg(value=m.Integer(), keyword=None) | m.Arg(
         value=m.Integer(), keyword=m.Name("start")
     )
@@ -197,16 +214,27 @@ def match_container_loop(node: cst.For) -> ContainerLoop | None:
         iterable = iterable.args[0].value
     elif isinstance(node.target, cst.Name):
         item = node.target.value
+    elif m.matches(node.target, m.Tuple(elements=[m.AtLeastN(m.Element(m.Name()), n=2)])):
+        assert isinstance(node.target, cst.Tuple)
+        parts = tuple(
+            element.value.value
+            for element in node.target.elements
+            if isinstance(element.value, cst.Name)
+        )
+        item = ""
     else:
         return None
     found = _container_slice(iterable)
     if found is None:
         return None
     container, start, stop = found
-    if (start is not None and start < 0) or (stop is not None and stop < 0):
-        return None
+    negative = (start is not None and start < 0) or (stop is not None and stop < 0)
+    if negative and index_name is not None:
+        return None  # the enumerated index would not follow a split over negative bounds
     if _has_jump(node.body):
         return None
+    if not item:
+        return ContainerLoop(container, start, stop, item, index_name, parts)
     return ContainerLoop(container, start, stop, item, index_name)
 
 
@@ -793,7 +821,7 @@ def build_op_graph(
         loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
         if loop is not None and loop.container in sizes:
             iterations = loop.iterations(sizes[loop.container])
-            internal = {loop.item, loop.index_name}
+            internal = {loop.item, loop.index_name, *loop.parts}
             # What one iteration needs from before it: names read before the body writes them.
             assert isinstance(statement, cst.For)
             exposed = _exposed_reads(statement.body)
@@ -809,7 +837,7 @@ def build_op_graph(
                 ops.append(
                     Op(
                         op_id,
-                        _calls(facts, {f"<{loop.item}>": item_path}),
+                        _calls(facts, loop.item_paths(item_path)),
                         body_reads,
                         body_writes,
                         location,
@@ -868,6 +896,7 @@ def build_op_graph(
         regions=tuple(regions),
         forbidden=tuple(sorted(forbidden)),
         written=tuple(op.id for op in ops if op.id in written),
+        containers=tuple(sorted({**sizes, **expand}.items())),
     )
 
 

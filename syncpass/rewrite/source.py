@@ -25,15 +25,17 @@ class KnownOps:
     """What a cost file or a plan says of the model it was made for: its name and op ids.
 
     The analysis reads the length of each loop container off the ids
-    (``blocks.11`` -> 12), and picks the model the file or plan names.
+    (``blocks.11`` -> 12) unless ``sizes`` gives it (a loop over part of a
+    container, ``self.layers[:-1]``), and picks the model the file or plan names.
     """
 
     model: str | None
     ids: tuple[str, ...]
+    sizes: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def of_costs(cls, costs: Costs) -> KnownOps:
-        return cls(costs.model, tuple(op.id for op in costs.ops))
+        return cls(costs.model, tuple(op.id for op in costs.ops), costs.containers)
 
 
 @dataclass(frozen=True)

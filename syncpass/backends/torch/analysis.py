@@ -84,7 +84,9 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
         module = remove_pipe_splits(module, None, path, text)
         base = module.code
     name = pick_model(model_class_names(module), known.model, class_name)
-    sizes = sizes_from_ids(known.ids, loop_containers(module, name, path))
+    containers = loop_containers(module, name, path)
+    sizes = sizes_from_ids(known.ids, containers)
+    sizes.update((container, size) for container, size in known.sizes if container in containers)
     expand = sizes_from_ids(known.ids, sequential_calls(module, name, path))
     graph = analyse_model(module, path, name, sizes, base, expand)
     return ModelSource(text=text, base=base, module=module, graph=graph)

@@ -891,6 +891,7 @@ def profile_costs(
         model=graph.model_class,
         edges=graph.edges,
         notes=() if fixed_note is None else (fixed_note,),
+        containers=graph.containers,
     )
 
 

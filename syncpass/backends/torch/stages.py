@@ -270,7 +270,8 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
             for op in graph.ops[start:end]
             if op.loop is not None
         ]
-        paths_by_stage.append(list(dict.fromkeys([*reached, *layers])))
+        counted = [_from_the_start(path, dict(graph.containers)) for path in reached]
+        paths_by_stage.append(list(dict.fromkeys([*counted, *layers])))
         any_bare = any_bare or bare or reached_bare
     if any_bare:
         # The forward hands `self` itself to something: any stage may reach anything.
@@ -283,8 +284,8 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         sends = takes[index + 1] if index + 1 < count else ()
         comment = ""
         if index + 1 < count:
-            counted, _, rest = ordered[index].comment.partition(": ")
-            comment = f"{counted}: sends {', '.join(sends) or 'nothing'}; {rest}"
+            numbered, _, rest = ordered[index].comment.partition(": ")
+            comment = f"{numbered}: sends {', '.join(sends) or 'nothing'}; {rest}"
         codes.append(
             StageCode(
                 index=index,
@@ -297,6 +298,19 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
             )
         )
     return codes
+
+
+def _from_the_start(path: str, sizes: dict[str, int]) -> str:
+    """``layers.-1`` -> ``layers.6`` for a container of 7; the container itself if its
+    length is unknown."""
+    parts = path.split(".")
+    for position, part in enumerate(parts):
+        if part.startswith("-") and part[1:].isdigit():
+            container = ".".join(parts[:position])
+            if container not in sizes:
+                return container
+            parts[position] = str(sizes[container] - int(part[1:]))
+    return ".".join(parts)
 
 
 def _outermost(paths: Sequence[str]) -> tuple[str, ...]:

@@ -128,3 +128,20 @@ def test_a_forward_that_delegates_to_a_method_is_planned_inside_it(
     document = run_verified(out, "--stages 4", capsys)
     assert document["verify"]["ok"] is True
     assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torch", "torch_stages"])
+def test_unpacked_layer_pairs_with_the_last_held_out_split_and_verify(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str
+) -> None:
+    source = tmp_path / "pair_layers.py"
+    shutil.copy(REPO / "tests" / "data" / "pair_layers.py", source)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "4"]
+    assert main([*argv, "--backend", backend, "-o", str(out)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert "for attn, ff in self.layers[" in out.read_text()
+    document = run_verified(out, "--stages 4", capsys)
+    assert document["verify"]["ok"] is True
+    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]

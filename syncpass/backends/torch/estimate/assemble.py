@@ -160,6 +160,7 @@ def estimate_costs(
         model=name,
         edges=graph.edges,
         notes=tuple(notes),
+        containers=graph.containers,
     )
     return StaticEstimate(costs, tuple(unsized))
 

@@ -173,7 +173,16 @@ class ForwardRun:
         if isinstance(statement, cst.For):
             loop = match_container_loop(statement)
             assert loop is not None
-            self.frame[loop.item] = child
+            if loop.parts:
+                if not isinstance(child, Container) or len(child.children) != len(loop.parts):
+                    raise Unsized(
+                        f"self.{op.loop.container}[{op.loop.index}] does not unpack into "
+                        f"{', '.join(loop.parts)}"
+                    )
+                for part, piece in zip(loop.parts, child.children, strict=True):
+                    self.frame[part] = piece
+            else:
+                self.frame[loop.item] = child
             if loop.index_name is not None:
                 self.frame[loop.index_name] = self._enumerated_index(statement, op.loop.index)
             interp.run_block(statement.body, self.frame, nested=False)

@@ -1,0 +1,64 @@
+"""Loops as people write them: unpacked layer pairs and bounds counted from the end."""
+
+from __future__ import annotations
+
+import textwrap
+
+from costbuilder import cost_dict
+
+from syncpass.backends.torch.analysis import analyse_model
+from syncpass.contracts.costs import costs_to_json, parse_costs
+from syncpass.frontend import parse_source
+from syncpass.transformers.common import SyncSite
+from syncpass.transformers.torch_pipeline import insert_pipe_splits, remove_pipe_splits
+
+PAIRS = textwrap.dedent(
+    """\
+    class Net:
+        def forward(self, x):
+            x = self.stem(x)
+            for attn, ff in self.layers[:-1]:
+                x = x + attn(x)
+                x = x + ff(x)
+            attn, ff = self.layers[-1]
+            return self.head(attn(x) + ff(x))
+    """
+)
+
+
+def test_each_pair_is_one_op_calling_both_of_its_modules() -> None:
+    graph = analyse_model(parse_source(PAIRS, "net.py"), "net.py", "Net", {"layers": 5})
+    loop_ops = [op for op in graph.ops if op.loop is not None]
+    assert [op.id for op in loop_ops] == ["layers.0", "layers.1", "layers.2", "layers.3"]
+    assert {"self.layers.2.0", "self.layers.2.1"} <= set(loop_ops[2].calls)
+    assert "attn" not in loop_ops[0].reads  # the unpacked names belong to the iteration
+    assert dict(graph.containers) == {"layers": 5}
+
+
+def test_a_bound_counted_from_the_end_plans_the_iterations_python_runs() -> None:
+    text = PAIRS.replace("self.layers[:-1]", "self.layers[-3:]")
+    graph = analyse_model(parse_source(text, "net.py"), "net.py", "Net", {"layers": 5})
+    assert [op.id for op in graph.ops if op.loop is not None] == [
+        "layers.2",
+        "layers.3",
+        "layers.4",
+    ]
+
+
+def test_splitting_a_loop_with_a_negative_bound_keeps_it_and_joins_back() -> None:
+    module = parse_source(PAIRS, "net.py")
+    site = SyncSite(statement=1, split_after=1, comment="1/1: test")
+    rewritten, warnings = insert_pipe_splits(module, "Net", [site], "net.py")
+    assert warnings == ()
+    assert "for attn, ff in self.layers[:2]:" in rewritten.code
+    assert "for attn, ff in self.layers[2:-1]:" in rewritten.code
+    stripped = remove_pipe_splits(rewritten, "Net", "net.py").code
+    assert stripped == PAIRS
+
+
+def test_cost_files_keep_container_lengths() -> None:
+    data = cost_dict([1.0, 2.0])
+    data["containers"] = {"layers": 7}
+    costs = parse_costs(data)
+    assert costs.containers == (("layers", 7),)
+    assert costs_to_json(costs)["containers"] == {"layers": 7}
