@@ -214,8 +214,9 @@ class _GatherSelfPathsVisitor(cst.CSTVisitor):
                     self.paths[base] = None
                 index.visit(self)
                 return False
-            # A slice of a container (``self.blocks[2:4]``): which layers it holds is the
-            # plan's to say, not the whole container's; only the bounds are read here.
+            # A slice (``self.blocks[2:4]``, ``self.pos[:seq]``): of a layer container, which
+            # layers it holds is the plan's to say (the caller decides); the bounds are read.
+            self.paths[f"{base}[:]"] = None
             for element in node.slice:
                 element.visit(self)
             return False
@@ -227,8 +228,8 @@ class _GatherSelfPathsVisitor(cst.CSTVisitor):
 
 
 def self_paths(statements: Sequence[cst.CSTNode]) -> tuple[tuple[str, ...], bool]:
-    """The ``self.`` paths ``statements`` read (``"blocks.3"``, ``"ln_f"``), and whether they
-    use ``self`` other than through an attribute."""
+    """The ``self.`` paths ``statements`` read (``"blocks.3"``, ``"ln_f"``; a slice of one as
+    ``"blocks[:]"``), and whether they use ``self`` other than through an attribute."""
     visitor = _GatherSelfPathsVisitor()
     for statement in statements:
         statement.visit(visitor)
@@ -309,10 +310,17 @@ class {base}({model}):
 '''
 
 
-def _tuple_code(names: Sequence[str]) -> str:
+def _tuple_code(names: Sequence[str], indent: str = "    ", width: int = 88) -> str:
+    """``("a", "b")``, or one name per line when that would not fit in ``width`` columns."""
     if not names:
         return "()"
-    return "(" + ", ".join(f'"{name}"' for name in names) + ("," if len(names) == 1 else "") + ")"
+    one_line = (
+        "(" + ", ".join(f'"{name}"' for name in names) + ("," if len(names) == 1 else "") + ")"
+    )
+    if len(indent) + len("sends = ") + len(one_line) <= width:
+        return one_line
+    inner = "".join(f'{indent}    "{name}",\n' for name in names)
+    return f"(\n{inner}{indent})"
 
 
 def _stage_params(forward: cst.FunctionDef, stage: StageCode) -> cst.Parameters:

@@ -8,6 +8,15 @@ form plans the forward with those calls replaced by the methods' statements,
 so the stages can be cut anywhere in them (the user's file keeps its own
 methods; only the stages run the inlined statements).
 
+The same goes for a submodule that holds the layer stack (vit-pytorch's
+``x = self.transformer(x)``, a ``Transformer`` whose forward loops over its
+layers): when ``__init__`` builds it from a class of the same file
+(``self.transformer = Transformer(...)``) and that class's ``forward`` loops
+over a layer container, its forward is inlined with ``self`` read as
+``self.transformer`` (``for attn, ff in self.transformer.layers:``), so the op
+ids are the layers' module paths (``transformer.layers.3``). Submodules
+without a loop (a block, an MLP) stay one op each.
+
 A call is inlined when it is a whole top-level statement of ``forward``
 (``name = self.method(...)``, ``return self.method(...)``), the method is a plain
 one of the same class (not a static or class method, a property, or ``forward``
@@ -28,6 +37,8 @@ from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
+
+from syncpass.frontend.analysis import match_container_loop
 
 #: How many rounds of inlining at most (each may expose further calls).
 MAX_ROUNDS = 8
@@ -216,18 +227,88 @@ def _bind_arguments(
     return result
 
 
+class _SelfAsSubmodule(cst.CSTTransformer):
+    """``self`` -> ``self.<path>``: a submodule's forward read from its parent."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__()
+        self.path = path
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        if updated_node.value != "self":
+            return updated_node
+        expression: cst.BaseExpression = cst.Name("self")
+        for part in self.path.split("."):
+            expression = cst.Attribute(value=expression, attr=cst.Name(part))
+        return expression
+
+
+def _submodule_classes(
+    classdef: cst.ClassDef, classes: dict[str, cst.ClassDef]
+) -> dict[str, cst.FunctionDef]:
+    """``self.NAME = Cls(...)`` in ``__init__`` with ``Cls`` a class of the file whose forward
+    loops over a layer container: NAME -> that forward."""
+    init = next(
+        (
+            member
+            for member in classdef.body.body
+            if isinstance(member, cst.FunctionDef) and member.name.value == "__init__"
+        ),
+        None,
+    )
+    if init is None:
+        return {}
+    found: dict[str, cst.FunctionDef] = {}
+    built = m.Assign(
+        targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name()))],
+        value=m.Call(func=m.Name()),
+    )
+    for assign in m.findall(init, built):
+        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+        target = assign.targets[0].target
+        func = assign.value.func
+        assert isinstance(target, cst.Attribute) and isinstance(func, cst.Name)
+        other = classes.get(func.value)
+        if other is None or other is classdef:
+            continue
+        forward = next(
+            (
+                member
+                for member in other.body.body
+                if isinstance(member, cst.FunctionDef) and member.name.value == "forward"
+            ),
+            None,
+        )
+        if forward is None or not isinstance(forward.body, cst.IndentedBlock):
+            continue
+        loops = any(
+            isinstance(statement, cst.For) and match_container_loop(statement) is not None
+            for statement in forward.body.body
+        )
+        if loops:
+            found[target.attr.value] = forward
+    return found
+
+
 def _inline_one(
     statement: cst.BaseStatement,
     later: Sequence[cst.BaseStatement],
     methods: dict[str, cst.FunctionDef],
     config: cst.Module,
+    stacks: dict[str, cst.FunctionDef] | None = None,
 ) -> tuple[list[cst.BaseStatement], str] | None:
     found = _call_of(statement)
     if found is None:
         return None
     target, name, call = found
+    stacks = stacks or {}
     method = methods.get(name)
-    if method is None or name == "forward" or not _plain_method(method):
+    if name in stacks and name not in methods:
+        submodule = stacks[name]
+        method = submodule.with_changes(body=submodule.body.visit(_SelfAsSubmodule(name)))
+    elif method is None or name == "forward":
+        return None
+    if not _plain_method(method):
         return None
     returned = _returns_only_at_end(method)
     if returned is None:
@@ -286,13 +367,19 @@ def inline_own_methods(module: cst.Module, class_name: str) -> Inlined:
     forward = methods.get("forward")
     if forward is None or not isinstance(forward.body, cst.IndentedBlock):
         return Inlined(module, ())
+    classes = {
+        statement.name.value: statement
+        for statement in module.body
+        if isinstance(statement, cst.ClassDef)
+    }
+    stacks = _submodule_classes(classdef, classes)
     statements = list(forward.body.body)
     inlined: list[str] = []
     for _ in range(MAX_ROUNDS):
         changed = False
         expanded: list[cst.BaseStatement] = []
         for position, current in enumerate(statements):
-            result = _inline_one(current, statements[position + 1 :], methods, module)
+            result = _inline_one(current, statements[position + 1 :], methods, module, stacks)
             if result is None:
                 expanded.append(current)
                 continue

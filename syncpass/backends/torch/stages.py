@@ -259,6 +259,7 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         defaults.append(tuple(dict.fromkeys(declared)))
         replays.append(tuple(sorted(set(again))))
 
+    loop_containers = {op.loop.container for op in graph.ops if op.loop is not None}
     paths_by_stage: list[list[str]] = []
     any_bare = False
     for index, (start, end) in enumerate(itertools.pairwise(bounds)):
@@ -270,7 +271,10 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
             for op in graph.ops[start:end]
             if op.loop is not None
         ]
-        counted = [_from_the_start(path, dict(graph.containers)) for path in reached]
+        counted = [
+            _from_the_start(path, dict(graph.containers))
+            for path in _unsliced(reached, loop_containers)
+        ]
         paths_by_stage.append(list(dict.fromkeys([*counted, *layers])))
         any_bare = any_bare or bare or reached_bare
     if any_bare:
@@ -298,6 +302,20 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
             )
         )
     return codes
+
+
+def _unsliced(paths: Sequence[str], loop_containers: set[str]) -> list[str]:
+    """``paths`` with slices resolved: a slice of a layer container the plan runs per layer
+    holds what its ops say (nothing here); a slice of anything else holds all of it."""
+    found = []
+    for path in paths:
+        if path.endswith("[:]"):
+            container = path[: -len("[:]")]
+            if container not in loop_containers:
+                found.append(container)
+        else:
+            found.append(path)
+    return found
 
 
 def _from_the_start(path: str, sizes: dict[str, int]) -> str:
