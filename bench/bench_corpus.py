@@ -1,0 +1,203 @@
+"""Real model code split into eager stages: the corpus table.
+
+Each model's source file, as its package ships it (installed from PyPI with
+``--no-deps``, pinned), is copied into a project with a tiny ``example()``
+appended, then, for each stage count:
+
+* profiled and planned for ``--backend torch_stages`` (the model's own methods
+  and the submodule holding the layer stack are followed) and, for comparison,
+  for ``--backend torch`` as written (``pipe_split()`` in ``forward`` itself);
+* planned with the equal-layer rule (``uniform``) on the same eager costs;
+* rewritten, run split over gloo (1F1B, a few steps) and verified against the
+  unsplit model.
+
+It prints, per model and stage count: the ops found (eager / as written), the
+predicted step of syncpass's plan, of the equal-layer rule and of the
+``pipe_split()`` form, the speedup over the rule, the measured step, and whether
+the loss and every gradient matched.
+
+    python bench/bench_corpus.py [--models vit,simple_vit] [--steps 3]
+
+The tests (``tests/test_corpus.py``) run the same corpus. Figures are this
+machine's CPU; with more stages than cores the measured steps mostly show the
+cores being shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from syncpass.cli import main as syncpass
+
+#: Pinned packages, installed with --no-deps (their one runtime dependency beside torch is
+#: listed too, so that pip never pulls another torch).
+PACKAGES = ("vit-pytorch==1.26.14", "einops==0.8.2")
+
+VIT_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    model = {cls}(image_size=32, patch_size=8, num_classes=10, dim=64, depth=6, heads=4, mlp_dim=128)
+    return model, (torch.randn(8, 3, 32, 32),), torch.randint(0, 10, (8,)), nn.functional.cross_entropy
+"""
+
+
+@dataclass(frozen=True)
+class CorpusModel:
+    """A model file of an installed package, and the example appended to its copy."""
+
+    name: str
+    source: str  # inside the install folder
+    example: str
+    stages: tuple[int, ...]
+    layers: str  # the op id prefix of its layer stack
+    depth: int  # how many layers the example builds
+
+
+MODELS = (
+    CorpusModel(
+        "vit",
+        "vit_pytorch/vit.py",
+        VIT_EXAMPLE.format(cls="ViT"),
+        (2, 4, 8),
+        "transformer.layers.",
+        6,
+    ),
+    CorpusModel(
+        "simple_vit",
+        "vit_pytorch/simple_vit.py",
+        VIT_EXAMPLE.format(cls="SimpleViT"),
+        (2, 4),
+        "transformer.layers.",
+        6,
+    ),
+)
+
+
+def install(folder: Path) -> None:
+    """The corpus packages, into ``folder``."""
+    command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
+    command += ["--disable-pip-version-check", "--target", str(folder), *PACKAGES]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"installing {' '.join(PACKAGES)} failed: {done.stderr}")
+
+
+def project(installed: Path, model: CorpusModel, folder: Path) -> Path:
+    """The model's source copied into ``folder`` beside its packages, with its example."""
+    for entry in installed.iterdir():
+        target = folder / entry.name
+        if entry.is_dir() and not target.exists():
+            shutil.copytree(entry, target)
+    source = folder / f"{model.name}.py"
+    source.write_text((installed / model.source).read_text() + model.example)
+    return source
+
+
+def _quiet(argv: list[str]) -> tuple[int, str]:
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        status = syncpass(argv)
+    return status, err.getvalue()
+
+
+def _plan(costs: Path, stages: int, backend: str, strategy: str = "adaptive") -> dict | None:  # type: ignore[type-arg]
+    out = costs.with_suffix(f".{backend}.{strategy}.{stages}.plan.json")
+    argv = ["plan", "--costs", str(costs), "--stages", str(stages), "--backend", backend]
+    status, _ = _quiet([*argv, "--strategy", strategy, "--no-baselines", "-o", str(out)])
+    return json.loads(out.read_text()) if status == 0 else None
+
+
+def _ms(plan: dict | None) -> str:  # type: ignore[type-arg]
+    return "-" if plan is None else f"{plan['predicted_step_s'] * 1e3:.1f} ms"
+
+
+def bench(models: list[CorpusModel], steps: int) -> None:
+    with tempfile.TemporaryDirectory() as scratch:
+        root = Path(scratch)
+        installed = root / "packages"
+        install(installed)
+        header = (
+            f"{'model':<11} {'ops':>9} {'stages':>6} {'syncpass':>9} {'uniform':>11} "
+            f"{'speedup':>7} {'pipe_split':>10} {'measured':>9}  verify"
+        )
+        print(header)
+        for model in models:
+            folder = root / model.name
+            folder.mkdir()
+            source = project(installed, model, folder)
+            example = f"{source}:example"
+            counts = {}
+            for backend in ("torch_stages", "torch"):
+                costs = folder / f"{backend}.costs.json"
+                argv = ["profile", str(source), "--example", example, "--backend", backend]
+                status, err = _quiet([*argv, "-o", str(costs)])
+                if status != 0:
+                    raise RuntimeError(f"{model.name}: profile failed: {err}")
+                counts[backend] = len(json.loads(costs.read_text())["ops"])
+            for stages in model.stages:
+                eager_costs = folder / "torch_stages.costs.json"
+                ours = _plan(eager_costs, stages, "torch_stages")
+                rule = _plan(eager_costs, stages, "torch_stages", "uniform")
+                traced = _plan(folder / "torch.costs.json", stages, "torch")
+                speedup = (
+                    f"{rule['predicted_step_s'] / ours['predicted_step_s']:.2f}x"
+                    if ours is not None and rule is not None
+                    else "-"
+                )
+                out = folder / f"sync_{stages}.py"
+                argv = [
+                    "rewrite",
+                    str(source),
+                    "--costs",
+                    str(eager_costs),
+                    "--stages",
+                    str(stages),
+                ]
+                status, err = _quiet([*argv, "--backend", "torch_stages", "-o", str(out)])
+                measured, verified = "-", "rewrite failed"
+                if status == 0:
+                    report = folder / f"run_{stages}.json"
+                    argv = ["run", str(out), "--stages", str(stages), "--verify"]
+                    argv += ["--steps", str(steps), "--json-report", str(report)]
+                    status, err = _quiet(argv)
+                    if report.exists():
+                        document = json.loads(report.read_text())
+                        slowest = max(stage["step_s"] for stage in document["stage_reports"])
+                        measured = f"{slowest * 1e3:.1f} ms"
+                        verify = document["verify"]
+                        verified = (
+                            f"ok ({verify['parameters_compared']} gradients)"
+                            if verify["ok"]
+                            else "MISMATCH"
+                        )
+                    else:
+                        verified = f"run failed: {err.strip().splitlines()[-1] if err else status}"
+                ops = f"{counts['torch_stages']}/{counts['torch']}"
+                print(
+                    f"{model.name:<11} {ops:>9} {stages:>6} {_ms(ours):>9} {_ms(rule):>11} "
+                    f"{speedup:>7} {_ms(traced):>10} {measured:>9}  {verified}",
+                    flush=True,
+                )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default=",".join(model.name for model in MODELS))
+    parser.add_argument("--steps", type=int, default=3)
+    args = parser.parse_args()
+    wanted = args.models.split(",")
+    bench([model for model in MODELS if model.name in wanted], args.steps)
+
+
+if __name__ == "__main__":
+    main()
