@@ -75,6 +75,7 @@ class SyncSite:
     values: tuple[str, ...] = ()
     stage: int = 0
     written: bool = False
+    kinds: tuple[tuple[str, str], ...] = ()  # live values that were not tensors when profiled
 
 
 def _site_order(site: SyncSite) -> tuple[int, int]:

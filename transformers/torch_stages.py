@@ -73,7 +73,10 @@ class StageCode:
     cannot send); ``sends`` is what it returns to the next stage (nothing for
     the last, which returns what the model returns); ``keeps`` the submodule,
     parameter and buffer paths it holds; ``comment`` the text of the sync
-    comment on its return line.
+    comment on its return line. ``nones`` are values that were ``None`` when
+    profiled, which the stage sets itself; ``received_numbers`` the Python
+    numbers it receives as 0-d tensors (name, ``int``/``float``/``bool``) and turns
+    back; ``sent_numbers`` those it sends as tensors.
     """
 
     index: int
@@ -83,6 +86,9 @@ class StageCode:
     sends: tuple[str, ...]
     keeps: tuple[str, ...]
     comment: str = ""
+    nones: tuple[str, ...] = ()
+    received_numbers: tuple[tuple[str, str], ...] = ()
+    sent_numbers: tuple[str, ...] = ()
 
 
 def stage_class_name(model: str, index: int | None = None) -> str:
@@ -351,8 +357,28 @@ def _all_params(params: cst.Parameters) -> list[cst.Param]:
     return found
 
 
+def _sent(stage: StageCode) -> list[str]:
+    """The expressions a stage returns: its values, numbers as tensors on a sent tensor's device."""
+    tensors = [name for name in stage.sends if name not in stage.sent_numbers]
+    device = f", device={tensors[0]}.device" if tensors else ""
+    return [
+        f"torch.as_tensor({name}{device})" if name in stage.sent_numbers else name
+        for name in stage.sends
+    ]
+
+
+def _prelude(stage: StageCode, config: cst.Module) -> list[cst.BaseStatement]:
+    """What a stage sets before its own statements: received numbers, values that were None."""
+    lines = [
+        f"{name} = {kind}({name})  # the stage before sends it as a tensor\n"
+        for name, kind in stage.received_numbers
+    ]
+    lines += [f"{name} = None  # None when profiled: nothing to send\n" for name in stage.nones]
+    return [cst.parse_statement(line, config=config.config_for_parsing) for line in lines]
+
+
 def _return_line(stage: StageCode, config: cst.Module) -> cst.SimpleStatementLine:
-    value = ", ".join(stage.sends)
+    value = ", ".join(_sent(stage))
     code = f"return {value}  {sync_comment(stage.comment)}\n"
     line = cst.parse_statement(code, config=config.config_for_parsing)
     assert isinstance(line, cst.SimpleStatementLine)
@@ -370,7 +396,7 @@ def _stage_class(
 ) -> cst.ClassDef:
     """``class NetStage<k>(NetStage)`` with its keeps, sends and slice of ``forward``."""
     last = stage.index == count - 1
-    body = [*replayed, *statements]
+    body = [*_prelude(stage, module), *replayed, *statements]
     # The first statement opens the method: its blank lines go, its comments stay.
     first = body[0]
     if isinstance(first, cst.SimpleStatementLine | cst.BaseCompoundStatement):
@@ -383,6 +409,10 @@ def _stage_class(
     assert isinstance(forward.body, cst.IndentedBlock)
     method = forward.with_changes(
         params=params,
+        # A later stage's parameters are syncpass's: one line, whatever the forward's layout.
+        whitespace_before_params=(
+            forward.whitespace_before_params if stage.index == 0 else cst.SimpleWhitespace("")
+        ),
         returns=returns,
         body=forward.body.with_changes(body=tuple(body)),
         leading_lines=(cst.EmptyLine(indent=False),),

@@ -132,6 +132,10 @@ class OpCost:
         return self.backward_s + (microbatches - 1) * self.backward_fixed_s
 
 
+#: What a live value that is not a tensor was when profiled.
+VALUE_KINDS = ("none", "int", "float", "bool", "other")
+
+
 @dataclass(frozen=True)
 class CutCost:
     """An admissible sync point: a cut right after op ``after``.
@@ -139,16 +143,25 @@ class CutCost:
     ``live_bytes`` is the size of every value defined at or before the op
     and used after it, i.e. what crosses the link. ``pinned`` cuts are the
     user's own sync points: every strategy keeps them, and ``manual`` uses
-    only them.
+    only them. ``kinds`` names the live values that were not tensors when
+    profiled, with what they were (:data:`VALUE_KINDS`): a stage cannot send
+    them as they are.
     """
 
     after: str
     live_bytes: float
     pinned: bool = False
+    kinds: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
         if not (_is_number(self.live_bytes) and self.live_bytes >= 0):
             raise ValueError(f"cut after {self.after!r}: live_bytes must be a number >= 0")
+        for name, kind in self.kinds:
+            if kind not in VALUE_KINDS:
+                raise ValueError(
+                    f"cut after {self.after!r}: {name} has kind {kind!r}; "
+                    f"known: {', '.join(VALUE_KINDS)}"
+                )
 
 
 @dataclass(frozen=True)
@@ -380,7 +393,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
     for index, item in enumerate(cuts_data):
         where = f"$.cuts[{index}]"
         cut = reader.mapping(item, where)
-        reader.no_unknown(cut, where, ("after", "live_bytes", "pinned"))
+        reader.no_unknown(cut, where, ("after", "live_bytes", "pinned", "kinds"))
         after = reader.string(cut, where, "after")
         if after not in seen:
             raise reader.error(f"{where}.after", f"unknown op id {after!r}; it must name an op")
@@ -398,11 +411,19 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         pinned = cut.get("pinned", False)
         if not isinstance(pinned, bool):
             raise reader.error(f"{where}.pinned", "must be true or false")
+        kinds = cut.get("kinds", {})
+        if not isinstance(kinds, dict) or not all(
+            isinstance(kind, str) and kind in VALUE_KINDS for kind in kinds.values()
+        ):
+            raise reader.error(
+                f"{where}.kinds", f"must map value names to one of {', '.join(VALUE_KINDS)}"
+            )
         cuts.append(
             CutCost(
                 after=after,
                 live_bytes=reader.number(cut, where, "live_bytes", minimum=0),
                 pinned=pinned,
+                kinds=tuple(sorted((str(name), kind) for name, kind in kinds.items())),
             )
         )
 
@@ -521,6 +542,8 @@ def _cut_to_json(cut: CutCost) -> dict[str, Any]:
     data: dict[str, Any] = {"after": cut.after, "live_bytes": cut.live_bytes}
     if cut.pinned:
         data["pinned"] = True
+    if cut.kinds:
+        data["kinds"] = dict(cut.kinds)
     return data
 
 

@@ -49,6 +49,7 @@ def plan_to_json(plan: Plan, baselines: tuple[Plan, ...] = ()) -> dict[str, Any]
                 "ratio": _finite_or_none(point.ratio),
                 "pinned": point.pinned,
                 "reason": point.reason,
+                **({"kinds": dict(point.kinds)} if point.kinds else {}),
             }
             for point in plan.sync_points
         ],
@@ -132,6 +133,7 @@ def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
                     ratio=_none_to_inf(point["ratio"]),
                     pinned=point.get("pinned", False),
                     reason=point.get("reason", ""),
+                    kinds=tuple(sorted(point.get("kinds", {}).items())),
                 )
                 for point in data["sync_points"]
             ),

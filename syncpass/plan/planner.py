@@ -70,6 +70,7 @@ class SyncPoint:
     ratio: float  # comm_s over the compute of the stage it closes
     pinned: bool
     reason: str
+    kinds: tuple[tuple[str, str], ...] = ()  # live values that were not tensors (CutCost.kinds)
 
 
 @dataclass(frozen=True)
@@ -407,6 +408,7 @@ def _assemble(
     prediction = predict(costs, problem, cuts, microbatches, request.schedule)
     live = costs.live_bytes_at
     reasons = explain_sync_points(costs, problem, cuts, score, threshold.used)
+    kinds_after = {cut.after: cut.kinds for cut in costs.cuts if cut.kinds}
     sync_points = tuple(
         SyncPoint(
             after=costs.ops[cut - 1].id,
@@ -415,6 +417,7 @@ def _assemble(
             ratio=score.stages[index].cut_ratio,
             pinned=bool(problem.pinned[cut]),
             reason=reasons[index],
+            kinds=kinds_after.get(costs.ops[cut - 1].id, ()),
         )
         for index, cut in enumerate(cuts)
     )

@@ -105,6 +105,7 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
                 values=live.get(point.after, ()),
                 stage=number,
                 written=point.after in graph.written,  # the user's own pipe_split() is there
+                kinds=point.kinds,
             )
         )
     return sites

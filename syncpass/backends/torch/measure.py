@@ -219,6 +219,19 @@ def _tensors(value: object, seen: set[int] | None = None) -> Iterator[torch.Tens
         yield from _tensors(item, seen)
 
 
+def value_kind(value: object) -> str:
+    """What a live value that is not a tensor is (:data:`syncpass.contracts.costs.VALUE_KINDS`)."""
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    return "other"
+
+
 def tensor_bytes(values: Iterable[object]) -> int:
     """Bytes of the tensors in ``values`` (tuples, lists and dicts recursed), aliases once.
 
@@ -427,6 +440,7 @@ class _Probe:
         self.flops: dict[int, int] = {}  # running FLOP total at each boundary
         self.forward_flops = 0  # the total when the forward returned
         self.live_bytes: dict[int, int] = {}
+        self.kinds: dict[int, dict[str, str]] = {}  # live values that are not tensors
         self.out_bytes: dict[int, int] = {}
         self.last = -1
 
@@ -457,6 +471,11 @@ class _Probe:
                 self.live_bytes[position] = tensor_bytes(
                     values[name] for name in self.cut_live[position] if name in values
                 )
+                self.kinds[position] = {
+                    name: value_kind(values[name])
+                    for name in self.cut_live[position]
+                    if name in values and not isinstance(values[name], torch.Tensor)
+                }
         replaced = self._route(position, values) if torch.is_grad_enabled() else {}
         self.forward[position] = (entry, self.now())
         return replaced
@@ -807,6 +826,7 @@ def profile_costs(
         session.step(measure=True)
         flops = session.flops()
         live_bytes = dict(probe.live_bytes)
+        kinds = dict(probe.kinds)
         out_bytes = dict(probe.out_bytes)
         for run in range(warmup):
             report(f"warm-up run {run + 1}/{warmup}")
@@ -872,6 +892,7 @@ def profile_costs(
             after=cut.after,
             live_bytes=live_bytes.get(positions[cut.after], 0),
             pinned=cut.pinned,
+            kinds=tuple(sorted(kinds.get(positions[cut.after], {}).items())),
         )
         for cut in graph.cuts
     )

@@ -158,6 +158,34 @@ def _constant_default(param: cst.Param) -> bool:
     )
 
 
+#: Python numbers a stage sends as 0-d tensors and its successor turns back into numbers.
+SCALAR_KINDS = ("int", "float", "bool")
+
+
+def _need_torch(module: cst.Module, name: str, op: Op, path: str) -> None:
+    """The stages send a number as ``torch.as_tensor(...)``: the file must import torch."""
+    imports_torch = any(
+        isinstance(statement, cst.SimpleStatementLine)
+        and any(
+            isinstance(small, cst.Import)
+            and any(
+                isinstance(alias.name, cst.Name)
+                and alias.name.value == "torch"
+                and alias.asname is None
+                for alias in small.names
+            )
+            for small in statement.body
+        )
+        for statement in module.body
+    )
+    if not imports_torch:
+        raise SyncpassError(
+            f"{name} (a Python number) crosses the sync point after {op.id}: the stages send it "
+            "as torch.as_tensor(...), which needs `import torch` in the file",
+            str(op.location),
+        )
+
+
 def _unsent_params(forward: cst.FunctionDef) -> set[str]:
     """The forward's parameters a later stage declares again instead of receiving."""
     params = forward.params
@@ -234,16 +262,35 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     takes: list[tuple[str, ...]] = [()]
     defaults: list[tuple[str, ...]] = [()]
     replays: list[tuple[int, ...]] = [()]
+    nones: list[tuple[str, ...]] = [()]
+    scalars: list[tuple[tuple[str, str], ...]] = [()]
     for number, (site, position) in enumerate(zip(ordered, positions, strict=True), start=1):
         reads = set(names_read(pieces[number]))
-        sent, declared, again = [], [], []
+        kinds = dict(site.kinds)
+        sent, declared, again, nothing, numbers = [], [], [], [], []
         for name in site.values:
             if name in unsent:
                 if name in reads:
                     declared.append(name)
                 continue
             replay = _replayable(name, position, graph.ops, unsent, inputs)
-            if replay is None:
+            kind = kinds.get(name)
+            if replay is None and kind == "none":
+                if name in reads:  # None when profiled: nothing to send, the stage says so
+                    nothing.append(name)
+            elif replay is None and kind in SCALAR_KINDS:
+                _need_torch(source.module, name, graph.ops[position - 1], path)
+                sent.append(name)
+                numbers.append((name, kind))
+            elif replay is None and kind == "other":
+                op = graph.ops[position - 1]
+                raise SyncpassError(
+                    f"{name} crosses the sync point after {op.id} but was not a tensor when "
+                    "profiled (a tuple, a string, an object): torch's PipelineStage sends only "
+                    f"tensors; compute {name} again after the sync point, or from tensors",
+                    str(op.location),
+                )
+            elif replay is None:
                 sent.append(name)
             elif name in reads:  # else a later stage that reads it computes it itself
                 again.extend(replay)
@@ -258,6 +305,8 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         takes.append(tuple(sent))
         defaults.append(tuple(dict.fromkeys(declared)))
         replays.append(tuple(sorted(set(again))))
+        nones.append(tuple(nothing))
+        scalars.append(tuple(numbers))
 
     loop_containers = {op.loop.container for op in graph.ops if op.loop is not None}
     paths_by_stage: list[list[str]] = []
@@ -299,6 +348,11 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
                 sends=sends,
                 keeps=_outermost(paths_by_stage[index]),
                 comment=comment,
+                nones=nones[index],
+                received_numbers=scalars[index],
+                sent_numbers=tuple(name for name, _ in scalars[index + 1])
+                if index + 1 < count
+                else (),
             )
         )
     return codes

@@ -4,6 +4,8 @@ rewrite's guarantees on every golden model. Nothing here runs torch; test_stages
 from __future__ import annotations
 
 import ast
+import dataclasses
+import json
 import textwrap
 
 import pytest
@@ -12,8 +14,9 @@ from golden_cases import Case, cases
 
 from syncpass.backends.registry import load_backend
 from syncpass.contracts.config import SyncConfig
-from syncpass.contracts.costs import Costs, load_costs, parse_costs
+from syncpass.contracts.costs import Costs, costs_to_json, load_costs, parse_costs
 from syncpass.core.errors import SyncpassError
+from syncpass.plan.planfile import dumps_plan, parse_plan
 from syncpass.plan.planner import PlanRequest, make_plan
 from syncpass.rewrite.driver import rewrite_text
 from syncpass.rewrite.source import KnownOps
@@ -190,3 +193,47 @@ def test_planning_for_eager_stages_lets_values_reach_any_later_stage() -> None:
         make_plan(costs, PlanRequest(stages=4, config=config))
     plan = make_plan(costs, PlanRequest(stages=4, config=config, carries_values=True))
     assert [len(stage.ops) for stage in plan.stages] == [1, 1, 1, 1]
+
+
+def test_what_the_profile_saw_decides_how_a_value_crosses() -> None:
+    text = MASKED.replace(
+        "        return self.head(x)\n", "        return self.head(x)[:, :width, :cut]\n"
+    )
+    text = text.replace(
+        "        x = self.embed(idx)\n",
+        "        width = idx.shape[1]\n        cut = None if width else idx\n        x = self.embed(idx)\n",
+    )
+    costs = costs_for(text, 4)
+    kinds = {"width": "int", "cut": "none"}
+    cuts = tuple(dataclasses.replace(cut, kinds=tuple(sorted(kinds.items()))) for cut in costs.cuts)
+    costs = dataclasses.replace(costs, cuts=cuts)
+    request = PlanRequest(stages=2, config=SyncConfig(communication_cost_threshold=100.0))
+    result = rewrite_text(text, "net.py", STAGES, request, costs)
+    written = result.rewritten
+    assert "torch.as_tensor(width, device=" in written
+    assert "        width = int(width)  # the stage before sends it as a tensor\n" in written
+    assert "        cut = None  # None when profiled: nothing to send\n" in written
+    assert STAGES.strip(written, "net.py", None) == text
+
+    other = dataclasses.replace(
+        costs,
+        cuts=tuple(dataclasses.replace(cut, kinds=(("width", "other"),)) for cut in costs.cuts),
+    )
+    with pytest.raises(SyncpassError, match=r"width crosses the sync point .* not a tensor"):
+        rewrite_text(text, "net.py", STAGES, request, other)
+
+
+def test_cut_kinds_survive_the_cost_and_plan_files() -> None:
+    data = cost_dict([1.0, 1.0], [8.0])
+    data["cuts"][0]["kinds"] = {"mask": "none", "n": "int"}
+    costs = parse_costs(data)
+    assert costs.cuts[0].kinds == (("mask", "none"), ("n", "int"))
+    assert costs_to_json(costs)["cuts"][0]["kinds"] == {"mask": "none", "n": "int"}
+    plan = make_plan(costs, PlanRequest(stages=2, config=SyncConfig()))
+    assert plan.sync_points[0].kinds == (("mask", "none"), ("n", "int"))
+    assert (
+        parse_plan(json.loads(dumps_plan(plan))).sync_points[0].kinds == plan.sync_points[0].kinds
+    )
+    data["cuts"][0]["kinds"] = {"mask": "tensor"}
+    with pytest.raises(SyncpassError, match="kinds"):
+        parse_costs(data)

@@ -93,14 +93,37 @@ def test_a_stage_count_the_file_does_not_have_is_an_error(
 
 
 @pytest.mark.slow
-def test_a_stage_that_would_send_a_python_number_names_it_and_its_line(
+def test_python_numbers_and_nones_cross_as_the_profile_saw_them(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     source = tmp_path / "masked_gpt.py"
     text = MODEL.read_text().replace("x = self.ln_f(x)\n", "x = self.ln_f(x)[:, :seq]\n")
+    text = text.replace(
+        "        x = self.embed(idx)\n",
+        "        cache = None if seq > 0 else mask  # None in training\n        x = self.embed(idx)\n",
+    )
+    text = text.replace("return self.head(x)", "return self.head(x) if cache is None else x")
     source.write_text(text)
+    costs = tmp_path / "costs.json"
+    argv = ["profile", str(source), "--example", f"{source}:example", "--backend", "torch_stages"]
+    assert main([*argv, "-o", str(costs)]) == 0
     out = tmp_path / "sync.py"
-    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "2"]
+    argv = ["rewrite", str(source), "--costs", str(costs), "--stages", "2"]
+    assert main([*argv, "--backend", "torch_stages", "-o", str(out)]) == 0
+    capsys.readouterr()
+    written = out.read_text()
+    assert "torch.as_tensor(seq, device=" in written  # an int crosses as a 0-d tensor
+    assert "        seq = int(seq)  # the stage before sends it as a tensor\n" in written
+    assert "        cache = None  # None when profiled: nothing to send\n" in written
+    document = run_verified(out, "--stages 2", capsys)
+    assert document["verify"]["ok"] is True
+
+    # Without what the profile saw (a cost file from elsewhere), the number is sent as it
+    # is, and the run stops at the line that sends it, naming it.
+    data = json.loads(costs.read_text())
+    for cut in data["cuts"]:
+        cut.pop("kinds", None)
+    costs.write_text(json.dumps(data))
     assert main([*argv, "--backend", "torch_stages", "-o", str(out)]) == 0
     capsys.readouterr()
     status = main(["run", str(out), "--stages", "2", "--timeout", "60"])
