@@ -16,7 +16,7 @@ predicted step of syncpass's plan, of the equal-layer rule and of the
 ``pipe_split()`` form, the speedup over the rule, the measured step, and whether
 the loss and every gradient matched.
 
-    python bench/bench_corpus.py [--models vit,simple_vit] [--steps 3]
+    python bench/bench_corpus.py [--models vit,simple_vit,litgpt] [--steps 3]
 
 The tests (``tests/test_corpus.py``) run the same corpus. Figures are this
 machine's CPU; with more stages than cores the measured steps mostly show the
@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import io
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,9 +37,21 @@ from pathlib import Path
 
 from syncpass.cli import main as syncpass
 
-#: Pinned packages, installed with --no-deps (their one runtime dependency beside torch is
-#: listed too, so that pip never pulls another torch).
-PACKAGES = ("vit-pytorch==1.26.14", "einops==0.8.2")
+#: Pinned packages, installed with --no-deps beside the runtime dependencies their model
+#: files import (so that pip never pulls another torch).
+VIT_PACKAGES = ("vit-pytorch==1.26.14", "einops==0.8.2")
+LITGPT_PACKAGES = (
+    "litgpt==0.5.13",
+    "lightning==2.6.6",
+    "lightning-utilities==0.15.3",
+    "torchmetrics==1.9.0",
+    "fsspec==2026.9.0",
+    "jsonargparse==4.53.0",
+    "huggingface-hub==2.4.0",
+    "safetensors==0.8.0",
+    "tokenizers==0.23.3",
+    "tqdm==4.70.1",
+)
 
 VIT_EXAMPLE = """
 
@@ -50,12 +61,29 @@ def example():
     return model, (torch.randn(8, 3, 32, 32),), torch.randint(0, 10, (8,)), nn.functional.cross_entropy
 """
 
+LITGPT_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = Config.from_name(
+        "pythia-14m", n_layer=6, n_head=4, n_embd=32, block_size=16, vocab_size=64,
+        padded_vocab_size=64,
+    )
+    tokens = torch.randint(0, 64, (8, 17))
+
+    def loss(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return GPT(config), (tokens[:, :-1],), tokens[:, 1:], loss
+"""
+
 
 @dataclass(frozen=True)
 class CorpusModel:
     """A model file of an installed package, and the example appended to its copy."""
 
     name: str
+    packages: tuple[str, ...]
     source: str  # inside the install folder
     example: str
     stages: tuple[int, ...]
@@ -66,6 +94,7 @@ class CorpusModel:
 MODELS = (
     CorpusModel(
         "vit",
+        VIT_PACKAGES,
         "vit_pytorch/vit.py",
         VIT_EXAMPLE.format(cls="ViT"),
         (2, 4, 8),
@@ -74,30 +103,40 @@ MODELS = (
     ),
     CorpusModel(
         "simple_vit",
+        VIT_PACKAGES,
         "vit_pytorch/simple_vit.py",
         VIT_EXAMPLE.format(cls="SimpleViT"),
         (2, 4),
         "transformer.layers.",
         6,
     ),
+    CorpusModel(
+        "litgpt", LITGPT_PACKAGES, "litgpt/model.py", LITGPT_EXAMPLE, (2, 4), "transformer.h.", 6
+    ),
 )
 
 
-def install(folder: Path) -> None:
-    """The corpus packages, into ``folder``."""
+def install(packages: tuple[str, ...], folder: Path) -> Path:
+    """``packages`` installed into ``folder`` (once: a folder that has them is kept)."""
+    marker = folder / ".installed"
+    if marker.exists() and marker.read_text() == "\n".join(packages):
+        return folder
     command = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
-    command += ["--disable-pip-version-check", "--target", str(folder), *PACKAGES]
+    command += ["--disable-pip-version-check", "--target", str(folder), *packages]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        raise RuntimeError(f"installing {' '.join(PACKAGES)} failed: {done.stderr}")
+        raise RuntimeError(f"installing {' '.join(packages)} failed: {done.stderr}")
+    marker.write_text("\n".join(packages))
+    return folder
 
 
 def project(installed: Path, model: CorpusModel, folder: Path) -> Path:
-    """The model's source copied into ``folder`` beside its packages, with its example."""
+    """The model's source copied into ``folder`` beside (links to) its packages, with its
+    example appended."""
     for entry in installed.iterdir():
         target = folder / entry.name
         if entry.is_dir() and not target.exists():
-            shutil.copytree(entry, target)
+            target.symlink_to(entry, target_is_directory=True)
     source = folder / f"{model.name}.py"
     source.write_text((installed / model.source).read_text() + model.example)
     return source
@@ -124,8 +163,6 @@ def _ms(plan: dict | None) -> str:  # type: ignore[type-arg]
 def bench(models: list[CorpusModel], steps: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
-        installed = root / "packages"
-        install(installed)
         header = (
             f"{'model':<11} {'ops':>9} {'stages':>6} {'syncpass':>9} {'uniform':>11} "
             f"{'speedup':>7} {'pipe_split':>10} {'measured':>9}  verify"
@@ -134,6 +171,7 @@ def bench(models: list[CorpusModel], steps: int) -> None:
         for model in models:
             folder = root / model.name
             folder.mkdir()
+            installed = install(model.packages, root / model.packages[0].split("==")[0])
             source = project(installed, model, folder)
             example = f"{source}:example"
             counts = {}

@@ -46,6 +46,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.codemod import CodemodContext
 
 from syncpass.frontend.analysis import self_path
@@ -274,10 +275,13 @@ def method_bodies(module: cst.Module, class_name: str) -> dict[str, cst.Function
     found = _model_class(module, class_name)
     if found is None:
         return {}
+    # A property's setter and deleter share its name: the getter is what a read runs.
+    accessor = m.Decorator(decorator=m.Attribute(attr=m.Name("setter") | m.Name("deleter")))
     return {
         member.name.value: member
         for member in found[1].body.body
         if isinstance(member, cst.FunctionDef)
+        and not any(m.matches(decorator, accessor) for decorator in member.decorators)
     }
 
 
