@@ -417,6 +417,12 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     )
     for region in result.graph.regions:
         print(f"syncpass: note: no sync point inside {region}", file=sys.stderr)
+    if result.graph.inlined:
+        calls = ", ".join(result.graph.inlined)
+        print(
+            f"syncpass: note: planned inside {calls} (their statements run in the stages)",
+            file=sys.stderr,
+        )
     if args.report is not None:
         document = {
             "plan": plan_to_json(result.plan),

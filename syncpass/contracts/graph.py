@@ -104,6 +104,8 @@ class OpGraph:
     # The length of each layer container a loop was planned over: what op ids cannot
     # say when a loop runs over part of it (self.layers[:-1]).
     containers: tuple[tuple[str, int], ...] = ()
+    # Calls the analysis planned inside (a method of the model, a submodule's forward).
+    inlined: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         ids = [op.id for op in self.ops]

@@ -384,7 +384,7 @@ def inline_own_methods(module: cst.Module, class_name: str) -> Inlined:
                 expanded.append(current)
                 continue
             expanded.extend(result[0])
-            inlined.append(result[1])
+            inlined.append(f"self.{result[1]}")
             changed = True
         statements = expanded
         if not changed:

@@ -28,5 +28,6 @@ def analysis_to_json(graph: OpGraph) -> dict[str, Any]:
             {"after": cut.after, "live": list(cut.live), "pinned": cut.pinned} for cut in graph.cuts
         ],
         "regions": [str(region) for region in graph.regions],
+        "inlined": list(graph.inlined),
         "no_sync": list(graph.forbidden),
     }

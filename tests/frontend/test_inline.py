@@ -38,7 +38,7 @@ def test_a_delegating_forward_becomes_the_methods_statements_comments_kept() -> 
                 return self._forward_impl(x)
         """
     )
-    assert methods == ("_forward_impl",)
+    assert methods == ("self._forward_impl",)
     assert forward.strip() == textwrap.dedent(
         """\
         def forward(self, x):
@@ -71,7 +71,7 @@ def test_several_methods_in_sequence_and_methods_that_call_methods() -> None:
                 return x
         """
     )
-    assert methods == ("forward_features", "forward_head", "embed")
+    assert methods == ("self.forward_features", "self.forward_head", "self.embed")
     assert forward.strip() == textwrap.dedent(
         """\
         def forward(self, x):
@@ -143,5 +143,5 @@ def test_a_nested_function_may_return_inside_an_inlined_method() -> None:
                 return self.run(x)
         """
     )
-    assert methods == ("run",)
+    assert methods == ("self.run",)
     assert "return act(self.a(x))" in forward

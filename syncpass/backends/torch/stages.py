@@ -33,6 +33,7 @@ Nothing here imports torch or runs the user's code.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 
@@ -72,6 +73,11 @@ def expanded_source(text: str, path: str, class_name: str | None) -> tuple[str, 
     return base, module
 
 
+def _inlined(module: cst.Module, class_name: str) -> tuple[str, ...]:
+    """The calls :func:`expanded_source` inlined into ``class_name.forward``."""
+    return inline_own_methods(module, class_name).methods
+
+
 def expand_text(text: str, path: str, class_name: str | None) -> str:
     """The source the eager form profiles and estimates: :func:`expanded_source`'s code."""
     code: str = expanded_source(text, path, class_name)[1].code
@@ -87,13 +93,9 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
     """
     base, expanded = expanded_source(text, path, class_name)
     source = analyse_traced(expanded.code, path, known, class_name)
-    return ModelSource(
-        text=text,
-        base=base,
-        module=parse_source(base, path),
-        graph=source.graph,
-        handle=expanded,
-    )
+    module = parse_source(base, path)
+    graph = dataclasses.replace(source.graph, inlined=_inlined(module, source.graph.model_class))
+    return ModelSource(text=text, base=base, module=module, graph=graph, handle=expanded)
 
 
 def strip(text: str, path: str, class_name: str | None = None) -> str:

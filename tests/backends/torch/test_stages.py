@@ -237,3 +237,22 @@ def test_cut_kinds_survive_the_cost_and_plan_files() -> None:
     data["cuts"][0]["kinds"] = {"mask": "tensor"}
     with pytest.raises(SyncpassError, match="kinds"):
         parse_costs(data)
+
+
+def test_a_property_read_follows_its_getter_not_its_setter() -> None:
+    text = MASKED.replace(
+        "    def embed(self, idx):",
+        "    @property\n"
+        "    def scale(self):\n"
+        "        return self._scale\n\n"
+        "    @scale.setter\n"
+        "    def scale(self, value):\n"
+        "        self._scale = value\n"
+        "        self.head.reset_parameters()\n\n"
+        "    def embed(self, idx):",
+    ).replace("            x = block(x) @ mask\n", "            x = block(x) @ mask * self.scale\n")
+    assert "@scale.setter" in text and "* self.scale" in text
+    result = rewrite(text, 2)
+    first = attribute(classes(result.rewritten)["NetStage0"], "keeps")
+    assert "head" not in first  # type: ignore[operator]
+    assert "_scale" in first  # type: ignore[operator]
