@@ -1,16 +1,18 @@
 """The torch backend's eager form: the plan written out as one ``PipelineStage`` module per stage.
 
 The hooks of ``--backend torch_stages`` (its spec is
-:data:`syncpass.backends.torch.backend.STAGES_BACKEND`). It leaves the model's class and ``forward`` as they are
-and writes, after the class, a subclass per stage whose ``forward`` is that
+:data:`syncpass.backends.torch.backend.STAGES_BACKEND`). It leaves the model's
+class and ``forward`` as they are and writes, after the class, a subclass per stage whose ``forward`` is that
 stage's slice of the original statements (:mod:`syncpass.transformers.torch_stages`).
 ``syncpass run`` builds each rank's stage with ``Stage<k>.of(model)`` and runs it
 under ``torch.distributed.pipelining.PipelineStage`` and torch's schedules:
 nothing is traced or exported, so any Python the forward runs eagerly runs in a
 stage too.
 
-This module decides what each stage's code holds (:func:`stage_codes`), from the
-op graph and the plan's sync sites:
+The forward it plans is the one :func:`expanded_source` gives: the model's own
+methods and a submodule holding the layer stack inlined
+(:mod:`syncpass.frontend.inline`). This module decides what each stage's code
+holds (:func:`stage_codes`), from the op graph and the plan's sync sites:
 
 * **what crosses a sync point**: every value defined before it and used after
   it, as the analysis finds it; a value needed further on is sent on by each
@@ -23,6 +25,10 @@ op graph and the plan's sync sites:
   local computed only from those (``all_hidden_states = () if output_hidden_states
   else None``) is computed again, by the same statement, in each stage that
   needs it;
+* **what the profile saw** (``cuts[].kinds``): a Python number crosses as a 0-d
+  tensor and is turned back in the next stage, a value that was ``None`` is set
+  to ``None`` by the stage that reads it, anything else that is no tensor is an
+  error at the sync point;
 * **what a stage holds**: the submodules, parameters and buffers its
   statements reach through ``self`` (also through the model's own methods it
   calls), and of a layer container only the layers its ops run; everything
@@ -164,7 +170,7 @@ def _constant_default(param: cst.Param) -> bool:
 SCALAR_KINDS = ("int", "float", "bool")
 
 
-def _need_torch(module: cst.Module, name: str, op: Op, path: str) -> None:
+def _need_torch(module: cst.Module, name: str, op: Op) -> None:
     """The stages send a number as ``torch.as_tensor(...)``: the file must import torch."""
     imports_torch = any(
         isinstance(statement, cst.SimpleStatementLine)
@@ -281,7 +287,7 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
                 if name in reads:  # None when profiled: nothing to send, the stage says so
                     nothing.append(name)
             elif replay is None and kind in SCALAR_KINDS:
-                _need_torch(source.module, name, graph.ops[position - 1], path)
+                _need_torch(source.module, name, graph.ops[position - 1])
                 sent.append(name)
                 numbers.append((name, kind))
             elif replay is None and kind == "other":
