@@ -341,15 +341,23 @@ def _stage_params(forward: cst.FunctionDef, stage: StageCode) -> cst.Parameters:
     own = {param.name.value: param for param in _all_params(forward.params)}
     self_param = forward.params.params[0] if forward.params.params else cst.Param(cst.Name("self"))
     taken = [cst.Param(cst.Name(name)) for name in stage.takes]
+    star_kwarg = forward.params.star_kwarg
+    kwargs = star_kwarg.name.value if isinstance(star_kwarg, cst.Param) else None
     defaults = [
         own[name].with_changes(comma=cst.MaybeSentinel.DEFAULT, star="")
         for name in stage.defaults
-        if name in own
+        if name in own and name != kwargs
     ]
+    extra = (
+        star_kwarg.with_changes(comma=cst.MaybeSentinel.DEFAULT)
+        if isinstance(star_kwarg, cst.Param) and kwargs in stage.defaults
+        else None
+    )
     return cst.Parameters(
         params=[self_param.with_changes(comma=cst.MaybeSentinel.DEFAULT), *taken],
         star_arg=cst.ParamStar() if defaults else cst.MaybeSentinel.DEFAULT,
         kwonly_params=defaults,
+        star_kwarg=extra,
     )
 
 

@@ -256,3 +256,14 @@ def test_a_property_read_follows_its_getter_not_its_setter() -> None:
     first = attribute(classes(result.rewritten)["NetStage0"], "keeps")
     assert "head" not in first  # type: ignore[operator]
     assert "_scale" in first  # type: ignore[operator]
+
+
+def test_kwargs_read_by_a_later_stage_are_declared_as_kwargs() -> None:
+    text = MASKED.replace(
+        "        return self.head(x)\n", "        return self.head(x) * kwargs.get('scale', 1)\n"
+    )
+    result = rewrite(text, 2)
+    last = result.rewritten[result.rewritten.index("class NetStage1") :]
+    signature = last[last.index("def forward") : last.index(":\n", last.index("def forward"))]
+    assert signature.endswith(", **kwargs)")  # not `*, kwargs`, which would be required
+    compile(result.rewritten, "net.py", "exec")
