@@ -145,6 +145,11 @@ def _call_of(statement: cst.BaseStatement) -> tuple[str | None, str, cst.Call] |
         name = small.targets[0].target
         assert isinstance(name, cst.Name)
         target, call = name.value, small.value
+    elif m.matches(small, m.AnnAssign(target=m.Name(), value=call_matcher)):
+        # `out: Output = self.transformer(x)`: the annotation says nothing the stages need.
+        assert isinstance(small, cst.AnnAssign) and isinstance(small.value, cst.Call)
+        assert isinstance(small.target, cst.Name)
+        target, call = small.target.value, small.value
     else:
         return None
     func = call.func

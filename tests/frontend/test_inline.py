@@ -145,3 +145,19 @@ def test_a_nested_function_may_return_inside_an_inlined_method() -> None:
     )
     assert methods == ("self.run",)
     assert "return act(self.a(x))" in forward
+
+
+def test_an_annotated_assignment_of_a_call_is_inlined_too() -> None:
+    forward, methods = inline(
+        """
+        class Net:
+            def features(self, x):
+                return self.body(x)
+
+            def forward(self, x):
+                h: Tensor = self.features(x)
+                return self.head(h)
+        """
+    )
+    assert methods == ("self.features",)
+    assert "h = self.body(x)" in forward
