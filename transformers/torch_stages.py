@@ -408,7 +408,14 @@ def _stage_class(
 ) -> cst.ClassDef:
     """``class NetStage<k>(NetStage)`` with its keeps, sends and slice of ``forward``."""
     last = stage.index == count - 1
-    body = [*_prelude(stage, module), *replayed, *statements]
+    own = list(statements)
+    if own and m.matches(
+        own[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString() | m.ConcatenatedString())])
+    ):
+        own = own[1:]  # forward's docstring: the stage class has its own
+    body = [*_prelude(stage, module), *replayed, *own]
+    if not body:
+        body = [cst.parse_statement("pass\n", config=module.config_for_parsing)]
     # The first statement opens the method: its blank lines go, its comments stay.
     first = body[0]
     if isinstance(first, cst.SimpleStatementLine | cst.BaseCompoundStatement):

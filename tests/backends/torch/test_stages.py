@@ -267,3 +267,14 @@ def test_kwargs_read_by_a_later_stage_are_declared_as_kwargs() -> None:
     signature = last[last.index("def forward") : last.index(":\n", last.index("def forward"))]
     assert signature.endswith(", **kwargs)")  # not `*, kwargs`, which would be required
     compile(result.rewritten, "net.py", "exec")
+
+
+def test_the_forwards_docstring_stays_with_the_model_not_the_first_stage() -> None:
+    text = MASKED.replace(
+        "    def forward(self, idx, flag: bool = False, **kwargs):\n",
+        '    def forward(self, idx, flag: bool = False, **kwargs):\n        """Logits."""\n',
+    )
+    assert '"""Logits."""' in text
+    result = rewrite(text, 2)
+    assert result.rewritten.count('"""Logits."""') == 1
+    assert STAGES.strip(result.rewritten, "net.py", None) == text
