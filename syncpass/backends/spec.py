@@ -52,7 +52,9 @@ class MeasureRequest:
 
     ``threads`` and ``depth`` are the torch profiler's (CPU threads; 2 plans the
     children of ``nn.Sequential`` calls); a backend that cannot honour a value
-    other than the default refuses it.
+    other than the default refuses it. ``meta`` names a hardware profile: the
+    model is built on torch's meta device and its FLOPs and bytes counted
+    (nothing allocated, nothing timed), compute at the profile's FLOP/s.
     """
 
     file: Path
@@ -63,6 +65,7 @@ class MeasureRequest:
     warmup: int = 2
     threads: int = 1
     depth: int = 1
+    meta: str | None = None  # a hardware profile: count on torch's meta device, time nothing
 
 
 @dataclass(frozen=True)

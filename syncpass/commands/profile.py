@@ -105,6 +105,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--static", action="store_true", help="estimate from the source; run nothing"
     )
     static.add_argument(
+        "--meta",
+        action="store_true",
+        help="build the example's model on torch's meta device and count each op's FLOPs and "
+        "bytes (torch's FlopCounterMode): nothing allocated, nothing timed; needs --hardware, "
+        "whose FLOP/s turn FLOPs into time (docs/profile.md)",
+    )
+    static.add_argument(
         "--input-shape",
         metavar="SHAPES",
         help="with --static: the forward's input shapes, e.g. 8x128 or 8x3x64x64,8x10",
@@ -146,7 +153,13 @@ def profile_command(args: argparse.Namespace) -> int:
 
     file: Path = args.file
     text = read_model_text(file)
-    if not args.static and (args.input_shape or args.input_dtype or args.hardware):
+    if args.meta and args.static:
+        raise SyncpassError("--meta and --static are two ways of not running the model; choose one")
+    if args.meta and not args.hardware:
+        raise SyncpassError(
+            "--meta needs --hardware NAME|FILE: its FLOP/s turn the counted FLOPs into time"
+        )
+    if not (args.static or args.meta) and (args.input_shape or args.input_dtype or args.hardware):
         raise SyncpassError("--input-shape, --input-dtype and --hardware go with --static")
     backend = load_backend(args.backend)
     if args.static:
@@ -176,6 +189,7 @@ def profile_command(args: argparse.Namespace) -> int:
                 warmup=args.warmup,
                 threads=args.threads,
                 depth=args.depth,
+                meta=args.hardware if args.meta else None,
             )
         )
     document = json.dumps(costs_to_json(costs), indent=2) + "\n"
@@ -191,14 +205,15 @@ def profile_command(args: argparse.Namespace) -> int:
             "as one stage",
             file=sys.stderr,
         )
-    if args.static:
-        print(_static_summary(costs, target), file=sys.stderr)
+    if args.static or args.meta:
+        how = "counted on torch's meta device" if args.meta else "estimated from the source"
+        print(_static_summary(costs, target, how), file=sys.stderr)
     else:
         print(_summary(costs, target, args.repeats), file=sys.stderr)
     return EXIT_OK
 
 
-def _static_summary(costs: Costs, target: str) -> str:
+def _static_summary(costs: Costs, target: str, how: str) -> str:
     from syncpass.core.units import seconds
 
     forward = sum(op.compute_s for op in costs.ops)
@@ -206,5 +221,5 @@ def _static_summary(costs: Costs, target: str) -> str:
     return (
         f"syncpass: wrote {target}: {len(costs.ops)} op(s), {len(costs.cuts)} admissible sync "
         f"point(s); forward {seconds(forward)}, backward {seconds(backward)} per step at batch "
-        f"{costs.batch_size}, estimated from the source (nothing ran)"
+        f"{costs.batch_size}, {how} (nothing timed)"
     )

@@ -53,7 +53,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from syncpass.backends.torch.analysis import analyse_model, loop_containers, sequential_calls
 from syncpass.backends.torch.rewrite import strip_sync_points
-from syncpass.contracts.costs import Costs, CutCost, OpCost
+from syncpass.contracts.costs import Costs, CutCost, Hardware, OpCost
 from syncpass.contracts.graph import OpGraph
 from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
@@ -67,6 +67,8 @@ PLACEHOLDER_HARDWARE = load_profile("cpu-gloo-loopback").hardware
 SMALL_BATCH_DIVISOR = 4
 #: Weights, gradients and two Adam moments per parameter byte.
 TRAINING_MEMORY_MULTIPLIER = 4
+#: Backward FLOPs per forward FLOP when counted, not timed (input and weight gradients).
+BACKWARD_FLOPS_RATIO = 2.0
 
 #: Receives one line per phase of a measurement ("timed run 2/5").
 Progress = Callable[[str], None]
@@ -778,8 +780,14 @@ def profile_costs(
     progress: Progress | None = None,
     depth: int = 1,
     small_batch: tuple[tuple[Any, ...], LossFn] | None = None,
+    counted_on: Hardware | None = None,
 ) -> Costs:
     """Measure the cost of every op of ``model``'s forward, as written in ``text``.
+
+    With ``counted_on`` (a model and inputs on torch's meta device) nothing is
+    timed: one step counts each op's FLOPs and bytes, and its forward time is
+    its FLOPs at ``counted_on.flops_per_s``, its backward twice that; the cost
+    file's hardware is ``counted_on``.
 
     ``depth`` 2 plans calls of ``nn.Sequential`` submodules per child.
 
@@ -828,6 +836,8 @@ def profile_costs(
         live_bytes = dict(probe.live_bytes)
         kinds = dict(probe.kinds)
         out_bytes = dict(probe.out_bytes)
+        if counted_on is not None:
+            warmup, repeats = 0, 0
         for run in range(warmup):
             report(f"warm-up run {run + 1}/{warmup}")
             session.step(measure=False)
@@ -851,6 +861,10 @@ def profile_costs(
             parameter.grad = grad
 
     params = parameter_bytes(model, graph)
+    if counted_on is not None:
+        return _counted_costs(
+            graph, counted_on, flops, params, live_bytes, kinds, out_bytes, batch_size
+        )
     small_size = batch_size_of(small_batch[0], path) if small_batch is not None else batch_size
     if small is not None and small.failure is not None:
         small_steps = []
@@ -912,6 +926,60 @@ def profile_costs(
         model=graph.model_class,
         edges=graph.edges,
         notes=() if fixed_note is None else (fixed_note,),
+        containers=graph.containers,
+    )
+
+
+def _counted_costs(
+    graph: OpGraph,
+    hardware: Hardware,
+    flops: Sequence[int],
+    params: Sequence[int],
+    live_bytes: Mapping[int, int],
+    kinds: Mapping[int, Mapping[str, str]],
+    out_bytes: Mapping[int, int],
+    batch_size: int,
+) -> Costs:
+    """The cost file of a step counted on the meta device (:func:`profile_costs`)."""
+    rate = hardware.flops_per_s
+    assert rate is not None and rate > 0
+    ops = tuple(
+        OpCost(
+            id=op.id,
+            compute_s=flops[position] / rate,
+            backward_s=BACKWARD_FLOPS_RATIO * flops[position] / rate,
+            param_bytes=params[position],
+            out_bytes=out_bytes.get(position, 0),
+            flops=flops[position],
+            source=str(op.location),
+        )
+        for position, op in enumerate(graph.ops)
+    )
+    positions = {op.id: position for position, op in enumerate(graph.ops)}
+    cuts = tuple(
+        CutCost(
+            after=cut.after,
+            live_bytes=live_bytes.get(positions[cut.after], 0),
+            pinned=cut.pinned,
+            kinds=tuple(sorted(kinds.get(positions[cut.after], {}).items())),
+        )
+        for cut in graph.cuts
+    )
+    note = (
+        f"counted on torch's meta device, not measured: FLOPs (torch's FlopCounterMode) at "
+        f"{rate:.3g} FLOP/s ({hardware.name or 'the hardware profile'}), backward "
+        f"{BACKWARD_FLOPS_RATIO:g}x forward"
+    )
+    return Costs(
+        batch_size=batch_size,
+        training=True,
+        memory_multiplier=TRAINING_MEMORY_MULTIPLIER,
+        hardware=hardware,
+        ops=ops,
+        cuts=cuts,
+        model=graph.model_class,
+        edges=graph.edges,
+        notes=(note,),
         containers=graph.containers,
     )
 

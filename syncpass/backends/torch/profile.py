@@ -43,7 +43,8 @@ def measure(request: MeasureRequest, check_tracer: bool = True) -> Costs:
         request.warmup,
         request.threads,
         request.depth,
-        check_tracer,
+        check_tracer and request.meta is None,
+        request.meta,
     )
 
 
@@ -95,6 +96,7 @@ def measure_file(
     threads: int = 1,
     depth: int = 1,
     check_tracer: bool = True,
+    meta: str | None = None,
 ) -> Costs:
     """Load the example named by ``example`` and profile the model of ``file`` with it.
 
@@ -110,8 +112,23 @@ def measure_file(
     parse_source(text, str(file))  # a syntax error is reported before any user code runs
     spec = example_for_file(file, example)
     progress = ProgressReporter(sys.stderr)
-    progress("loading the example")
-    loaded = load_example(spec)
+    progress("loading the example" + (" on the meta device" if meta else ""))
+    hardware = None
+    if meta is not None:
+        import torch
+
+        from syncpass.contracts.hardware import load_profile
+
+        hardware = load_profile(meta).hardware
+        if hardware.flops_per_s is None:
+            raise SyncpassError(
+                f"--meta counts FLOPs: the hardware profile {meta!r} gives no flops_per_s to "
+                "turn them into time"
+            )
+        with torch.device("meta"):
+            loaded = load_example(spec)
+    else:
+        loaded = load_example(spec)
     check_model_file(loaded.model, file, class_name)
 
     from syncpass.backends.torch.measure import profile_costs
@@ -131,7 +148,8 @@ def measure_file(
         threads=threads,
         progress=progress,
         depth=depth,
-        small_batch=smaller_batch(loaded.args, loaded.target, loaded.loss_fn),
+        small_batch=None if meta else smaller_batch(loaded.args, loaded.target, loaded.loss_fn),
+        counted_on=hardware,
     )
     failure = None
     if check_tracer:

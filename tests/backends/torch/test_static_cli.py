@@ -22,7 +22,7 @@ def test_profile_static_writes_a_cost_file_that_says_it_is_an_estimate(
     out = tmp_path / "lm.costs.json"
     argv = ["profile", str(EXAMPLES / "transformer_lm.py"), "--static", "--input-shape", "8x32"]
     assert main([*argv, "-o", str(out)]) == 0
-    assert "estimated from the source (nothing ran)" in capsys.readouterr().err
+    assert "estimated from the source (nothing timed)" in capsys.readouterr().err
     costs = load_costs(out)
     assert costs.batch_size == 8 and costs.model == "TransformerLM"
     assert any("static estimate" in note for note in costs.notes)
