@@ -243,33 +243,6 @@ def self_paths(statements: Sequence[cst.CSTNode]) -> tuple[tuple[str, ...], bool
     return tuple(visitor.paths), visitor.bare_self
 
 
-class _GatherNamesReadVisitor(cst.CSTVisitor):
-    """Every plain name a piece of code mentions, but attribute names and keywords."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: dict[str, None] = {}
-
-    def visit_Name(self, node: cst.Name) -> None:
-        self.names[node.value] = None
-
-    def visit_Attribute(self, node: cst.Attribute) -> bool:
-        node.value.visit(self)
-        return False
-
-    def visit_Arg(self, node: cst.Arg) -> bool:
-        node.value.visit(self)
-        return False
-
-
-def names_read(statements: Sequence[cst.CSTNode]) -> tuple[str, ...]:
-    """The names ``statements`` mention (a superset of what they read: targets count too)."""
-    visitor = _GatherNamesReadVisitor()
-    for statement in statements:
-        statement.visit(visitor)
-    return tuple(visitor.names)
-
-
 def method_bodies(module: cst.Module, class_name: str) -> dict[str, cst.FunctionDef]:
     """The model class's own methods by name (what a stage may call through ``self``)."""
     found = _model_class(module, class_name)

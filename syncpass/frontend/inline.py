@@ -102,10 +102,10 @@ class _MentionsVisitor(cst.CSTVisitor):
 
     def __init__(self) -> None:
         super().__init__()
-        self.names: set[str] = set()
+        self.names: dict[str, None] = {}
 
     def visit_Name(self, node: cst.Name) -> None:
-        self.names.add(node.value)
+        self.names[node.value] = None
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         node.value.visit(self)
@@ -116,11 +116,13 @@ class _MentionsVisitor(cst.CSTVisitor):
         return False
 
 
-def _mentions(statements: Sequence[cst.BaseStatement]) -> set[str]:
+def mentioned_names(statements: Sequence[cst.CSTNode]) -> tuple[str, ...]:
+    """The plain names ``statements`` mention, in order (a superset of what they read:
+    assignment targets count too; attribute names and keywords do not)."""
     visitor = _MentionsVisitor()
     for statement in statements:
         statement.visit(visitor)
-    return visitor.names
+    return tuple(visitor.names)
 
 
 _CONSTANT = (
@@ -325,7 +327,7 @@ def _inline_one(
     bound = _BoundNamesVisitor()
     method.body.visit(bound)
     binds = bound.names | {param for param, _ in arguments}
-    if (binds - {target}) & _mentions(later):
+    if (binds - {target}) & set(mentioned_names(later)):
         return None  # an inlined name would overwrite a value the forward reads later
     if isinstance(statement, cst.SimpleStatementLine) and statement.trailing_whitespace.comment:
         return None  # a comment on the call line (a sync pin, say) belongs to the call

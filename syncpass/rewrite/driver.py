@@ -168,8 +168,8 @@ def rewrite_text(
         return apply_plan(source, check_saved_plan(plan, source.graph), backend, path)
     if costs is None or request is None:
         raise ValueError("rewrite_text needs costs and a request to plan from, or a saved plan")
-    if backend.carries_values and not request.carries_values:
-        request = dataclasses.replace(request, carries_values=True)
+    # Whether a value may reach past the next stage is the backend's to say.
+    request = dataclasses.replace(request, carries_values=backend.carries_values)
     source = backend.analyse(text, path, KnownOps.of_costs(costs), class_name)
     matched = steer_by_source(source.graph, match_costs(source.graph, costs))
     return apply_plan(source, plan_for(matched, request, path, max_stages), backend, path)

@@ -900,16 +900,7 @@ def profile_costs(
                 backward_fixed_s=backward_fixed_s,
             )
         )
-    positions = {op.id: position for position, op in enumerate(graph.ops)}
-    cuts = tuple(
-        CutCost(
-            after=cut.after,
-            live_bytes=live_bytes.get(positions[cut.after], 0),
-            pinned=cut.pinned,
-            kinds=tuple(sorted(kinds.get(positions[cut.after], {}).items())),
-        )
-        for cut in graph.cuts
-    )
+    cuts = _cut_costs(graph, live_bytes, kinds)
     # The compute rate the op times reflect, so that --hardware can scale them.
     forward_flops = sum(op.flops or 0 for op in ops)
     total_forward_s = sum(op.compute_s for op in ops)
@@ -927,6 +918,22 @@ def profile_costs(
         edges=graph.edges,
         notes=() if fixed_note is None else (fixed_note,),
         containers=graph.containers,
+    )
+
+
+def _cut_costs(
+    graph: OpGraph, live_bytes: Mapping[int, int], kinds: Mapping[int, Mapping[str, str]]
+) -> tuple[CutCost, ...]:
+    """The graph's cuts with what the measuring step saw live at each (by op position)."""
+    positions = {op.id: position for position, op in enumerate(graph.ops)}
+    return tuple(
+        CutCost(
+            after=cut.after,
+            live_bytes=live_bytes.get(positions[cut.after], 0),
+            pinned=cut.pinned,
+            kinds=tuple(sorted(kinds.get(positions[cut.after], {}).items())),
+        )
+        for cut in graph.cuts
     )
 
 
@@ -955,16 +962,7 @@ def _counted_costs(
         )
         for position, op in enumerate(graph.ops)
     )
-    positions = {op.id: position for position, op in enumerate(graph.ops)}
-    cuts = tuple(
-        CutCost(
-            after=cut.after,
-            live_bytes=live_bytes.get(positions[cut.after], 0),
-            pinned=cut.pinned,
-            kinds=tuple(sorted(kinds.get(positions[cut.after], {}).items())),
-        )
-        for cut in graph.cuts
-    )
+    cuts = _cut_costs(graph, live_bytes, kinds)
     note = (
         f"counted on torch's meta device, not measured: FLOPs (torch's FlopCounterMode) at "
         f"{rate:.3g} FLOP/s ({hardware.name or 'the hardware profile'}), backward "

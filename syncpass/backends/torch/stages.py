@@ -9,7 +9,7 @@ under ``torch.distributed.pipelining.PipelineStage`` and torch's schedules:
 nothing is traced or exported, so any Python the forward runs eagerly runs in a
 stage too.
 
-The forward it plans is the one :func:`expanded_source` gives: the model's own
+The forward it plans is the one :func:`expand_source` gives: the model's own
 methods and a submodule holding the layer stack inlined
 (:mod:`syncpass.frontend.inline`). This module decides what each stage's code
 holds (:func:`stage_codes`), from the op graph and the plan's sync sites:
@@ -42,6 +42,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import libcst as cst
 
@@ -50,7 +51,7 @@ from syncpass.backends.torch.rewrite import strip_sync_points as strip_pipe_spli
 from syncpass.contracts.graph import Op, OpGraph
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.analysis import find_forward, model_class_names
-from syncpass.frontend.inline import inline_own_methods
+from syncpass.frontend.inline import inline_own_methods, mentioned_names
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
 from syncpass.transformers.common import SyncSite
@@ -59,34 +60,45 @@ from syncpass.transformers.torch_stages import (
     StageCode,
     insert_stages,
     method_bodies,
-    names_read,
     remove_stages,
     self_paths,
     split_forward,
 )
 
 
-def expanded_source(text: str, path: str, class_name: str | None) -> tuple[str, cst.Module]:
-    """``text`` without the stages and ``pipe_split()`` calls syncpass wrote (the user's
-    source), and that source with the model's own methods inlined into its forward
-    (:mod:`syncpass.frontend.inline`): what the eager form plans and profiles."""
+@dataclass(frozen=True)
+class ExpandedSource:
+    """The user's source and the forward the eager form plans from it.
+
+    ``base`` is the text without the stages (or ``pipe_split()`` calls) syncpass
+    wrote, ``module`` its tree (where the stages go); ``expanded`` is that tree with
+    each model class's own methods inlined into its forward
+    (:mod:`syncpass.frontend.inline`), ``inlined`` the calls inlined, by class.
+    """
+
+    base: str
+    module: cst.Module
+    expanded: cst.Module
+    inlined: dict[str, tuple[str, ...]]
+
+
+def expand_source(text: str, path: str, class_name: str | None) -> ExpandedSource:
+    """What the eager form plans and profiles of ``text`` (:class:`ExpandedSource`)."""
     base = strip_pipe_splits(strip(text, path, class_name), path, class_name)
     module = parse_source(base, path)
+    expanded = module
+    inlined = {}
     # Every model class's forward is expanded: which one is the model is the analysis's to
     # say (from --model, the cost file or the example), and the others' code is never run.
     for name in [class_name] if class_name is not None else model_class_names(module):
-        module = inline_own_methods(module, name).module
-    return base, module
-
-
-def _inlined(module: cst.Module, class_name: str) -> tuple[str, ...]:
-    """The calls :func:`expanded_source` inlined into ``class_name.forward``."""
-    return inline_own_methods(module, class_name).methods
+        result = inline_own_methods(expanded, name)
+        expanded, inlined[name] = result.module, result.methods
+    return ExpandedSource(base, module, expanded, inlined)
 
 
 def expand_text(text: str, path: str, class_name: str | None) -> str:
-    """The source the eager form profiles and estimates: :func:`expanded_source`'s code."""
-    code: str = expanded_source(text, path, class_name)[1].code
+    """The source the eager form profiles and estimates: the expanded module's code."""
+    code: str = expand_source(text, path, class_name).expanded.code
     return code
 
 
@@ -97,11 +109,13 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
     The returned ``module`` is the user's source (where the stages go); ``handle``
     holds the expanded one (where their statements come from).
     """
-    base, expanded = expanded_source(text, path, class_name)
-    source = analyse_traced(expanded.code, path, known, class_name)
-    module = parse_source(base, path)
-    graph = dataclasses.replace(source.graph, inlined=_inlined(module, source.graph.model_class))
-    return ModelSource(text=text, base=base, module=module, graph=graph, handle=expanded)
+    source = expand_source(text, path, class_name)
+    planned = analyse_traced(source.expanded.code, path, known, class_name)
+    model = planned.graph.model_class
+    graph = dataclasses.replace(planned.graph, inlined=source.inlined.get(model, ()))
+    return ModelSource(
+        text=text, base=source.base, module=source.module, graph=graph, handle=source.expanded
+    )
 
 
 def strip(text: str, path: str, class_name: str | None = None) -> str:
@@ -273,7 +287,7 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     nones: list[tuple[str, ...]] = [()]
     scalars: list[tuple[tuple[str, str], ...]] = [()]
     for number, (site, position) in enumerate(zip(ordered, positions, strict=True), start=1):
-        reads = set(names_read(pieces[number]))
+        reads = set(mentioned_names(pieces[number]))
         kinds = dict(site.kinds)
         sent, declared, again, nothing, numbers = [], [], [], [], []
         for name in site.values:
