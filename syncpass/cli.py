@@ -268,8 +268,11 @@ def _overrides(args: argparse.Namespace) -> Overrides:
 def _run_plan(args: argparse.Namespace) -> int:
     settings = resolve_settings(args.costs, _overrides(args))
     costs = settings.retarget(load_costs(args.costs))
+    backend = load_backend(settings.backend)
     request = dataclasses.replace(
-        settings.request(costs), carries_values=load_backend(settings.backend).carries_values
+        settings.request(costs),
+        carries_values=backend.carries_values,
+        refused_kinds=backend.refused_kinds,
     )
     auto = settings.auto
     if args.sweep_batch is not None:

@@ -75,9 +75,11 @@ class StageCode:
     the last, which returns what the model returns); ``keeps`` the submodule,
     parameter and buffer paths it holds; ``comment`` the text of the sync
     comment on its return line. ``nones`` are values that were ``None`` when
-    profiled, which the stage sets itself; ``received_numbers`` the Python
-    numbers it receives as 0-d tensors (name, ``int``/``float``/``bool``) and turns
-    back; ``sent_numbers`` those it sends as tensors.
+    profiled, which the stage sets itself. ``received_kinds`` are the values it
+    receives packed as tensors, with their kind, which it unpacks: a Python number
+    (``int``/``float``/``bool``) or a tuple of ints (``ints``, ``size`` for a
+    ``torch.Size``) arrives as one tensor, a tuple of N tensors (``tensors:N``) as its
+    N tensors, one by one; ``sent_kinds`` those it sends packed so.
     """
 
     index: int
@@ -88,8 +90,35 @@ class StageCode:
     keeps: tuple[str, ...]
     comment: str = ""
     nones: tuple[str, ...] = ()
-    received_numbers: tuple[tuple[str, str], ...] = ()
-    sent_numbers: tuple[str, ...] = ()
+    received_kinds: tuple[tuple[str, str], ...] = ()
+    sent_kinds: tuple[tuple[str, str], ...] = ()
+
+
+def tensor_count(kind: str | None) -> int | None:
+    """N for a ``tensors:N`` kind (a tuple sent as its tensors), else ``None``."""
+    if kind is not None and kind.startswith("tensors:"):
+        return int(kind.removeprefix("tensors:"))
+    return None
+
+
+def _received_names(stage: StageCode) -> list[str]:
+    """The parameters a later stage takes: a tuple of N tensors as ``name_0 .. name_<N-1>``."""
+    kinds = dict(stage.received_kinds)
+    names = []
+    for name in stage.takes:
+        count = tensor_count(kinds.get(name))
+        names.extend([name] if count is None else [f"{name}_{k}" for k in range(count)])
+    return names
+
+
+def _sent_names(stage: StageCode) -> list[str]:
+    """What a stage's outputs are, one per tensor sent (``position_embeddings[1]``)."""
+    kinds = dict(stage.sent_kinds)
+    names = []
+    for name in stage.sends:
+        count = tensor_count(kinds.get(name))
+        names.extend([name] if count is None else [f"{name}[{k}]" for k in range(count)])
+    return names
 
 
 def stage_class_name(model: str, index: int | None = None) -> str:
@@ -313,7 +342,7 @@ def _stage_params(forward: cst.FunctionDef, stage: StageCode) -> cst.Parameters:
         return forward.params
     own = {param.name.value: param for param in _all_params(forward.params)}
     self_param = forward.params.params[0] if forward.params.params else cst.Param(cst.Name("self"))
-    taken = [cst.Param(cst.Name(name)) for name in stage.takes]
+    taken = [cst.Param(cst.Name(name)) for name in _received_names(stage)]
     star_kwarg = forward.params.star_kwarg
     kwargs = star_kwarg.name.value if isinstance(star_kwarg, cst.Param) else None
     defaults = [
@@ -343,21 +372,46 @@ def _all_params(params: cst.Parameters) -> list[cst.Param]:
 
 
 def _sent(stage: StageCode) -> list[str]:
-    """The expressions a stage returns: its values, numbers as tensors on a sent tensor's device."""
-    tensors = [name for name in stage.sends if name not in stage.sent_numbers]
+    """The expressions a stage returns: its values, numbers and tuples of ints as tensors on a
+    sent tensor's device, a tuple of tensors as its tensors (``*name``)."""
+    kinds = dict(stage.sent_kinds)
+    tensors = [name for name in stage.sends if name not in kinds]
     device = f", device={tensors[0]}.device" if tensors else ""
-    return [
-        f"torch.as_tensor({name}{device})" if name in stage.sent_numbers else name
-        for name in stage.sends
-    ]
+    sent = []
+    for name in stage.sends:
+        kind = kinds.get(name)
+        if kind is None:
+            sent.append(name)
+        elif tensor_count(kind) is not None:
+            sent.append(f"*{name}")
+        else:
+            sent.append(f"torch.as_tensor({name}{device})")
+    return sent
+
+
+#: How a later stage turns a value it received packed as tensors back (by kind).
+_UNPACK = {
+    "int": "{name} = int({name})",
+    "float": "{name} = float({name})",
+    "bool": "{name} = bool({name})",
+    "ints": "{name} = tuple({name}.tolist())",
+    "size": "{name} = torch.Size({name}.tolist())",
+}
 
 
 def _prelude(stage: StageCode, config: cst.Module) -> list[cst.BaseStatement]:
-    """What a stage sets before its own statements: received numbers, values that were None."""
-    lines = [
-        f"{name} = {kind}({name})  # the stage before sends it as a tensor\n"
-        for name, kind in stage.received_numbers
-    ]
+    """What a stage sets before its own statements: received values unpacked, values that
+    were None."""
+    lines = []
+    for name, kind in stage.received_kinds:
+        count = tensor_count(kind)
+        if count is None:
+            lines.append(
+                _UNPACK[kind].format(name=name) + "  # the stage before sends it as a tensor\n"
+            )
+        else:
+            parts = ", ".join(f"{name}_{k}" for k in range(count))
+            lines.append(f"{name} = ({parts},)  # the stage before sends its {count} tensors\n")
     lines += [f"{name} = None  # None when profiled: nothing to send\n" for name in stage.nones]
     return [cst.parse_statement(line, config=config.config_for_parsing) for line in lines]
 
@@ -414,7 +468,7 @@ def _stage_class(
         f"class {stage_class_name(model, stage.index)}({stage_class_name(model)}):\n"
         f'    """Stage {stage.index} of {count} of {model}.forward."""\n\n'
         f"    keeps = {_tuple_code(stage.keeps)}\n"
-        + (f"    sends = {_tuple_code(stage.sends)}\n" if stage.sends else "")
+        + (f"    sends = {_tuple_code(_sent_names(stage))}\n" if stage.sends else "")
     )
     skeleton = cst.parse_statement(header, config=module.config_for_parsing)
     assert isinstance(skeleton, cst.ClassDef) and isinstance(skeleton.body, cst.IndentedBlock)

@@ -40,7 +40,7 @@ from syncpass.core.plugins import (
 _HOOKS = tuple(
     field.name
     for field in dataclasses.fields(Backend)
-    if field.name not in ("name", "description", "schedules", "carries_values")
+    if field.name not in ("name", "description", "schedules", "carries_values", "refused_kinds")
 )
 #: The module and attribute that hold each built-in backend's spec.
 _BUILTIN_SPECS = {

@@ -104,7 +104,9 @@ class Backend:
     carries on a cost file, beside a run of it (``syncpass run --costs``).
     ``carries_values`` is true when the stages it writes pass any value on to any
     later stage; plans for a backend without it keep every value within the next
-    stage (the rule of torch's tracer).
+    stage (the rule of torch's tracer). ``refused_kinds`` are the kinds of value
+    that are no tensor (:data:`syncpass.contracts.costs.VALUE_KINDS`) its stages
+    cannot send: plans put no sync point where one would cross.
     """
 
     name: str
@@ -121,6 +123,7 @@ class Backend:
     load_example: LoadExample | None = None
     schedules: tuple[str, ...] = ()
     carries_values: bool = False
+    refused_kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():

@@ -132,8 +132,18 @@ class OpCost:
         return self.backward_s + (microbatches - 1) * self.backward_fixed_s
 
 
-#: What a live value that is not a tensor was when profiled.
-VALUE_KINDS = ("none", "int", "float", "bool", "other")
+#: What a live value that is not a tensor was when profiled: ``ints`` a tuple of Python
+#: ints, ``size`` a ``torch.Size``, ``tensors:N`` a tuple of N tensors, ``other`` anything
+#: else (a dict, an object, a string).
+VALUE_KINDS = ("none", "int", "float", "bool", "ints", "size", "tensors:N", "other")
+
+
+def known_kind(kind: str) -> bool:
+    """Whether ``kind`` is one of :data:`VALUE_KINDS` (``tensors:2`` for ``tensors:N``)."""
+    if kind.startswith("tensors:"):
+        count = kind.removeprefix("tensors:")
+        return count.isdigit() and int(count) > 0
+    return kind in VALUE_KINDS
 
 
 @dataclass(frozen=True)
@@ -157,7 +167,7 @@ class CutCost:
         if not (_is_number(self.live_bytes) and self.live_bytes >= 0):
             raise ValueError(f"cut after {self.after!r}: live_bytes must be a number >= 0")
         for name, kind in self.kinds:
-            if kind not in VALUE_KINDS:
+            if not known_kind(kind):
                 raise ValueError(
                     f"cut after {self.after!r}: {name} has kind {kind!r}; "
                     f"known: {', '.join(VALUE_KINDS)}"
@@ -413,7 +423,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             raise reader.error(f"{where}.pinned", "must be true or false")
         kinds = cut.get("kinds", {})
         if not isinstance(kinds, dict) or not all(
-            isinstance(kind, str) and kind in VALUE_KINDS for kind in kinds.values()
+            isinstance(kind, str) and known_kind(kind) for kind in kinds.values()
         ):
             raise reader.error(
                 f"{where}.kinds", f"must map value names to one of {', '.join(VALUE_KINDS)}"

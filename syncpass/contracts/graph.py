@@ -68,11 +68,23 @@ class Op:
 
 @dataclass(frozen=True)
 class Cut:
-    """An admissible sync point after op ``after``; ``live`` crosses it."""
+    """An admissible sync point after op ``after``; ``live`` crosses it.
+
+    ``sent`` is what the backend's stages send across it when that is less than
+    ``live`` (the rest each later stage declares or computes again itself);
+    ``None``: all of ``live``. The profile measures the bytes and kinds of
+    ``sent``.
+    """
 
     after: str
     live: tuple[str, ...]
     pinned: bool = False  # the user wrote "# syncpass: sync" there
+    sent: tuple[str, ...] | None = None
+
+    @property
+    def crossing(self) -> tuple[str, ...]:
+        """What is sent across the cut."""
+        return self.live if self.sent is None else self.sent
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,9 @@ class ContainerLoop:
     Bounds may be negative (``self.layers[:-1]``), counted from the end as Python
     does. ``parts`` names the pieces of an unpacked item (``for attn, ff in
     self.layers``: each layer is a pair of modules); ``item`` is then ``""``.
+    ``runtime_stop`` is the ``self.`` path of a stop bound read when the forward runs
+    (``self.layers[: self.config.num_hidden_layers]``, Hugging Face's Llama): the loop is
+    planned over the whole container, which the profile checks the bound then covers.
     """
 
     container: str
@@ -73,6 +76,7 @@ class ContainerLoop:
     item: str
     index_name: str | None = None
     parts: tuple[str, ...] = ()
+    runtime_stop: str | None = None
 
     def iterations(self, size: int) -> range:
         return range(size)[self.start : self.stop]
@@ -175,18 +179,22 @@ def _int_or_none(node: cst.BaseExpression | None) -> tuple[bool, int | None]:
     return False, None
 
 
-def _container_slice(node: cst.BaseExpression) -> tuple[str, int | None, int | None] | None:
+def _container_slice(
+    node: cst.BaseExpression,
+) -> tuple[str, int | None, int | None, str | None] | None:
+    """``(container, start, stop, runtime_stop)`` of ``self.<container>[start:stop]``."""
     if isinstance(node, cst.Subscript) and len(node.slice) == 1:
         part = node.slice[0].slice
         if isinstance(part, cst.Slice) and part.step is None:
             base = self_path(node.value)
             ok_lower, lower = _int_or_none(part.lower)
             ok_upper, upper = _int_or_none(part.upper)
-            if base and ok_lower and ok_upper:
-                return base, lower, upper
+            runtime = self_path(part.upper) if part.upper is not None and not ok_upper else None
+            if base and ok_lower and (ok_upper or runtime):
+                return base, lower, upper, runtime
         return None
     base = self_path(node)
-    return (base, None, None) if base else None
+    return (base, None, None, None) if base else None
 
 
 def match_container_loop(node: cst.For) -> ContainerLoop | None:
@@ -227,15 +235,13 @@ def match_container_loop(node: cst.For) -> ContainerLoop | None:
     found = _container_slice(iterable)
     if found is None:
         return None
-    container, start, stop = found
+    container, start, stop, runtime_stop = found
     negative = (start is not None and start < 0) or (stop is not None and stop < 0)
     if negative and index_name is not None:
         return None  # the enumerated index would not follow a split over negative bounds
     if _has_jump(node.body):
         return None
-    if not item:
-        return ContainerLoop(container, start, stop, item, index_name, parts)
-    return ContainerLoop(container, start, stop, item, index_name)
+    return ContainerLoop(container, start, stop, item, index_name, parts, runtime_stop)
 
 
 @dataclass(frozen=True)
@@ -275,8 +281,12 @@ def match_sequential_call(statement: cst.BaseStatement) -> SequentialCall | None
     found = _container_slice(assign.value.func)
     if found is None:
         return None
-    container, start, stop = found
-    if (start is not None and start < 0) or (stop is not None and stop < 0):
+    container, start, stop, runtime_stop = found
+    if (
+        runtime_stop is not None
+        or (start is not None and start < 0)
+        or (stop is not None and stop < 0)
+    ):
         return None
     target = assign.targets[0].target
     argument = assign.value.args[0].value

@@ -20,12 +20,29 @@ without a loop (a block, an MLP) stay one op each.
 A call is inlined when it is a whole top-level statement of ``forward``
 (``name = self.method(...)``, ``return self.method(...)``), the method is a plain
 one of the same class (not a static or class method, a property, or ``forward``
-itself) with positional-or-keyword parameters whose defaults, if any, are
-constants, its body ends with its only ``return`` (no ``yield``), and none of the
-names it binds is read after the call (so the inlined statements cannot clobber
-a value the forward still needs). Arguments that are not the parameter's own name
-become an assignment first (``x = features``). Inlining repeats, so a method
-that calls another is followed too; a method is never inlined into itself.
+itself) whose parameter defaults, if any, are constants, its body ends with its
+only ``return`` (no ``yield``), none of the names it binds is read after the call
+before being assigned again (so the inlined statements cannot clobber a value
+the forward still needs), and none of the names it reads from the module is a
+local of the forward (which would shadow it). Arguments that are not the
+parameter's own name become an assignment first (``x = features``). Inlining
+repeats, so a method that calls another is followed too; a method is never
+inlined into itself.
+
+``**kwargs`` handed on (``self.transformer(x, mask=mask, **kwargs)``) binds the
+method's own ``**`` parameter when the call names every other parameter
+(Hugging Face's LM heads call their base model so): the method then reads the
+forward's dict, under its own name (an assignment first if the names differ).
+A method that pops keys from it pops them for the forward too; the stages are
+called with no keyword arguments, so in them the dict is empty either way.
+
+Decorators may change what a call does, so a decorated method is followed only
+when each decorator is one of :data:`TRANSPARENT_DECORATORS`: Hugging Face's
+wrappers around every model's ``forward``, which in a training step with the
+default arguments compute nothing the loss depends on. The stages run the
+method's statements without them, and the report says which were left out;
+``syncpass run --verify`` compares the loss and every gradient with the unsplit
+model, decorators included.
 
 Nothing here imports torch.
 """
@@ -42,6 +59,17 @@ from syncpass.frontend.analysis import match_container_loop
 
 #: How many rounds of inlining at most (each may expose further calls).
 MAX_ROUNDS = 8
+
+#: Decorators a followed method may carry, by name, and what each does that the stages
+#: leave out (none of it changes the loss of a training step with the default arguments).
+TRANSPARENT_DECORATORS = {
+    "auto_docstring": "writes the docstring",
+    "deprecate_kwarg": "accepts a deprecated keyword under its new name",
+    "can_return_tuple": "turns the output into a tuple when return_dict=False is asked",
+    "merge_with_config_defaults": "takes use_cache and is_causal from the config when not passed",
+    "capture_outputs": "collects hidden states and attentions when output_* is asked",
+    "check_model_inputs": "collects hidden states and attentions when output_* is asked",
+}
 
 
 @dataclass(frozen=True)
@@ -159,20 +187,38 @@ def _call_of(statement: cst.BaseStatement) -> tuple[str | None, str, cst.Call] |
     return target, func.attr.value, call
 
 
+def _decorator_name(decorator: cst.Decorator) -> str | None:
+    """``deprecate_kwarg`` for ``@deprecate_kwarg(...)``, ``@utils.auto_docstring`` and
+    ``@auto_docstring``."""
+    expression = decorator.decorator
+    if isinstance(expression, cst.Call):
+        expression = expression.func
+    if isinstance(expression, cst.Attribute):
+        return expression.attr.value
+    return expression.value if isinstance(expression, cst.Name) else None
+
+
+def _followed_decorators(method: cst.FunctionDef) -> tuple[str, ...] | None:
+    """The method's decorators, if each is transparent (else ``None``: not inlined)."""
+    names = tuple(_decorator_name(decorator) for decorator in method.decorators)
+    if not all(name in TRANSPARENT_DECORATORS for name in names):
+        return None  # a decorator may change what the call does
+    return tuple(name for name in names if name is not None)
+
+
 def _plain_method(method: cst.FunctionDef) -> bool:
-    if method.asynchronous is not None:
+    if method.asynchronous is not None or _followed_decorators(method) is None:
         return False
-    if method.decorators:
-        return False  # a decorator may change what the call does
     params = method.params
-    if params.posonly_params or params.kwonly_params or params.star_kwarg:
+    if params.posonly_params:
         return False
     if isinstance(params.star_arg, cst.Param | cst.ParamStar):
         return False
     if not params.params or params.params[0].name.value != "self":
         return False
     return all(
-        param.default is None or m.matches(param.default, _CONSTANT) for param in params.params[1:]
+        param.default is None or m.matches(param.default, _CONSTANT)
+        for param in (*params.params[1:], *params.kwonly_params)
     )
 
 
@@ -204,24 +250,35 @@ def _returns_only_at_end(method: cst.FunctionDef) -> cst.BaseExpression | None:
 def _bind_arguments(
     method: cst.FunctionDef, call: cst.Call
 ) -> list[tuple[str, cst.BaseExpression]] | None:
-    """``(parameter, expression)`` for each parameter but ``self``, or ``None`` if the call
-    cannot be matched (starred arguments, unknown keywords, a missing argument)."""
-    params = list(method.params.params[1:])
+    """``(parameter, expression)`` for each parameter but ``self`` (a ``**`` one last), or
+    ``None`` if the call cannot be matched (``*args``, unknown keywords, a missing argument,
+    ``**kwargs`` that might fill a parameter the call does not name)."""
+    positional = list(method.params.params[1:])
+    params = [*positional, *method.params.kwonly_params]
+    names = {param.name.value for param in params}
     bound: dict[str, cst.BaseExpression] = {}
+    handed_on: cst.BaseExpression | None = None
     position = 0
     for arg in call.args:
-        if arg.star:
+        if arg.star == "*":
             return None
-        if arg.keyword is None:
-            if position >= len(params):
+        if arg.star == "**":
+            if handed_on is not None:
                 return None
-            bound[params[position].name.value] = arg.value
+            handed_on = arg.value
+        elif arg.keyword is None:
+            if position >= len(positional):
+                return None
+            bound[positional[position].name.value] = arg.value
             position += 1
         else:
             name = arg.keyword.value
-            if name in bound or name not in {param.name.value for param in params}:
+            if name in bound or name not in names:
                 return None
             bound[name] = arg.value
+    star = method.params.star_kwarg
+    if handed_on is not None and (not isinstance(star, cst.Param) or set(bound) != names):
+        return None
     result = []
     for param in params:
         name = param.name.value
@@ -231,7 +288,35 @@ def _bind_arguments(
             result.append((name, param.default))
         else:
             return None
+    if isinstance(star, cst.Param):
+        result.append((star.name.value, handed_on if handed_on is not None else cst.Dict([])))
     return result
+
+
+def _read_later(later: Sequence[cst.BaseStatement]) -> set[str]:
+    """The names ``later`` may read before assigning them (``x = f(y)`` reads ``y``; a name
+    assigned by a plain assignment is not read by what follows it; compound statements read
+    every name they mention)."""
+    read: set[str] = set()
+    assigned: set[str] = set()
+    for statement in later:
+        small = (
+            statement.body[0]
+            if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            else None
+        )
+        if isinstance(small, cst.Assign) and all(
+            isinstance(target.target, cst.Name) for target in small.targets
+        ):
+            read |= set(mentioned_names([small.value])) - assigned
+            assigned |= {
+                target.target.value
+                for target in small.targets
+                if isinstance(target.target, cst.Name)
+            }
+        else:
+            read |= set(mentioned_names([statement])) - assigned
+    return read
 
 
 class _SelfAsSubmodule(cst.CSTTransformer):
@@ -302,13 +387,13 @@ def _inline_one(
     later: Sequence[cst.BaseStatement],
     methods: dict[str, cst.FunctionDef],
     config: cst.Module,
-    stacks: dict[str, cst.FunctionDef] | None = None,
+    stacks: dict[str, cst.FunctionDef],
+    caller_names: set[str],
 ) -> tuple[list[cst.BaseStatement], str] | None:
     found = _call_of(statement)
     if found is None:
         return None
     target, name, call = found
-    stacks = stacks or {}
     method = methods.get(name)
     if name in stacks and name not in methods:
         submodule = stacks[name]
@@ -326,9 +411,14 @@ def _inline_one(
     assert isinstance(method.body, cst.IndentedBlock)
     bound = _BoundNamesVisitor()
     method.body.visit(bound)
-    binds = bound.names | {param for param, _ in arguments}
-    if (binds - {target}) & set(mentioned_names(later)):
+    # A parameter handed the forward's name of the same name (`cache=cache`) binds nothing new.
+    assigned = {param for param, value in arguments if not m.matches(value, m.Name(param))}
+    binds = bound.names | assigned
+    if (binds - {target}) & _read_later(later):
         return None  # an inlined name would overwrite a value the forward reads later
+    free = set(mentioned_names(method.body.body)) - binds - {p for p, _ in arguments} - {"self"}
+    if free & caller_names:
+        return None  # a global the method reads is a local of the forward
     if isinstance(statement, cst.SimpleStatementLine) and statement.trailing_whitespace.comment:
         return None  # a comment on the call line (a sync pin, say) belongs to the call
     body: list[cst.BaseStatement] = []
@@ -352,7 +442,9 @@ def _inline_one(
     if isinstance(first, cst.SimpleStatementLine | cst.BaseCompoundStatement):
         lines = (*statement.leading_lines, *first.leading_lines)
         body[0] = first.with_changes(leading_lines=lines)
-    return body, name
+    decorators = _followed_decorators(method) or ()
+    left_out = f" (without {', '.join(f'@{d}' for d in decorators)})" if decorators else ""
+    return body, f"self.{name}{left_out}"
 
 
 def inline_own_methods(module: cst.Module, class_name: str) -> Inlined:
@@ -382,23 +474,41 @@ def inline_own_methods(module: cst.Module, class_name: str) -> Inlined:
     stacks = _submodule_classes(classdef, classes)
     statements = list(forward.body.body)
     inlined: list[str] = []
+    params = forward.params
+    parameters = {
+        param.name.value
+        for param in (*params.posonly_params, *params.params, *params.kwonly_params)
+    }
+    for star in (params.star_arg, params.star_kwarg):
+        if isinstance(star, cst.Param):
+            parameters.add(star.name.value)
     for _ in range(MAX_ROUNDS):
         changed = False
         expanded: list[cst.BaseStatement] = []
+        bound = _BoundNamesVisitor()
+        for current in statements:
+            current.visit(bound)
+        caller_names = parameters | bound.names
         for position, current in enumerate(statements):
-            result = _inline_one(current, statements[position + 1 :], methods, module, stacks)
+            later = statements[position + 1 :]
+            result = _inline_one(current, later, methods, module, stacks, caller_names)
             if result is None:
                 expanded.append(current)
                 continue
             expanded.extend(result[0])
-            inlined.append(f"self.{result[1]}")
+            inlined.append(result[1])
             changed = True
         statements = expanded
         if not changed:
             break
     if not inlined:
         return Inlined(module, ())
-    new_forward = forward.with_changes(body=forward.body.with_changes(body=tuple(statements)))
+    # The stages run the forward's statements without its decorators: so is it profiled
+    # (a transparent one only; another keeps the forward as written).
+    decorators = forward.decorators if _followed_decorators(forward) is None else ()
+    new_forward = forward.with_changes(
+        body=forward.body.with_changes(body=tuple(statements)), decorators=decorators
+    )
     members = [new_forward if member is forward else member for member in classdef.body.body]
     new_class = classdef.with_changes(body=classdef.body.with_changes(body=tuple(members)))
     body = [*module.body[:index], new_class, *module.body[index + 1 :]]

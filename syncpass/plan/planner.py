@@ -41,7 +41,9 @@ class PlanRequest:
     ``pinned`` adds user-marked cuts (op ids) to those pinned in the cost file.
     ``carries_values`` says that the stages the plan is for pass any value on to
     any later stage (torch's eager stages, JAX); without it, as for torch's tracer,
-    every value may reach only the next stage.
+    every value may reach only the next stage. ``refused_kinds`` are the kinds of
+    value (:data:`syncpass.contracts.costs.VALUE_KINDS`) the stages cannot send: no
+    sync point goes where one would cross.
     """
 
     stages: int | None
@@ -50,6 +52,7 @@ class PlanRequest:
     schedule: str = "1f1b"
     pinned: tuple[str, ...] = ()
     carries_values: bool = False
+    refused_kinds: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.stages is not None and self.stages < 1:
@@ -153,16 +156,25 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
     stages = request.stages
     if stages is None or request.microbatches is None:
         unit = problem_from_costs(
-            costs, request.config, request.pinned, carries_values=request.carries_values
+            costs,
+            request.config,
+            request.pinned,
+            carries_values=request.carries_values,
+            refused_kinds=request.refused_kinds,
         )
-        stages = _stage_count(unit, request, origin)
+        stages = _stage_count(unit, request, origin, _refusals(costs, request))
     microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
     problem = problem_from_costs(
-        costs, request.config, request.pinned, microbatches, request.carries_values
+        costs,
+        request.config,
+        request.pinned,
+        microbatches,
+        request.carries_values,
+        request.refused_kinds,
     )
     strategy = request.config.strategy
     requested_tau = request.config.communication_cost_threshold
-    stages = _stage_count(problem, request, origin)
+    stages = _stage_count(problem, request, origin, _refusals(costs, request))
     notes: list[str] = list(costs.notes)
     if strategy in OPTIMISING_STRATEGIES:
         result = solve(problem, stages, requested_tau, adaptive=strategy == "adaptive")
@@ -242,7 +254,25 @@ def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin
     return best
 
 
-def _stage_count(problem: Problem, request: PlanRequest, origin: str) -> int:
+def _refusals(costs: Costs, request: PlanRequest) -> str:
+    """``; 3 cut(s) are refused: ...`` for the cuts a value the stages cannot send crosses."""
+    refused = [
+        (cut.after, name)
+        for cut in costs.cuts
+        for name, kind in cut.kinds
+        if kind in request.refused_kinds
+    ]
+    if not refused:
+        return ""
+    cuts = dict.fromkeys(after for after, _ in refused)
+    names = ", ".join(dict.fromkeys(name for _, name in refused))
+    return (
+        f" ({len(cuts)} more are refused: {names} would cross them, and the stages "
+        "send only tensors, numbers and shapes)"
+    )
+
+
+def _stage_count(problem: Problem, request: PlanRequest, origin: str, refusals: str = "") -> int:
     pins = int(problem.pinned.sum())
     if request.config.strategy == "manual":
         if pins == 0:
@@ -274,7 +304,7 @@ def _stage_count(problem: Problem, request: PlanRequest, origin: str) -> int:
     if stages - 1 > cuts:
         raise InfeasibleError(
             f"{stages} stages need {stages - 1} sync points, but the cost file lists only "
-            f"{cuts} admissible cut(s); use at most {cuts + 1} stages",
+            f"{cuts} admissible cut(s){refusals}; use at most {cuts + 1} stages",
             "stages",
             origin,
         )

@@ -21,21 +21,34 @@ def problem_from_costs(
     pinned: tuple[str, ...] = (),
     microbatches: int = 1,
     carries_values: bool = False,
+    refused_kinds: tuple[str, ...] = (),
 ) -> Problem:
     """The optimiser's arrays for ``costs``; ``pinned`` op ids must have cuts.
 
     Costs are per step of ``microbatches`` micro-batches: each micro-batch pays
     every op's fixed part and every transfer's latency. With ``carries_values``
     a value may reach any later stage (each stage between sends it on, and every
-    cut's live bytes already count it); otherwise only the next one.
+    cut's live bytes already count it); otherwise only the next one. A cut where a
+    value of one of ``refused_kinds`` crosses is not admissible (pinning it is an error).
     """
     n = len(costs.ops)
     index = costs.op_index
     cut_comm = np.zeros(n + 1)
     admissible = np.zeros(n + 1, dtype=bool)
     pins = np.zeros(n + 1, dtype=bool)
+    refused: dict[str, str] = {}
     for cut in costs.cuts:
         position = index[cut.after] + 1
+        unsendable = [name for name, kind in cut.kinds if kind in refused_kinds]
+        if unsendable:
+            refused[cut.after] = ", ".join(unsendable)
+            if cut.pinned:
+                raise SyncpassError(
+                    f"the sync point pinned after {cut.after!r} cannot be: "
+                    f"{refused[cut.after]} would cross it and the stages send only tensors "
+                    "and numbers; move the pin, or compute those values after it"
+                )
+            continue
         admissible[position] = True
         cut_comm[position] = costs.cut_comm_s(cut, microbatches)
         pins[position] = cut.pinned
@@ -48,6 +61,11 @@ def problem_from_costs(
                 f"admissible cuts follow {known}{more}"
             )
         position = index[op_id] + 1
+        if op_id in refused:
+            raise SyncpassError(
+                f"cannot pin a sync point after {op_id!r}: {refused[op_id]} would cross it "
+                "and the stages send only tensors and numbers"
+            )
         if not admissible[position]:
             raise SyncpassError(
                 f"cannot pin a sync point after {op_id!r}: the cost file lists no cut there"

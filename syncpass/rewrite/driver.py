@@ -169,7 +169,9 @@ def rewrite_text(
     if costs is None or request is None:
         raise ValueError("rewrite_text needs costs and a request to plan from, or a saved plan")
     # Whether a value may reach past the next stage is the backend's to say.
-    request = dataclasses.replace(request, carries_values=backend.carries_values)
+    request = dataclasses.replace(
+        request, carries_values=backend.carries_values, refused_kinds=backend.refused_kinds
+    )
     source = backend.analyse(text, path, KnownOps.of_costs(costs), class_name)
     matched = steer_by_source(source.graph, match_costs(source.graph, costs))
     return apply_plan(source, plan_for(matched, request, path, max_stages), backend, path)

@@ -161,3 +161,90 @@ def test_an_annotated_assignment_of_a_call_is_inlined_too() -> None:
     )
     assert methods == ("self.features",)
     assert "h = self.body(x)" in forward
+
+
+def test_a_submodule_forward_behind_known_decorators_and_kwargs_is_followed() -> None:
+    # Hugging Face's shape: an LM head calling its base model with **kwargs, the base
+    # model's forward decorated by the library's wrappers.
+    forward, methods = inline(
+        """
+        class Base:
+            @merge_with_config_defaults
+            @capture_outputs
+            @auto_docstring
+            @deprecate_kwarg("past_key_values", "5.40.0", new_name="cache")
+            def forward(self, input_ids=None, mask=None, use_cache=None, **kwargs):
+                kwargs.pop("output_attentions", None)
+                hidden_states = self.wte(input_ids)
+                for block in self.h:
+                    hidden_states = block(hidden_states, mask, **kwargs)
+                return Output(last_hidden_state=self.ln_f(hidden_states))
+
+        class Net:
+            def __init__(self, config):
+                self.transformer = Base(config)
+
+            def forward(self, input_ids=None, mask=None, labels=None, **kwargs):
+                outputs = self.transformer(input_ids, mask=mask, use_cache=False, **kwargs)
+                hidden_states = outputs.last_hidden_state
+                return self.lm_head(hidden_states)
+        """
+    )
+    assert methods == (
+        "self.transformer (without @merge_with_config_defaults, @capture_outputs, "
+        "@auto_docstring, @deprecate_kwarg)",
+    )
+    assert "for block in self.transformer.h:" in forward
+    assert "use_cache = False" in forward
+    assert "kwargs = " not in forward  # the same dict, under the same name
+
+
+def test_unknown_decorators_and_kwargs_that_might_fill_a_parameter_are_not_followed() -> None:
+    source = """
+        class Net:
+            @torch.no_grad()
+            def frozen(self, x):
+                return self.a(x)
+
+            def open_ended(self, x, scale=1, **options):
+                return self.b(x) * scale
+
+            def forward(self, x, **kwargs):
+                x = self.frozen(x)
+                x = self.open_ended(x, **kwargs)
+                return x
+        """
+    forward, methods = inline(source)
+    assert methods == ()
+    assert forward.count("self.") == 2
+
+
+def test_a_name_assigned_again_after_the_call_may_be_bound_by_the_method() -> None:
+    forward, methods = inline(
+        """
+        class Net:
+            def features(self, x):
+                h = self.body(x)
+                return self.norm(h)
+
+            def forward(self, x):
+                out = self.features(x)
+                h = out * 2
+                return self.head(h)
+        """
+    )
+    assert methods == ("self.features",)
+    assert "h = self.body(x)" in forward
+
+
+def test_a_method_reading_a_global_the_forward_shadows_is_left_alone() -> None:
+    source = """
+        class Net:
+            def scaled(self, x):
+                return self.a(x) * scale
+
+            def forward(self, x, scale=2):
+                return self.scaled(x)
+        """
+    forward, methods = inline(source)
+    assert methods == ()

@@ -13,9 +13,11 @@ Nothing here imports torch or runs the user's code.
 from __future__ import annotations
 
 import libcst as cst
+from libcst.metadata import PositionProvider
 
 from syncpass.contracts.graph import OpGraph
 from syncpass.frontend.analysis import (
+    ContainerLoop,
     ContainerSizes,
     analyse_method,
     find_forward,
@@ -70,6 +72,22 @@ def loop_containers(module: cst.Module, class_name: str | None, path: str) -> tu
             if loop is not None:
                 names.append(loop.container)
     return tuple(dict.fromkeys(names))
+
+
+def runtime_loop_bounds(
+    module: cst.Module, class_name: str | None, path: str
+) -> tuple[tuple[ContainerLoop, int], ...]:
+    """The forward's layer loops whose stop bound is read when it runs, with their lines."""
+    forward = find_forward(module, class_name, path).forward
+    if not isinstance(forward.body, cst.IndentedBlock):
+        return ()
+    positions = cst.MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
+    found = []
+    for statement in forward.body.body:
+        loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
+        if loop is not None and loop.runtime_stop is not None:
+            found.append((loop, positions[statement].start.line))
+    return tuple(found)
 
 
 def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> ModelSource:

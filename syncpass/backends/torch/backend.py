@@ -70,11 +70,14 @@ SEQUENTIAL_DEPTH = 2
 
 def _measure_for_stages(request: MeasureRequest) -> Costs:
     from syncpass.backends.torch.profile import measure
-    from syncpass.backends.torch.stages import expand_text
+    from syncpass.backends.torch.stages import expand_text, sent_across_cuts
 
-    expanded = expand_text(request.text, str(request.file), request.model)
+    path = str(request.file)
+    expanded = expand_text(request.text, path, request.model)
     deeper = dataclasses.replace(request, text=expanded, depth=max(request.depth, SEQUENTIAL_DEPTH))
-    return measure(deeper, check_tracer=False)
+    return measure(
+        deeper, check_tracer=False, refine=lambda graph: sent_across_cuts(graph, expanded, path)
+    )
 
 
 def _estimate_for_stages(request: EstimateRequest) -> Costs:
@@ -174,4 +177,5 @@ STAGES_BACKEND = Backend(
     schedules=("1f1b", "gpipe"),
     load_example=_load_example,
     carries_values=True,
+    refused_kinds=("other",),  # PipelineStage sends tensors; numbers and tuples are packed
 )

@@ -51,13 +51,19 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
-from syncpass.backends.torch.analysis import analyse_model, loop_containers, sequential_calls
+from syncpass.backends.torch.analysis import (
+    analyse_model,
+    loop_containers,
+    runtime_loop_bounds,
+    sequential_calls,
+)
 from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.contracts.costs import Costs, CutCost, Hardware, OpCost
 from syncpass.contracts.graph import OpGraph
 from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend import find_forward, parse_source
+from syncpass.frontend.analysis import ContainerLoop
 from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
 
 #: Until link calibration exists: a gloo link between local processes, roughly.
@@ -156,6 +162,8 @@ def build_graph(
             sizes[container] = len(value)  # type: ignore[arg-type]
         except TypeError:
             continue  # no length: the analysis keeps the loop as a region
+    for loop, line in runtime_loop_bounds(module, name, path):
+        _check_runtime_stop(model, loop, line, sizes.get(loop.container), path)
     expand: dict[str, int] = {}
     if depth >= 2:
         for container in sequential_calls(module, name, path):
@@ -163,6 +171,25 @@ def build_graph(
             if isinstance(value, torch.nn.Sequential):
                 expand[container] = len(value)
     return analyse_model(module, path, name, sizes, text, expand)
+
+
+def _check_runtime_stop(
+    model: torch.nn.Module, loop: ContainerLoop, line: int, size: int | None, path: str
+) -> None:
+    """A loop bound read when the forward runs (``self.config.num_hidden_layers``) must cover
+    the whole container now: the plan and the stages run every layer of it."""
+    assert loop.runtime_stop is not None
+    value = _resolve(model, loop.runtime_stop)
+    if size is None or (isinstance(value, int) and not isinstance(value, bool) and value >= size):
+        return
+    raise SyncpassError(
+        f"the loop over self.{loop.container} stops at self.{loop.runtime_stop}, which is "
+        f"{value!r} for a container of {size}: syncpass plans a loop with a bound read at run "
+        "time only when it covers the whole container; slice the container itself "
+        f"(self.{loop.container} = self.{loop.container}[:{value!r}]) or write the bound as "
+        "a number",
+        f"{path}:{line}",
+    )
 
 
 def boundary_names(graph: OpGraph) -> list[tuple[str, ...]]:
@@ -231,6 +258,13 @@ def value_kind(value: object) -> str:
         return "int"
     if isinstance(value, float):
         return "float"
+    if isinstance(value, torch.Size):
+        return "size"
+    if isinstance(value, tuple) and value:
+        if all(isinstance(item, int) and not isinstance(item, bool) for item in value):
+            return "ints"
+        if all(isinstance(item, torch.Tensor) for item in value):
+            return f"tensors:{len(value)}"
     return "other"
 
 
@@ -426,7 +460,7 @@ class _Probe:
         self.positions = {_key(graph, position): position for position in range(len(graph.ops))}
         self.rebind = rebind
         # The names whose bytes each cut's live_bytes are (measured in the measuring step).
-        self.cut_live = {self._position(cut.after): cut.live for cut in graph.cuts}
+        self.cut_live = {self._position(cut.after): cut.crossing for cut in graph.cuts}
         self.sync = sync
         self.counter: FlopCounterMode | None = None
         self.measure_bytes = False
@@ -781,8 +815,12 @@ def profile_costs(
     depth: int = 1,
     small_batch: tuple[tuple[Any, ...], LossFn] | None = None,
     counted_on: Hardware | None = None,
+    refine: Callable[[OpGraph], OpGraph] | None = None,
 ) -> Costs:
     """Measure the cost of every op of ``model``'s forward, as written in ``text``.
+
+    ``refine`` is the backend's last word on the op graph before anything is measured
+    (the eager stages say what each cut sends: :attr:`Cut.sent`).
 
     With ``counted_on`` (a model and inputs on torch's meta device) nothing is
     timed: one step counts each op's FLOPs and bytes, and its forward time is
@@ -814,6 +852,8 @@ def profile_costs(
     # lines do nothing outside a pipeline, and the op ids must be the original's.
     text = strip_sync_points(text, path)
     graph = build_graph(text, path, model, class_name, depth)
+    if refine is not None:
+        graph = refine(graph)
     batch_size = batch_size_of(args, path)
     sync: Callable[[], None] = torch.cuda.synchronize if _on_gpu(model, args) else _no_sync
     probe = _Probe(graph, boundary_names(graph), sync)

@@ -23,16 +23,22 @@ if TYPE_CHECKING:
     import torch
 
     from syncpass.contracts.costs import Costs
+    from syncpass.contracts.graph import OpGraph
 
 #: Progress lines appear only once profiling has taken this long.
 PROGRESS_AFTER_S = 2.0
 
 
-def measure(request: MeasureRequest, check_tracer: bool = True) -> Costs:
+def measure(
+    request: MeasureRequest,
+    check_tracer: bool = True,
+    refine: Callable[[OpGraph], OpGraph] | None = None,
+) -> Costs:
     """The measure hook: :func:`measure_file` with the request's settings.
 
     ``check_tracer`` asks torch's tracer whether it takes the model: the
-    ``pipe_split()`` form needs it, the eager stages do not.
+    ``pipe_split()`` form needs it, the eager stages do not. ``refine`` is the
+    backend's last word on the op graph (``profile_costs``).
     """
     return measure_file(
         request.file,
@@ -45,6 +51,7 @@ def measure(request: MeasureRequest, check_tracer: bool = True) -> Costs:
         request.depth,
         check_tracer and request.meta is None,
         request.meta,
+        refine,
     )
 
 
@@ -97,6 +104,7 @@ def measure_file(
     depth: int = 1,
     check_tracer: bool = True,
     meta: str | None = None,
+    refine: Callable[[OpGraph], OpGraph] | None = None,
 ) -> Costs:
     """Load the example named by ``example`` and profile the model of ``file`` with it.
 
@@ -150,6 +158,7 @@ def measure_file(
         depth=depth,
         small_batch=None if meta else smaller_batch(loaded.args, loaded.target, loaded.loss_fn),
         counted_on=hardware,
+        refine=refine,
     )
     failure = None
     if check_tracer:

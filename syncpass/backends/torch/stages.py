@@ -48,7 +48,7 @@ import libcst as cst
 
 from syncpass.backends.torch.analysis import analyse as analyse_traced
 from syncpass.backends.torch.rewrite import strip_sync_points as strip_pipe_splits
-from syncpass.contracts.graph import Op, OpGraph
+from syncpass.contracts.graph import Cut, Op, OpGraph
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.analysis import find_forward, model_class_names
 from syncpass.frontend.inline import inline_own_methods, mentioned_names
@@ -63,6 +63,7 @@ from syncpass.transformers.torch_stages import (
     remove_stages,
     self_paths,
     split_forward,
+    tensor_count,
 )
 
 
@@ -112,7 +113,11 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
     source = expand_source(text, path, class_name)
     planned = analyse_traced(source.expanded.code, path, known, class_name)
     model = planned.graph.model_class
-    graph = dataclasses.replace(planned.graph, inlined=source.inlined.get(model, ()))
+    graph = dataclasses.replace(
+        planned.graph,
+        inlined=source.inlined.get(model, ()),
+        cuts=_sent_at_cuts(planned.graph, find_forward(source.expanded, model, path).forward),
+    )
     return ModelSource(
         text=text, base=source.base, module=source.module, graph=graph, handle=source.expanded
     )
@@ -180,8 +185,9 @@ def _constant_default(param: cst.Param) -> bool:
     )
 
 
-#: Python numbers a stage sends as 0-d tensors and its successor turns back into numbers.
-SCALAR_KINDS = ("int", "float", "bool")
+#: Values a stage sends packed as tensors and its successor unpacks: Python numbers as 0-d
+#: tensors, tuples of ints as 1-d ones (and ``tensors:N``, a tuple sent as its tensors).
+PACKED_KINDS = ("int", "float", "bool", "ints", "size")
 
 
 def _need_torch(module: cst.Module, name: str, op: Op) -> None:
@@ -202,8 +208,8 @@ def _need_torch(module: cst.Module, name: str, op: Op) -> None:
     )
     if not imports_torch:
         raise SyncpassError(
-            f"{name} (a Python number) crosses the sync point after {op.id}: the stages send it "
-            "as torch.as_tensor(...), which needs `import torch` in the file",
+            f"{name} (a Python number or shape) crosses the sync point after {op.id}: the stages "
+            "send it as torch.as_tensor(...), which needs `import torch` in the file",
             str(op.location),
         )
 
@@ -243,6 +249,31 @@ def _replayable(
             return None
         statements.extend(needed)
     return statements
+
+
+def sent_across_cuts(graph: OpGraph, expanded: str, path: str) -> OpGraph:
+    """``graph`` (of the forward in ``expanded``, as :func:`expand_text` gives it) with what
+    the stages send across each cut: what the profile measures there."""
+    forward = find_forward(parse_source(expanded, path), graph.model_class, path).forward
+    return dataclasses.replace(graph, cuts=_sent_at_cuts(graph, forward))
+
+
+def _sent_at_cuts(graph: OpGraph, forward: cst.FunctionDef) -> tuple[Cut, ...]:
+    """The graph's cuts with what the stages send across each: the live values but the
+    parameters a later stage declares again and the locals it computes again."""
+    unsent = _unsent_params(forward)
+    inputs = set(graph.inputs)
+    positions = {op.id: position + 1 for position, op in enumerate(graph.ops)}
+    cuts = []
+    for cut in graph.cuts:
+        before = positions[cut.after]
+        sent = tuple(
+            name
+            for name in cut.live
+            if name not in unsent and _replayable(name, before, graph.ops, unsent, inputs) is None
+        )
+        cuts.append(dataclasses.replace(cut, sent=sent))
+    return tuple(cuts)
 
 
 def _reach(
@@ -300,7 +331,11 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
             if replay is None and kind == "none":
                 if name in reads:  # None when profiled: nothing to send, the stage says so
                     nothing.append(name)
-            elif replay is None and kind in SCALAR_KINDS:
+            elif replay is None and kind is not None and tensor_count(kind) is not None:
+                sent.append(name)
+                numbers.append((name, kind))
+            elif replay is None and kind in PACKED_KINDS:
+                assert kind is not None
                 _need_torch(source.module, name, graph.ops[position - 1])
                 sent.append(name)
                 numbers.append((name, kind))
@@ -371,10 +406,8 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
                 keeps=_outermost(paths_by_stage[index]),
                 comment=comment,
                 nones=nones[index],
-                received_numbers=scalars[index],
-                sent_numbers=tuple(name for name, _ in scalars[index + 1])
-                if index + 1 < count
-                else (),
+                received_kinds=scalars[index],
+                sent_kinds=scalars[index + 1] if index + 1 < count else (),
             )
         )
     return codes

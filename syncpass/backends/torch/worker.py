@@ -11,8 +11,10 @@ a queue; nothing here raises out of :func:`run_worker`.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
+import dataclasses
 import inspect
 import io
 import logging
@@ -20,7 +22,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -247,10 +249,21 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
         device_id=device if device.type == "cuda" else None,
     )
     stage: _PipelineStageBase
+    loss_fn = example.loss_fn
     if pipe is not None:
         stage = pipe.build_stage(rank, device)
     else:
-        stage = PipelineStage(stage_modules[rank], rank, request.stages, device)
+        inputs, outputs = stage_examples(stage_modules, rank, batch.arg_chunks[0])
+        stage = PipelineStage(
+            stage_modules[rank],
+            rank,
+            request.stages,
+            device,
+            input_args=inputs,
+            output_args=outputs,
+        )
+        if rank == request.stages - 1:
+            loss_fn = StructuredOutput().wrap(stage_modules[rank], loss_fn)
     clock = ComputeClock(device)
     # Instance attributes shadow the methods the schedule calls on the stage.
     stage.forward_one_chunk = clock.wrap(stage.forward_one_chunk)  # type: ignore[method-assign]
@@ -259,7 +272,7 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
     schedule = schedule_type(
         stage,
         n_microbatches=len(batch.arg_chunks),
-        loss_fn=clock.wrap(example.loss_fn),
+        loss_fn=clock.wrap(loss_fn),
         scale_grads=True,
     )
     parameters = list(stage.submod.parameters())
@@ -437,6 +450,88 @@ def eager_stages(model: torch.nn.Module, request: RunRequest) -> tuple[torch.nn.
     for index, stage_module in enumerate(stages[:-1]):
         _check_sends(stage_module, index)
     return stages
+
+
+def stage_examples(
+    stages: Sequence[torch.nn.Module], rank: int, chunk: tuple[Any, ...]
+) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+    """What stage ``rank`` receives and returns for the micro-batch ``chunk``: the stages
+    before it run on it first (every rank holds the whole model).
+
+    Handed to ``PipelineStage`` as ``input_args`` / ``output_args``, these spare torch its
+    own shape inference, which runs a later stage on uninitialised tensors: a number or a
+    shape the stage before sends would be garbage there. The last stage returns what the
+    model returns (a dataclass, a dict): its tensors stand for it. The random state is
+    left as it was, so dropout draws the same masks in the schedule as without this run.
+    """
+    with torch.random.fork_rng(devices=[]):
+        values: tuple[Any, ...] = chunk
+        received: tuple[Any, ...] = chunk
+        returned: Any = ()
+        for index in range(rank + 1):
+            received = values
+            returned = stages[index](*values)
+            flat = returned if isinstance(returned, tuple) else (returned,)
+            values = tuple(
+                value.detach().requires_grad_(value.requires_grad)
+                if isinstance(value, torch.Tensor)
+                else value
+                for value in flat
+            )
+    if rank == len(stages) - 1:
+        outputs = tuple(_tensors_in(returned)) or (torch.zeros(()),)
+    else:
+        outputs = tuple(value for value in values if isinstance(value, torch.Tensor))
+    return tuple(v for v in received if isinstance(v, torch.Tensor)), outputs
+
+
+class StructuredOutput:
+    """The last stage's output when it is not a tensor or a tuple of tensors (a ``ModelOutput``,
+    a dict, a dataclass).
+
+    torch's schedules take a stage's output apart as a tuple of tensors (to detach them once
+    the backward is done); the model's loss reads the output as the model returns it. The
+    wrapped stage returns the output's tensors and keeps the output itself, which the wrapped
+    loss then reads: each micro-batch's loss follows its forward, in order, in both schedules.
+    """
+
+    def __init__(self) -> None:
+        self.pending: collections.deque[Any] = collections.deque()
+
+    def wrap(
+        self, stage_module: torch.nn.Module, loss_fn: Callable[[Any, Any], torch.Tensor]
+    ) -> Callable[[Any, Any], torch.Tensor]:
+        """Wrap ``stage_module``'s forward, and return ``loss_fn`` reading what it kept."""
+        forward = stage_module.forward
+
+        def tensors_only(*args: Any, **kwargs: Any) -> Any:
+            output = forward(*args, **kwargs)
+            if isinstance(output, torch.Tensor) or (
+                type(output) is tuple and all(isinstance(v, torch.Tensor) for v in output)
+            ):
+                return output
+            self.pending.append(output)
+            return tuple(_tensors_in(output, detach=False))
+
+        def loss(output: Any, target: Any) -> torch.Tensor:
+            return loss_fn(self.pending.popleft() if self.pending else output, target)
+
+        stage_module.forward = tensors_only
+        return loss
+
+
+def _tensors_in(value: Any, detach: bool = True) -> list[torch.Tensor]:
+    """The tensors of a model's output: a tensor, a tuple, a dict or a dataclass of them."""
+    if isinstance(value, torch.Tensor):
+        return [value.detach() if detach else value]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors_in(item, detach)]
+    if isinstance(value, (tuple, list)):
+        return [t for item in value for t in _tensors_in(item, detach)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = dataclasses.fields(value)
+        return [t for f in fields for t in _tensors_in(getattr(value, f.name), detach)]
+    return []
 
 
 def _check_sends(stage_module: torch.nn.Module, index: int) -> None:

@@ -215,12 +215,24 @@ def test_what_the_profile_saw_decides_how_a_value_crosses() -> None:
     assert "        cut = None  # None when profiled: nothing to send\n" in written
     assert STAGES.strip(written, "net.py", None) == text
 
+    # Where a value that is no tensor, number or shape would cross, the plan puts no sync point.
+    chosen = result.plan.sync_points[0].after
     other = dataclasses.replace(
+        costs,
+        cuts=tuple(
+            dataclasses.replace(cut, kinds=(("width", "other"),)) if cut.after == chosen else cut
+            for cut in costs.cuts
+        ),
+    )
+    elsewhere = rewrite_text(text, "net.py", STAGES, request, other)
+    assert elsewhere.plan.sync_points[0].after != chosen
+    nowhere = dataclasses.replace(
         costs,
         cuts=tuple(dataclasses.replace(cut, kinds=(("width", "other"),)) for cut in costs.cuts),
     )
-    with pytest.raises(SyncpassError, match=r"width crosses the sync point .* not a tensor"):
-        rewrite_text(text, "net.py", STAGES, request, other)
+    with pytest.raises(SyncpassError) as refused:
+        rewrite_text(text, "net.py", STAGES, request, nowhere)
+    assert "width would cross them" in str(refused.value)
 
 
 def test_cut_kinds_survive_the_cost_and_plan_files() -> None:

@@ -135,6 +135,42 @@ def test_python_numbers_and_nones_cross_as_the_profile_saw_them(
 
 
 @pytest.mark.slow
+def test_a_tuple_of_tensors_and_a_shape_cross_every_stage_packed(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A rotary table as a (cos, sin) pair and a shape, computed once and read after the
+    # layers, as Hugging Face's Llama and GPT-2 do: a later stage receives them as tensors.
+    source = tmp_path / "masked_gpt.py"
+    text = MODEL.read_text().replace(
+        "        rope = torch.cos(torch.arange(seq, device=idx.device)[:, None] * self.freqs)\n",
+        "        angles = torch.arange(seq, device=idx.device)[:, None] * self.freqs\n"
+        "        rope = (torch.cos(angles), torch.sin(angles))\n",
+    )
+    text = text.replace("x = block(x, mask, rope)", "x = block(x, mask, rope[0] + rope[1])")
+    text = text.replace(
+        "        x = self.embed(idx)\n", "        x = self.embed(idx)\n        shape = x.shape\n"
+    )
+    text = text.replace(
+        "x = self.ln_f(x)\n", "x = self.ln_f(x).reshape(-1, shape[-1]).view(shape)\n"
+    )
+    source.write_text(text)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "4"]
+    assert main([*argv, "--backend", "torch_stages", "-o", str(out)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    written = out.read_text()
+    assert "        rope = (rope_0, rope_1,)  # the stage before sends its 2 tensors\n" in written
+    assert (
+        "        shape = torch.Size(shape.tolist())  # the stage before sends it as a tensor\n"
+        in (written)
+    )
+    assert "*rope" in written
+    document = run_verified(out, "--stages 4", capsys)
+    assert document["verify"]["ok"] is True
+    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+
+
+@pytest.mark.slow
 def test_a_forward_that_delegates_to_a_method_is_planned_inside_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
