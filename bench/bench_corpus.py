@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -51,6 +52,24 @@ LITGPT_PACKAGES = (
     "safetensors==0.8.0",
     "tokenizers==0.23.3",
     "tqdm==4.70.1",
+)
+
+#: Hugging Face transformers with what its model files import (numpy, packaging, filelock and
+#: typing-extensions come with torch and jax).
+HF_PACKAGES = (
+    "transformers==5.25.0",
+    "huggingface-hub==2.4.0",
+    "tokenizers==0.23.3",
+    "safetensors==0.8.0",
+    "regex==2026.11.19",
+    "pyyaml==6.0.4",
+    "tqdm==4.70.1",
+    "httpx2==2.16.2",
+    "httpcore2==2.16.2",
+    "h11==0.16.0",
+    "truststore==0.10.5",
+    "idna==3.13",
+    "certifi==2026.5.20",
 )
 
 VIT_EXAMPLE = """
@@ -78,9 +97,49 @@ def example():
 """
 
 
+#: Dropout off: the split run and the unsplit reference would draw different masks.
+GPT2_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=6, n_head=4, n_embd=32, n_positions=32, vocab_size=64, use_cache=False,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )
+    tokens = torch.randint(0, 64, (8, 17))
+
+    def loss(output, targets):
+        logits = output.logits
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return GPT2LMHeadModel(config), (tokens[:, :-1],), tokens[:, 1:], loss
+"""
+
+LLAMA_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32, use_cache=False,
+    )
+    tokens = torch.randint(0, 64, (8, 17))
+
+    def loss(output, targets):
+        logits = output.logits
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return LlamaForCausalLM(config), (tokens[:, :-1],), tokens[:, 1:], loss
+"""
+
+
 @dataclass(frozen=True)
 class CorpusModel:
-    """A model file of an installed package, and the example appended to its copy."""
+    """A model file of an installed package, and the example appended to its copy.
+
+    ``package`` is the file's own package when it imports relatively (Hugging Face's
+    ``from ...modeling_utils import``): the copy imports the same modules absolutely.
+    """
 
     name: str
     packages: tuple[str, ...]
@@ -89,6 +148,7 @@ class CorpusModel:
     stages: tuple[int, ...]
     layers: str  # the op id prefix of its layer stack
     depth: int  # how many layers the example builds
+    package: str = ""
 
 
 MODELS = (
@@ -112,6 +172,26 @@ MODELS = (
     ),
     CorpusModel(
         "litgpt", LITGPT_PACKAGES, "litgpt/model.py", LITGPT_EXAMPLE, (2, 4), "transformer.h.", 6
+    ),
+    CorpusModel(
+        "hf_gpt2",
+        HF_PACKAGES,
+        "transformers/models/gpt2/modeling_gpt2.py",
+        GPT2_EXAMPLE,
+        (2, 4),
+        "transformer.h.",
+        6,
+        "transformers.models.gpt2",
+    ),
+    CorpusModel(
+        "hf_llama",
+        HF_PACKAGES,
+        "transformers/models/llama/modeling_llama.py",
+        LLAMA_EXAMPLE,
+        (2, 4),
+        "model.layers.",
+        6,
+        "transformers.models.llama",
     ),
 )
 
@@ -138,8 +218,24 @@ def project(installed: Path, model: CorpusModel, folder: Path) -> Path:
         if entry.is_dir() and not target.exists():
             target.symlink_to(entry, target_is_directory=True)
     source = folder / f"{model.name}.py"
-    source.write_text((installed / model.source).read_text() + model.example)
+    text = (installed / model.source).read_text()
+    if model.package:
+        text = absolute_imports(text, model.package)
+    source.write_text(text + model.example)
     return source
+
+
+def absolute_imports(text: str, package: str) -> str:
+    """``text`` (a module of ``package``) with its relative imports made absolute: ``from
+    ..utils import x`` in ``a.b.c`` becomes ``from a.b.utils import x``. Nothing else changes."""
+    parts = package.split(".")
+
+    def absolute(match: re.Match[str]) -> str:
+        dots, rest = match.group(1), match.group(2)
+        base = parts[: len(parts) - (len(dots) - 1)]
+        return f"from {'.'.join([*base, rest] if rest else base)} import"
+
+    return re.sub(r"^from (\.+)(\S*) import", absolute, text, flags=re.MULTILINE)
 
 
 def _quiet(argv: list[str]) -> tuple[int, str]:

@@ -238,8 +238,13 @@ class InsertSyncPointsCommand(VisitorBasedCodemodCommand):
 
 
 def _container_expr(iterable: cst.BaseExpression) -> cst.BaseExpression:
-    """``self.blocks`` from ``self.blocks`` or ``self.blocks[a:b]``."""
-    if isinstance(iterable, cst.Subscript):
+    """``self.blocks`` from ``self.blocks`` or ``self.blocks[a:b]`` (``params["layers"]`` from
+    ``params["layers"]`` or ``params["layers"][a:b]``)."""
+    if (
+        isinstance(iterable, cst.Subscript)
+        and len(iterable.slice) == 1
+        and isinstance(iterable.slice[0].slice, cst.Slice)
+    ):
         return iterable.value
     return iterable
 

@@ -68,6 +68,9 @@ class ContainerLoop:
     ``runtime_stop`` is the ``self.`` path of a stop bound read when the forward runs
     (``self.layers[: self.config.num_hidden_layers]``, Hugging Face's Llama): the loop is
     planned over the whole container, which the profile checks the bound then covers.
+    ``root`` is what the container hangs off: ``self`` (``self.blocks``), or the name of a
+    JAX function's weights (``for layer in params["layers"]``: container ``layers``, a list
+    of weight dicts); the analysis plans a loop only over a root its backend holds.
     """
 
     container: str
@@ -77,6 +80,14 @@ class ContainerLoop:
     index_name: str | None = None
     parts: tuple[str, ...] = ()
     runtime_stop: str | None = None
+    root: str = "self"
+
+    @property
+    def expression(self) -> str:
+        """The container as the source reads it: ``self.blocks``, ``params["layers"]``."""
+        if self.root == "self":
+            return f"self.{self.container}"
+        return self.root + "".join(f'["{key}"]' for key in self.container.split("."))
 
     def iterations(self, size: int) -> range:
         return range(size)[self.start : self.stop]
@@ -179,22 +190,51 @@ def _int_or_none(node: cst.BaseExpression | None) -> tuple[bool, int | None]:
     return False, None
 
 
+def _keyed_path(node: cst.BaseExpression) -> tuple[str, str] | None:
+    """``params["decoder"]["layers"]`` -> ``("params", "decoder.layers")``: constant string
+    keys off a plain name other than ``self``."""
+    keys: list[str] = []
+    while (
+        isinstance(node, cst.Subscript)
+        and len(node.slice) == 1
+        and isinstance(node.slice[0].slice, cst.Index)
+        and isinstance(node.slice[0].slice.value, cst.SimpleString)
+    ):
+        key = node.slice[0].slice.value.evaluated_value
+        if not isinstance(key, str) or not key or "." in key:
+            return None
+        keys.insert(0, key)
+        node = node.value
+    if keys and isinstance(node, cst.Name) and node.value != "self":
+        return node.value, ".".join(keys)
+    return None
+
+
+def _rooted_path(node: cst.BaseExpression) -> tuple[str, str] | None:
+    """``("self", "a.b")`` for ``self.a.b``; ``("params", "layers")`` for ``params["layers"]``."""
+    path = self_path(node)
+    if path:
+        return "self", path
+    return _keyed_path(node)
+
+
 def _container_slice(
     node: cst.BaseExpression,
-) -> tuple[str, int | None, int | None, str | None] | None:
-    """``(container, start, stop, runtime_stop)`` of ``self.<container>[start:stop]``."""
+) -> tuple[str, str, int | None, int | None, str | None] | None:
+    """``(root, container, start, stop, runtime_stop)`` of ``self.<container>[start:stop]``
+    (or ``params["<container>"][start:stop]``)."""
     if isinstance(node, cst.Subscript) and len(node.slice) == 1:
         part = node.slice[0].slice
         if isinstance(part, cst.Slice) and part.step is None:
-            base = self_path(node.value)
+            base = _rooted_path(node.value)
             ok_lower, lower = _int_or_none(part.lower)
             ok_upper, upper = _int_or_none(part.upper)
             runtime = self_path(part.upper) if part.upper is not None and not ok_upper else None
             if base and ok_lower and (ok_upper or runtime):
-                return base, lower, upper, runtime
-        return None
-    base = self_path(node)
-    return (base, None, None, None) if base else None
+                return base[0], base[1], lower, upper, runtime
+            return None
+    base = _rooted_path(node)
+    return (base[0], base[1], None, None, None) if base else None
 
 
 def match_container_loop(node: cst.For) -> ContainerLoop | None:
@@ -235,13 +275,13 @@ def match_container_loop(node: cst.For) -> ContainerLoop | None:
     found = _container_slice(iterable)
     if found is None:
         return None
-    container, start, stop, runtime_stop = found
+    root, container, start, stop, runtime_stop = found
     negative = (start is not None and start < 0) or (stop is not None and stop < 0)
     if negative and index_name is not None:
         return None  # the enumerated index would not follow a split over negative bounds
     if _has_jump(node.body):
         return None
-    return ContainerLoop(container, start, stop, item, index_name, parts, runtime_stop)
+    return ContainerLoop(container, start, stop, item, index_name, parts, runtime_stop, root)
 
 
 @dataclass(frozen=True)
@@ -281,9 +321,10 @@ def match_sequential_call(statement: cst.BaseStatement) -> SequentialCall | None
     found = _container_slice(assign.value.func)
     if found is None:
         return None
-    container, start, stop, runtime_stop = found
+    root, container, start, stop, runtime_stop = found
     if (
-        runtime_stop is not None
+        root != "self"
+        or runtime_stop is not None
         or (start is not None and start < 0)
         or (stop is not None and stop < 0)
     ):
@@ -829,6 +870,8 @@ def build_op_graph(
                 forbidden.add(op_id)
             continue
         loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
+        if loop is not None and loop.root not in site.hidden:
+            loop = None  # a loop over a local list: one region
         if loop is not None and loop.container in sizes:
             iterations = loop.iterations(sizes[loop.container])
             internal = {loop.item, loop.index_name, *loop.parts}
@@ -864,7 +907,7 @@ def build_op_graph(
         reason = _REGION_REASONS.get(type(statement), "a statement the analysis cannot see into")
         if loop is not None:
             reason = (
-                f"the length of self.{loop.container} is unknown (give --example, or a cost "
+                f"the length of {loop.expression} is unknown (give --example, or a cost "
                 "file that lists its iterations)"
             )
         elif isinstance(statement, cst.For) and _has_jump(statement.body):

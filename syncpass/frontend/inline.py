@@ -374,7 +374,9 @@ def _submodule_classes(
         if forward is None or not isinstance(forward.body, cst.IndentedBlock):
             continue
         loops = any(
-            isinstance(statement, cst.For) and match_container_loop(statement) is not None
+            isinstance(statement, cst.For)
+            and (loop := match_container_loop(statement)) is not None
+            and loop.root == "self"
             for statement in forward.body.body
         )
         if loops:

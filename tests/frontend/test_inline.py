@@ -246,5 +246,5 @@ def test_a_method_reading_a_global_the_forward_shadows_is_left_alone() -> None:
             def forward(self, x, scale=2):
                 return self.scaled(x)
         """
-    forward, methods = inline(source)
+    _, methods = inline(source)
     assert methods == ()

@@ -253,18 +253,24 @@ def analyse_jax_model(
 
 
 def jax_loop_containers(module: cst.Module, name: str | None, path: str) -> tuple[str, ...]:
-    """Lists of submodules a Flax ``__call__`` loops over (none for a JAX function)."""
+    """Lists a model loops over, per item: of submodules in a Flax ``__call__`` (``blocks`` for
+    ``for block in self.blocks``), of weight dicts in a JAX function (``layers`` for ``for
+    layer in params["layers"]``; ``decoder.layers`` for ``params["decoder"]["layers"]``)."""
     name, is_function = resolve_jax_model(module, name, path)
     if is_function:
-        return ()
-    call = find_forward(module, name, path, FLAX_METHOD).forward
-    if not isinstance(call.body, cst.IndentedBlock):
+        function = _functions(module)[name]
+        parameters = [*function.params.posonly_params, *function.params.params]
+        root = parameters[0].name.value if parameters else None
+    else:
+        function = find_forward(module, name, path, FLAX_METHOD).forward
+        root = "self"
+    if not isinstance(function.body, cst.IndentedBlock):
         return ()
     names = []
-    for statement in call.body.body:
+    for statement in function.body.body:
         if isinstance(statement, cst.For):
             loop = match_container_loop(statement)
-            if loop is not None:
+            if loop is not None and loop.root == root:
                 names.append(loop.container)
     return tuple(dict.fromkeys(names))
 

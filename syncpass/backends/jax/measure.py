@@ -259,10 +259,29 @@ def batch_size(example: JaxExample) -> int:
     return 1
 
 
+def _weights_at(params: Any, path: str) -> Any:
+    """``params["a"]["b"]`` for ``"a.b"``; ``None`` where a key is missing."""
+    value = params
+    for key in path.split("."):
+        try:
+            value = value[key]
+        except (KeyError, TypeError, IndexError):
+            return None
+    return value
+
+
 def _container_sizes(example: JaxExample, containers: tuple[str, ...]) -> dict[str, int]:
-    """Length of each list of Flax submodules, from the variables (``blocks_0``, ``blocks_1``...)."""
+    """Length of each list a model loops over: of a JAX function's weights, the list itself
+    (``params["layers"]``); of a Flax module's submodules, from the variables (``blocks_0``,
+    ``blocks_1``...)."""
     if not containers:
         return {}
+    if example.is_function:
+        return {
+            container: len(value)
+            for container in containers
+            if isinstance(value := _weights_at(example.params, container), (list, tuple))
+        }
     params = example.params.get("params", example.params) if hasattr(example.params, "get") else {}
     sizes = {}
     for container in containers:

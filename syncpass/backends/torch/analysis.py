@@ -69,7 +69,7 @@ def loop_containers(module: cst.Module, class_name: str | None, path: str) -> tu
     for statement in forward.body.body:
         if isinstance(statement, cst.For):
             loop = match_container_loop(statement)
-            if loop is not None:
+            if loop is not None and loop.root == "self":
                 names.append(loop.container)
     return tuple(dict.fromkeys(names))
 
