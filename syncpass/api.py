@@ -34,6 +34,7 @@ from syncpass.backends.registry import load_backend
 from syncpass.contracts.config import SyncConfig, sync_config_from_mapping
 from syncpass.contracts.costs import Costs, load_costs
 from syncpass.core.errors import SyncpassError
+from syncpass.core.plugins import DEFAULT_BACKEND
 from syncpass.plan.planner import Plan, PlanRequest
 from syncpass.rewrite.driver import rewrite_text
 
@@ -70,7 +71,7 @@ def rewrite_source(
     schedule: str = "1f1b",
     class_name: str | None = None,
     max_stages: int | None = None,
-    backend: str = "torch",
+    backend: str = DEFAULT_BACKEND,
 ) -> ApiResult:
     """Plan ``costs`` for the model in ``code`` and write its sync points with ``backend``.
 
@@ -114,7 +115,7 @@ def rewrite_module(
     schedule: str = "1f1b",
     class_name: str | None = None,
     max_stages: int | None = None,
-    backend: str = "torch",
+    backend: str = DEFAULT_BACKEND,
 ) -> ApiResult:
     """:func:`rewrite_source` for a module already parsed; :attr:`ApiResult.module`
     is the new tree (``module`` itself when nothing changed or the rewrite failed)."""

@@ -151,8 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=backend_names(),
         default=None,
-        help="the backend the plan is for (default torch, or the config's): with torch_stages "
-        "a value may reach any later stage, with torch's tracer only the next one",
+        help="the backend the plan is for (default torch_stages, or the config's): with "
+        "torch_stages a value may reach any later stage, with torch's tracer only the next one",
     )
     plan.set_defaults(handler=_run_plan)
 
@@ -222,9 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=backend_names(),
         default=None,
-        help="torch: pipe_split() calls in an nn.Module's forward (default, or the config's "
-        "backend); torch_stages: one eager stage module per stage after the model, run by "
-        "torch's PipelineStage (docs/stages.md); jax: jax.device_put transfers in a JAX function or a Flax module's __call__ "
+        help="torch_stages: one eager stage module per stage after the model, run by "
+        "torch's PipelineStage (default, or the config's backend; docs/stages.md); torch: "
+        "pipe_split() calls in an nn.Module's forward, run by torch's tracer; jax: "
+        "jax.device_put transfers in a JAX function or a Flax module's __call__ "
         "(docs/jax.md); others: installed packages' (docs/plugin.md)",
     )
     rewrite.set_defaults(handler=_run_rewrite)

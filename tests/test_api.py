@@ -46,6 +46,7 @@ def test_rewrite_source_matches_the_command_line() -> None:
         stages=CASE.stages,
         sync_config=CASE.config,
         class_name=CASE.model,
+        backend="torch",
     )
     assert result.ok and result.error is None
     assert result.code == CASE.expected
@@ -60,6 +61,7 @@ def test_rewrite_source_matches_the_command_line() -> None:
         stages=CASE.stages,
         sync_config=CASE.config,
         class_name=CASE.model,
+        backend="torch",
     )
     assert again.ok and again.code == result.code and not again.changed
 
@@ -74,6 +76,7 @@ def test_chained_with_other_transforms_over_one_parsed_tree() -> None:
         stages=CASE.stages,
         sync_config={"communication_cost_threshold": CASE.config.communication_cost_threshold},
         class_name="Model",
+        backend="torch",
     )
     assert result.ok, result.error
     final = result.module.visit(AddDocstringComment())
@@ -134,7 +137,7 @@ def test_the_codemod_rewrites_a_folder_with_libcst_tool(tmp_path: Path) -> None:
     command = [
         *(sys.executable, "-m", "libcst.tool", "codemod", "--no-format", "-x"),
         "syncpass.transformers.codemod.PipelineSyncCommand",
-        *("--stages", str(CASE.stages), "--model", "Tower", "models"),
+        *("--stages", str(CASE.stages), "--model", "Tower", "--backend", "torch", "models"),
     ]
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
@@ -174,7 +177,8 @@ def test_the_codemod_takes_its_settings_from_the_project_as_rewrite_does(tmp_pat
     shutil.copy(CASE.costs_path, models / "tower.costs.json")
     (tmp_path / "pyproject.toml").write_text(
         "[tool.syncpass]\n"
-        f"stages = {CASE.stages}\n\n"
+        f"stages = {CASE.stages}\n"
+        'backend = "torch"\n\n'
         "[[tool.syncpass.models]]\n"
         'source = "models/tower.py"\n'
         'generated = "models/tower_pipeline.py"\n'

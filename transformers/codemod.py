@@ -33,6 +33,7 @@ from syncpass.api import rewrite_module
 from syncpass.contracts.config import strategy_names
 from syncpass.contracts.costs import Costs, load_costs
 from syncpass.core.errors import NoModelError, SyncpassError
+from syncpass.core.plugins import backend_names
 from syncpass.settings.resolve import Overrides, Settings, resolve_settings
 
 DEFAULT_COSTS = "{dir}/{stem}.costs.json"
@@ -64,6 +65,13 @@ class PipelineSyncCommand(CodemodCommand):
         arg_parser.add_argument("--min-sync-interval", type=int, default=None)
         arg_parser.add_argument("--microbatches", type=int, default=None)
         arg_parser.add_argument("--model", default=None, help="the model class in each file")
+        arg_parser.add_argument(
+            "--backend",
+            choices=backend_names(),
+            default=None,
+            help="what the sync points are written for (default: the project's, else "
+            "torch_stages)",
+        )
 
     def __init__(
         self,
@@ -74,8 +82,10 @@ class PipelineSyncCommand(CodemodCommand):
         min_sync_interval: int | None = None,
         microbatches: int | None = None,
         model: str | None = None,
+        backend: str | None = None,
     ) -> None:
         super().__init__(context)
+        self.backend = backend
         self.stages = stages
         self.costs = costs
         self.strategy = strategy
@@ -128,6 +138,7 @@ class PipelineSyncCommand(CodemodCommand):
                 min_sync_interval=self.min_sync_interval,
                 microbatches=self.microbatches,
                 model=self.model,
+                backend=self.backend,
             ),
         )
         costs = settings.retarget(load_costs(cost_path))

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from syncpass.commands.cliargs import EXIT_OK, count, positive_int
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import write_atomically
-from syncpass.core.plugins import backend_names
+from syncpass.core.plugins import DEFAULT_BACKEND, backend_names
 
 if TYPE_CHECKING:
     from syncpass.contracts.costs import Costs
@@ -90,9 +90,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     profile.add_argument(
         "--backend",
         choices=backend_names(),
-        default="torch",
-        help="torch: an nn.Module's forward (default); jax: a JAX function or a Flax module, "
-        "timed per op with jax.jit and counted with XLA's cost analysis (docs/jax.md)",
+        default=DEFAULT_BACKEND,
+        help="torch_stages (default): an nn.Module's forward with its own methods and the "
+        "submodule holding the layers planned inside, as the eager stages run it; torch: its "
+        "forward as written, for pipe_split() (torch's tracer is asked whether it takes the "
+        "model); jax: a JAX function or a Flax module, timed per op with jax.jit and counted "
+        "with XLA's cost analysis (docs/jax.md)",
     )
     static = profile.add_argument_group(
         "estimates without running code",

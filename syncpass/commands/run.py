@@ -20,7 +20,7 @@ from syncpass.backends.registry import load_backend
 from syncpass.commands.cliargs import EXIT_FOUND, EXIT_OK, positive_float, positive_int
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import write_atomically
-from syncpass.core.plugins import backend_names
+from syncpass.core.plugins import DEFAULT_BACKEND, backend_names
 from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
 from syncpass.runtime.example import example_for_file
 from syncpass.runtime.render import render_run, report_document
@@ -133,8 +133,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument(
         "--backend",
         choices=backend_names(),
-        default="torch",
-        help="torch: pipe_split() stages over gloo/NCCL processes (default); jax: the "
+        default=DEFAULT_BACKEND,
+        help="torch_stages (default) and torch: the file's eager stage classes, or its "
+        "pipe_split() calls traced, under PipelineStage over gloo/NCCL processes; jax: the "
         "jax.device_put stages of a JAX function or Flax module, one jax.jit per stage over N "
         "JAX devices (docs/jax.md)",
     )
@@ -192,7 +193,7 @@ def run_command(args: argparse.Namespace) -> int:
     The backend's run hook honours every flag of the request or refuses it
     (a SyncpassError, exit 2) before anything starts.
     """
-    backend = load_backend(getattr(args, "backend", "torch"))
+    backend = load_backend(getattr(args, "backend", DEFAULT_BACKEND))
     run = backend.need("run", "choose a backend that runs pipelines with --backend")
     request = request_from_args(args, backend.schedules[0] if backend.schedules else "1f1b")
     costs = predict = None

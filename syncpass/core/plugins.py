@@ -19,6 +19,9 @@ BACKEND_GROUP = "syncpass.backends"
 STRATEGY_GROUP = "syncpass.strategies"
 #: The backends syncpass ships (:mod:`syncpass.backends.registry` holds their specs).
 BUILTIN_BACKENDS = ("torch", "torch_stages", "jax")
+#: The backend used when none is named: torch's eager stages (``PipelineStage``), which run
+#: any forward torch runs eagerly; ``torch`` (``pipe_split()`` and torch's tracer) stays an option.
+DEFAULT_BACKEND = "torch_stages"
 
 
 @cache

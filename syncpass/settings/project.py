@@ -7,7 +7,7 @@ pre-commit hook)::
     strategy = "adaptive"                  # the sync_config vocabulary (syncpass.contracts.config)
     min_sync_interval = 2
     communication_cost_threshold = 0.1
-    backend = "torch"                      # what the sync points are written for
+    backend = "torch_stages"               # what the sync points are written for
     stages = 4                             # or "auto"
     hardware = "pcie4-gpus"                # a shipped profile, or a .toml file
 
@@ -42,7 +42,7 @@ from syncpass.contracts.config import (
 )
 from syncpass.contracts.hardware import profile_names
 from syncpass.core.errors import SyncpassError
-from syncpass.core.plugins import backend_names
+from syncpass.core.plugins import DEFAULT_BACKEND, backend_names
 
 #: Backends the sync points can be written for. ``torch``: ``pipe_split()`` calls
 #: of ``torch.distributed.pipelining``.
@@ -99,7 +99,7 @@ class ProjectConfig:
     path: Path | None = None
     sync: SyncConfig = field(default_factory=default_sync_config)
     sync_keys: tuple[str, ...] = ()
-    backend: str = "torch"
+    backend: str = DEFAULT_BACKEND
     stages: Stages | None = None
     hardware: str | None = None
     models: tuple[ModelEntry, ...] = ()
@@ -187,7 +187,7 @@ def load_project_config(path: Path) -> ProjectConfig:
     sync_keys = tuple(key for key in CONFIG_KEYS if key in table)
     for key in sync_keys:
         sync = sync_config_from_mapping({key: table[key]}, where.line(None, key), sync)
-    backend = table.get("backend", "torch")
+    backend = table.get("backend", DEFAULT_BACKEND)
     if backend not in backend_names():
         raise SyncpassError(
             f"backend must be one of {', '.join(backend_names())}, got {backend!r}",

@@ -27,6 +27,7 @@ from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs
 from syncpass.contracts.hardware import load_profile, retarget_hardware
 from syncpass.core.errors import SyncpassError
+from syncpass.core.plugins import DEFAULT_BACKEND
 from syncpass.plan.planner import PlanRequest
 from syncpass.plan.retarget import retarget_batch
 from syncpass.settings.project import (
@@ -152,7 +153,7 @@ def resolve_settings(
         hardware = project.hardware
     backend = overrides.backend
     if backend is None:
-        backend = project.backend if project is not None else "torch"
+        backend = project.backend if project is not None else DEFAULT_BACKEND
     return Settings(
         project=project,
         entry=entry,

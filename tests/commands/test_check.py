@@ -101,7 +101,8 @@ def test_a_missing_generated_file_is_stale_and_fix_writes_what_rewrite_writes(
     out = capsys.readouterr().out
     assert out.startswith("models/net_pipeline.py: missing: it must be what `syncpass rewrite ")
     assert "--- /dev/null\n+++ models/net_pipeline.py\n" in out
-    assert "+        pipe_split()  # syncpass sync 1/2" in out
+    assert "+class NetStage1(NetStage):" in out  # the eager stages, the default backend
+    assert "# syncpass sync 1/2: sends " in out
     assert not (project / "models" / "net_pipeline.py").exists()
 
     assert check("--fix") == 0
@@ -139,8 +140,8 @@ def test_a_stale_generated_file_gets_a_diff_naming_it(
     assert out.startswith("models/net_pipeline.py: stale: ")
     assert "--stages 2 -o models/net_pipeline.py" in out
     assert "--- models/net_pipeline.py\n+++ models/net_pipeline.py\n@@" in out
-    assert "-        pipe_split()  # syncpass sync 2/2" in out
-    assert "+        pipe_split()  # syncpass sync 1/1" in out
+    assert "-class NetStage2(NetStage):" in out
+    assert "# syncpass sync 1/1: sends " in out
     assert check("--fix") == 0 and check() == 0
 
 

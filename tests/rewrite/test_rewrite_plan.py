@@ -19,6 +19,8 @@ def project(tmp_path: Path) -> tuple[Path, Path, Path]:
     """The golden model, its cost file, and a plan made from them by `syncpass plan -o`."""
     source = tmp_path / "model.py"
     source.write_text(CASE.source)
+    # The golden file is the tracer form's (pipe_split() in forward).
+    (tmp_path / "pyproject.toml").write_text('[tool.syncpass]\nbackend = "torch"\n')
     costs = tmp_path / "model.costs.json"
     shutil.copy(CASE.costs_path, costs)
     plan = tmp_path / "model.plan.json"

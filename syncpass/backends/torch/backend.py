@@ -129,6 +129,12 @@ def _predict(text: str, path: str, costs: Costs, result: RunResult) -> RunPredic
     return predict_run(text, path, costs, result)
 
 
+def _predict_stages(text: str, path: str, costs: Costs, result: RunResult) -> RunPrediction:
+    from syncpass.backends.torch.prediction import predict_stages_run
+
+    return predict_stages_run(text, path, costs, result)
+
+
 def _run(request: RunRequest) -> RunResult:
     from syncpass.backends.torch.run import launch
 
@@ -174,6 +180,7 @@ STAGES_BACKEND = Backend(
     estimate=_estimate_for_stages,
     run=_run,
     lint=_lint,
+    predict=_predict_stages,
     schedules=("1f1b", "gpipe"),
     load_example=_load_example,
     carries_values=True,

@@ -11,15 +11,17 @@ checked against a real run rather than trusted.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 
 from syncpass.backends.torch.analysis import analyse_model, loop_containers, sequential_calls
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs
-from syncpass.contracts.graph import INPUT, OUTPUT
+from syncpass.contracts.graph import INPUT, OUTPUT, OpGraph
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.match import container_sizes, match_costs
 from syncpass.frontend.source import parse_source
 from syncpass.plan.planner import PlanRequest, make_plan
+from syncpass.rewrite.source import KnownOps
 from syncpass.runtime.contracts import RunResult
 from syncpass.runtime.prediction import RunPrediction
 
@@ -36,12 +38,26 @@ def predict_run(text: str, path: str, costs: Costs, result: RunResult) -> RunPre
         text,
         container_sizes(costs, sequential_calls(module, name, path)),
     )
+    return predict_cuts(graph, graph.written, path, costs, result)
+
+
+def predict_cuts(
+    graph: OpGraph,
+    written: Iterable[str],
+    path: str,
+    costs: Costs,
+    result: RunResult,
+    carries_values: bool = False,
+) -> RunPrediction:
+    """Plan the cuts after the ops ``written`` (ids of ``graph``, the file's model) on
+    ``costs`` as ``result`` ran them; ``carries_values`` for stages that send a value on
+    to any later stage (the eager form)."""
     # Ops are named as in the cost file: the inserted lines moved the file's own.
     renamed = match_costs(graph, costs)
     as_measured = {here.id: there.id for here, there in zip(renamed.ops, costs.ops, strict=True)}
     as_measured.update({INPUT: INPUT, OUTPUT: OUTPUT})
-    written = {as_measured[op_id] for op_id in graph.written}
-    unknown = written - {cut.after for cut in costs.cuts}
+    cut_after = {as_measured[op_id] for op_id in written}
+    unknown = cut_after - {cut.after for cut in costs.cuts}
     if unknown:
         raise SyncpassError(
             f"the cost file has no cut after {', '.join(sorted(unknown))}, where {path} syncs",
@@ -49,14 +65,15 @@ def predict_run(text: str, path: str, costs: Costs, result: RunResult) -> RunPre
         )
     costs = dataclasses.replace(
         costs,
-        cuts=tuple(dataclasses.replace(cut, pinned=cut.after in written) for cut in costs.cuts),
+        cuts=tuple(dataclasses.replace(cut, pinned=cut.after in cut_after) for cut in costs.cuts),
         edges=tuple((as_measured[a], as_measured[b]) for a, b in graph.edges),
     )
     request = PlanRequest(
-        stages=len(written) + 1 if written else 1,
-        config=SyncConfig(strategy="manual" if written else "adaptive"),
+        stages=len(cut_after) + 1 if cut_after else 1,
+        config=SyncConfig(strategy="manual" if cut_after else "adaptive"),
         microbatches=result.microbatches,
         schedule=result.request.schedule,
+        carries_values=carries_values,
     )
     plan = make_plan(costs, request, path)
     steps = tuple(stage.step_s for stage in result.stages)
@@ -69,3 +86,15 @@ def predict_run(text: str, path: str, costs: Costs, result: RunResult) -> RunPre
         measured_stage_steps_s=steps,
         measured_wait_ratio=wait / steps[slowest] if steps[slowest] else 0.0,
     )
+
+
+def predict_stages_run(text: str, path: str, costs: Costs, result: RunResult) -> RunPrediction:
+    """The eager form's predict hook: the cuts are where the file's stage classes end."""
+    from syncpass.backends.torch.stages import analyse, written_cuts
+    from syncpass.transformers.torch_stages import STAGES_COMMENT
+
+    if STAGES_COMMENT not in text:  # a pipe_split() file: its calls are the sync points
+        return predict_run(text, path, costs, result)
+    source = analyse(text, path, KnownOps.of_costs(costs), costs.model)
+    cuts = written_cuts(text, path, source)
+    return predict_cuts(source.graph, cuts, path, costs, result, carries_values=True)

@@ -50,7 +50,12 @@ from syncpass.backends.torch.analysis import analyse as analyse_traced
 from syncpass.backends.torch.rewrite import strip_sync_points as strip_pipe_splits
 from syncpass.contracts.graph import Cut, Op, OpGraph
 from syncpass.core.errors import SyncpassError
-from syncpass.frontend.analysis import find_forward, model_class_names
+from syncpass.frontend.analysis import (
+    find_forward,
+    match_container_loop,
+    match_sequential_call,
+    model_class_names,
+)
 from syncpass.frontend.inline import inline_own_methods, mentioned_names
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
@@ -63,6 +68,7 @@ from syncpass.transformers.torch_stages import (
     remove_stages,
     self_paths,
     split_forward,
+    stage_class_name,
     tensor_count,
 )
 
@@ -121,6 +127,67 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
     return ModelSource(
         text=text, base=source.base, module=source.module, graph=graph, handle=source.expanded
     )
+
+
+def written_cuts(text: str, path: str, source: ModelSource) -> tuple[str, ...]:
+    """The op ids after which the stage classes in ``text`` cut ``source``'s graph (the file's
+    model analysed, :func:`analyse`): where each stage but the last ends."""
+    graph = source.graph
+    model = graph.model_class
+    classes = {
+        statement.name.value: statement
+        for statement in parse_source(text, path).body
+        if isinstance(statement, cst.ClassDef)
+    }
+    planned = _planned(source)
+    forward = find_forward(planned, model, path).forward
+    assert isinstance(forward.body, cst.IndentedBlock)
+    by_code = {planned.code_for_node(s).strip(): i for i, s in enumerate(forward.body.body)}
+    cuts = []
+    index = 0
+    while f"{stage_class_name(model, index + 1)}" in classes:
+        stage = classes[stage_class_name(model, index)]
+        method = next(
+            member
+            for member in stage.body.body
+            if isinstance(member, cst.FunctionDef) and member.name.value == "forward"
+        )
+        assert isinstance(method.body, cst.IndentedBlock)
+        last = method.body.body[-2] if len(method.body.body) > 1 else method.body.body[-1]
+        cuts.append(_last_op(last, planned, by_code, graph, path))
+        index += 1
+    return tuple(cuts)
+
+
+def _last_op(
+    statement: cst.BaseStatement,
+    module: cst.Module,
+    by_code: dict[str, int],
+    graph: OpGraph,
+    path: str,
+) -> str:
+    """The id of the last op ``statement`` (a stage's last before its ``return``) runs."""
+    loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
+    sequential = match_sequential_call(statement)
+    ranged = loop or sequential
+    if ranged is not None:
+        layers = [op for op in graph.ops if op.loop is not None]
+        ran = [op for op in layers if op.loop is not None and op.loop.container == ranged.container]
+        size = dict(graph.containers).get(ranged.container, len(ran))
+        stop = range(size)[ranged.start : ranged.stop]
+        for op in ran:
+            if op.loop is not None and stop and op.loop.index == stop[-1]:
+                return op.id
+    found = by_code.get(module.code_for_node(statement).strip())
+    ops = [op for op in graph.ops if op.statement == found]
+    if found is None or not ops:
+        raise SyncpassError(
+            "a stage class ends with a statement that is not one of the model's forward: "
+            "the stages were edited, or written for another version of the model; "
+            "run syncpass rewrite again",
+            path,
+        )
+    return ops[-1].id
 
 
 def strip(text: str, path: str, class_name: str | None = None) -> str:

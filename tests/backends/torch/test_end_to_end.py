@@ -47,10 +47,12 @@ def profiled(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, 
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stages", [2, 4])
+@pytest.mark.parametrize(
+    ("backend", "stages"), [("torch_stages", 2), ("torch_stages", 4), ("torch", 2)]
+)
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_profile_rewrite_run_verify(
-    profiled: dict[str, tuple[Path, Path]], tmp_path: Path, name: str, stages: int
+    profiled: dict[str, tuple[Path, Path]], tmp_path: Path, name: str, backend: str, stages: int
 ) -> None:
     source, costs = profiled[name]
     measured = load_costs(costs)
@@ -71,13 +73,19 @@ def test_profile_rewrite_run_verify(
                 str(rewritten),
                 "--report",
                 str(report),
+                "--backend",
+                backend,
             ]
         )
         == 0
     )
     plan = parse_plan(json.loads(report.read_text())["plan"])
     assert len(plan.stages) == stages
-    assert rewritten.read_text().count("pipe_split()  # syncpass sync") == stages - 1
+    written = rewritten.read_text()
+    assert written.count("# syncpass sync ") == stages - 1
+    assert written.count("pipe_split()  # syncpass sync") == (
+        stages - 1 if backend == "torch" else 0
+    )
     run_report = tmp_path / "run.json"
     status = main(
         [

@@ -27,7 +27,9 @@ from syncpass.backends.torch.measure import (
     fixed_part,
     profile_costs,
     tensor_bytes,
+    value_kind,
 )
+from syncpass.cli import main
 from syncpass.commands.profile import register
 from syncpass.contracts.costs import Costs, OpCost, costs_to_json, load_costs, parse_costs
 from syncpass.contracts.graph import OpGraph
@@ -510,7 +512,7 @@ def test_command_writes_a_cost_file_that_rewrite_accepts(
         check=False,
     )
     assert rewrite.returncode == 0, rewrite.stderr
-    assert "pipe_split()" in rewrite.stdout
+    assert "# syncpass sync 1/1: sends " in rewrite.stdout  # the eager stages
 
 
 @pytest.mark.usefixtures("_restore_imports")
@@ -622,3 +624,60 @@ def test_a_quarter_batch_that_fails_costs_only_the_fixed_parts(
     costs = load_costs(output)
     assert all(op.fixed_s == 0 for op in costs.ops)
     assert any("quarter of the batch failed" in note for note in costs.notes)
+
+
+def test_what_a_cut_sends_that_is_no_tensor_is_recorded_by_kind() -> None:
+    assert value_kind(None) == "none" and value_kind(3) == "int" and value_kind(True) == "bool"
+    assert value_kind(torch.Size([2, 3])) == "size"
+    assert value_kind((-1, 16, 32)) == "ints"
+    assert value_kind((torch.zeros(2), torch.ones(2))) == "tensors:2"
+    assert value_kind({"a": torch.zeros(1)}) == "other"
+    assert value_kind((torch.zeros(1), 3)) == "other"
+    assert value_kind(()) == "other"
+
+
+CONFIG_BOUND = """
+import torch
+from torch import nn
+
+
+class Config:
+    depth = {depth}
+
+
+class Stack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.config = Config()
+        self.blocks = nn.ModuleList([nn.Linear(8, 8) for _ in range(4)])
+
+    def forward(self, x):
+        for block in self.blocks[: self.config.depth]:
+            x = block(x)
+        return x
+
+
+def example():
+    return Stack(), (torch.randn(4, 8),)
+"""
+
+
+@pytest.mark.parametrize("depth", [4, 3])
+def test_a_loop_bound_read_from_the_config_must_cover_the_container(
+    depth: int, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "stack.py"
+    source.write_text(CONFIG_BOUND.format(depth=depth))
+    out = tmp_path / "costs.json"
+    status = main(["profile", str(source), "--repeats", "1", "--warmup", "0", "-o", str(out)])
+    err = capsys.readouterr().err
+    if depth == 4:  # all four layers: planned per layer, the bound checked on the model
+        assert status == 0, err
+        assert [op.id for op in load_costs(out).ops] == [f"blocks.{k}" for k in range(4)]
+    else:
+        line = CONFIG_BOUND.splitlines().index(
+            "        for block in self.blocks[: self.config.depth]:"
+        )
+        assert status == 2 and not out.exists()
+        assert f"{source}:{line + 1}: the loop over self.blocks stops at self.config.depth" in err
+        assert "which is 3 for a container of 4" in err

@@ -62,7 +62,7 @@ def test_rewrite_from_input_shapes_equals_rewrite_from_the_static_cost_file(
         == 0
     )
     assert direct.read_text() == via_file.read_text()
-    assert direct.read_text().count("pipe_split()  # syncpass sync") == 1
+    assert direct.read_text().count("# syncpass sync ") == 1
 
 
 def test_an_op_it_cannot_size_is_named_with_its_line(
@@ -137,4 +137,4 @@ def test_the_static_path_imports_neither_torch_nor_the_model(tmp_path: Path) -> 
         [sys.executable, "-c", script], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0, done.stderr
-    assert (tmp_path / "out.py").read_text().count("pipe_split()  # syncpass sync") == 1
+    assert (tmp_path / "out.py").read_text().count("# syncpass sync ") == 1
