@@ -78,3 +78,24 @@ def test_real_model_splits_into_eager_stages_and_verifies(
     verify = json.loads(run_report.read_text())["verify"]
     assert verify["ok"] is True and verify["mismatches"] == 0
     assert verify["parameters_compared"] == verify["model_parameters"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", CORPUS.MODELS, ids=[model.name for model in CORPUS.MODELS])
+def test_real_model_is_counted_on_fake_tensors(
+    packages: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], model: Any
+) -> None:
+    """``profile --meta``: every layer of the stack counted, nothing run for real (Hugging
+    Face's masks skip their data-dependent checks on fake tensors, as under torch.export)."""
+    installed = CORPUS.install(model.packages, packages / model.packages[0].split("==")[0])
+    source = CORPUS.project(installed, model, tmp_path)
+    costs = tmp_path / "meta.costs.json"
+    argv = ["profile", str(source), "--example", f"{source}:example", "--meta"]
+    status = main([*argv, "--hardware", "pcie4-gpus", "-o", str(costs)])
+    assert status == 0, capsys.readouterr().err
+    ops = json.loads(costs.read_text())["ops"]
+    layers = [op for op in ops if op["id"].startswith(model.layers)]
+    assert len(layers) == model.depth
+    assert all(op["flops"] > 0 and op["param_bytes"] > 0 for op in layers)
+    # The layers of one stack are alike: counted, not timed, they cost the same.
+    assert len({op["flops"] for op in layers}) == 1

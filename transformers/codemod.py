@@ -69,8 +69,7 @@ class PipelineSyncCommand(CodemodCommand):
             "--backend",
             choices=backend_names(),
             default=None,
-            help="what the sync points are written for (default: the project's, else "
-            "torch_stages)",
+            help="what the sync points are written for (default: the project's, else torch_stages)",
         )
 
     def __init__(

@@ -110,8 +110,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     static.add_argument(
         "--meta",
         action="store_true",
-        help="build the example's model on torch's meta device and count each op's FLOPs and "
-        "bytes (torch's FlopCounterMode): nothing allocated, nothing timed; needs --hardware, "
+        help="build the example's model as fake tensors (torch's FakeTensorMode: shapes, no "
+        "data) and count each op's FLOPs and bytes (torch's FlopCounterMode): nothing "
+        "allocated, nothing timed; needs --hardware, "
         "whose FLOP/s turn FLOPs into time (docs/profile.md)",
     )
     static.add_argument(
@@ -209,7 +210,7 @@ def profile_command(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     if args.static or args.meta:
-        how = "counted on torch's meta device" if args.meta else "estimated from the source"
+        how = "counted on fake tensors" if args.meta else "estimated from the source"
         print(_static_summary(costs, target, how), file=sys.stderr)
     else:
         print(_summary(costs, target, args.repeats), file=sys.stderr)

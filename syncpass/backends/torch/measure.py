@@ -287,7 +287,9 @@ def tensor_bytes(values: Iterable[object]) -> int:
                 continue
             size = tensor.element_size()
             try:
-                pointer = tensor.untyped_storage().data_ptr()
+                untyped = tensor.untyped_storage()
+                # A fake or meta tensor's storage has no data: its identity tells aliases apart.
+                pointer = untyped._cdata if _without_data(tensor) else untyped.data_ptr()
             except (RuntimeError, NotImplementedError):  # sparse and other storage-less tensors
                 pointer = 0
             if pointer == 0:
@@ -303,6 +305,13 @@ def tensor_bytes(values: Iterable[object]) -> int:
             storage.views[(offset, shape, strides, size)] = tensor.numel() * size
             storage.ranges.append((offset, offset + extent * size))
     return total + sum(storage.bytes() for storage in storages.values())
+
+
+def _without_data(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` has shape and dtype but no data (meta, or a fake tensor)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return bool(tensor.is_meta or is_fake(tensor))
 
 
 @dataclass
@@ -822,7 +831,7 @@ def profile_costs(
     ``refine`` is the backend's last word on the op graph before anything is measured
     (the eager stages say what each cut sends: :attr:`Cut.sent`).
 
-    With ``counted_on`` (a model and inputs on torch's meta device) nothing is
+    With ``counted_on`` (a model and inputs as fake tensors: no data) nothing is
     timed: one step counts each op's FLOPs and bytes, and its forward time is
     its FLOPs at ``counted_on.flops_per_s``, its backward twice that; the cost
     file's hardware is ``counted_on``.
@@ -987,7 +996,7 @@ def _counted_costs(
     out_bytes: Mapping[int, int],
     batch_size: int,
 ) -> Costs:
-    """The cost file of a step counted on the meta device (:func:`profile_costs`)."""
+    """The cost file of a step counted on fake tensors (:func:`profile_costs`)."""
     rate = hardware.flops_per_s
     assert rate is not None and rate > 0
     ops = tuple(
@@ -1004,7 +1013,7 @@ def _counted_costs(
     )
     cuts = _cut_costs(graph, live_bytes, kinds)
     note = (
-        f"counted on torch's meta device, not measured: FLOPs (torch's FlopCounterMode) at "
+        f"counted on fake tensors (no data), not measured: FLOPs (torch's FlopCounterMode) at "
         f"{rate:.3g} FLOP/s ({hardware.name or 'the hardware profile'}), backward "
         f"{BACKWARD_FLOPS_RATIO:g}x forward"
     )

@@ -8,6 +8,7 @@ module imports no torch; calling :func:`measure` does.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import sys
@@ -22,7 +23,7 @@ from syncpass.core.errors import SyncpassError
 if TYPE_CHECKING:
     import torch
 
-    from syncpass.contracts.costs import Costs
+    from syncpass.contracts.costs import Costs, Hardware
     from syncpass.contracts.graph import OpGraph
 
 #: Progress lines appear only once profiling has taken this long.
@@ -113,17 +114,17 @@ def measure_file(
     (:mod:`syncpass.backends.torch.traceable`): a model it cannot trace gets a
     warning now and a note in its cost file, which every plan of it shows.
     """
-    from syncpass.backends.torch.example import load_example
     from syncpass.frontend.source import parse_source
     from syncpass.runtime.example import example_for_file
 
     parse_source(text, str(file))  # a syntax error is reported before any user code runs
     spec = example_for_file(file, example)
     progress = ProgressReporter(sys.stderr)
-    progress("loading the example" + (" on the meta device" if meta else ""))
+    progress("loading the example" + (" as fake tensors" if meta else ""))
     hardware = None
+    counting: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
     if meta is not None:
-        import torch
+        from torch._subclasses.fake_tensor import FakeTensorMode
 
         from syncpass.contracts.hardware import load_profile
 
@@ -133,10 +134,36 @@ def measure_file(
                 f"--meta counts FLOPs: the hardware profile {meta!r} gives no flops_per_s to "
                 "turn them into time"
             )
-        with torch.device("meta"):
-            loaded = load_example(spec)
-    else:
-        loaded = load_example(spec)
+        # Fake tensors: shapes, dtypes and devices, no storage (torch.export's way of running a
+        # model). Unlike the bare meta device, code that asks whether it is being traced
+        # (Hugging Face's masks) sees a fake tensor and skips its data-dependent checks.
+        counting = FakeTensorMode(allow_non_fake_inputs=True)
+    with counting:
+        return _measure_loaded(
+            file, text, spec, class_name, repeats, warmup, threads, depth, check_tracer,
+            meta, refine, hardware, progress,
+        )  # fmt: skip
+
+
+def _measure_loaded(
+    file: Path,
+    text: str,
+    spec: str,
+    class_name: str | None,
+    repeats: int,
+    warmup: int,
+    threads: int,
+    depth: int,
+    check_tracer: bool,
+    meta: str | None,
+    refine: Callable[[OpGraph], OpGraph] | None,
+    hardware: Hardware | None,
+    progress: ProgressReporter,
+) -> Costs:
+    """:func:`measure_file` once the counting mode (if any) is entered."""
+    from syncpass.backends.torch.example import load_example
+
+    loaded = load_example(spec)
     check_model_file(loaded.model, file, class_name)
 
     from syncpass.backends.torch.measure import profile_costs

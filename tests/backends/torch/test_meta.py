@@ -30,7 +30,7 @@ def test_counts_flops_and_bytes_on_the_meta_device(
     status, _, out = profile(tmp_path, "--meta", "--hardware", "nvlink-8xh100")
     err = capsys.readouterr().err
     assert status == 0, err
-    assert "counted on torch's meta device (nothing timed)" in err
+    assert "counted on fake tensors (nothing timed)" in err
     costs = json.loads(out.read_text())
     rate = load_profile("nvlink-8xh100").hardware.flops_per_s
     assert rate is not None
@@ -43,7 +43,7 @@ def test_counts_flops_and_bytes_on_the_meta_device(
         assert op["backward_s"] == pytest.approx(2 * op["compute_s"])
     assert all(op["param_bytes"] == 2 * (32 * 32 + 32) * 4 for op in layers)
     assert costs["hardware"]["name"] == load_profile("nvlink-8xh100").hardware.name
-    assert any("meta device" in note for note in costs["notes"])
+    assert any("fake tensors" in note for note in costs["notes"])
     cut = next(cut for cut in costs["cuts"] if cut["after"] == "layers.2")
     assert cut["live_bytes"] == 16 * 32 * 4  # x, float32
 
