@@ -30,6 +30,7 @@ from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 from syncpass.frontend.analysis import (
     ContainerLoop,
     SequentialCall,
+    dict_view,
     match_container_loop,
     match_sequential_call,
 )
@@ -274,6 +275,11 @@ def _sliced(
     iterable: cst.BaseExpression, start: int | None, stop: int | None
 ) -> cst.BaseExpression:
     base = _container_expr(iterable)
+    view = dict_view(base)
+    if view is not None:  # a ModuleDict's view: sliced as a list, whole as the user wrote it
+        if start is None and stop is None:
+            return view
+        base = cst.Call(func=cst.Name("list"), args=[cst.Arg(view)])
     if start is None and stop is None:
         return base
     return cst.Subscript(
@@ -350,10 +356,15 @@ class RemoveSyncPointsCommand(VisitorBasedCodemodCommand):
         return kept
 
 
+def _is_enumerate(iterable: cst.BaseExpression) -> bool:
+    return m.matches(iterable, m.Call(func=m.Name("enumerate")))
+
+
 def _slice_bounds(
     iterable: cst.BaseExpression,
 ) -> tuple[cst.BaseExpression, int | None, int | None] | None:
-    if isinstance(iterable, cst.Call):  # enumerate(...)
+    if _is_enumerate(iterable):
+        assert isinstance(iterable, cst.Call)
         iterable = iterable.args[0].value
     if isinstance(iterable, cst.Subscript) and isinstance(iterable.slice[0].slice, cst.Slice):
         part = iterable.slice[0].slice
@@ -365,7 +376,7 @@ def _mergeable(first: cst.BaseStatement, second: cst.BaseStatement) -> bool:
     """Two pieces of one split loop: same target and body, adjacent slices."""
     if not (isinstance(first, cst.For) and isinstance(second, cst.For)):
         return False
-    if isinstance(first.iter, cst.Call) != isinstance(second.iter, cst.Call):
+    if _is_enumerate(first.iter) != _is_enumerate(second.iter):
         return False
     if not (first.target.deep_equals(second.target) and first.body.deep_equals(second.body)):
         return False
@@ -423,7 +434,8 @@ def _joined_iter(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.B
     bounds_first, bounds_second = _slice_bounds(first), _slice_bounds(second)
     assert bounds_first is not None and bounds_second is not None
     start, stop = bounds_first[1], bounds_second[2]
-    if isinstance(first, cst.Call):
+    if _is_enumerate(first):
+        assert isinstance(first, cst.Call)
         inner = _sliced(first.args[0].value, start, stop)
         args = [first.args[0].with_changes(value=inner), *first.args[1:]]
         if len(args) == 1:

@@ -71,6 +71,11 @@ class ContainerLoop:
     ``root`` is what the container hangs off: ``self`` (``self.blocks``), or the name of a
     JAX function's weights (``for layer in params["layers"]``: container ``layers``, a list
     of weight dicts); the analysis plans a loop only over a root its backend holds.
+    ``view`` is ``values`` or ``items`` for a loop over a ``ModuleDict``'s view
+    (``for layer in self.layers.values()``, torchtitan's form; ``for name, layer in
+    self.layers.items()``, ``key_name`` then being ``name``), whose keys the profile
+    checks are ``"0"``, ``"1"``, ... in order; a split runs over
+    ``list(self.layers.values())[a:b]``.
     """
 
     container: str
@@ -81,10 +86,14 @@ class ContainerLoop:
     parts: tuple[str, ...] = ()
     runtime_stop: str | None = None
     root: str = "self"
+    view: str | None = None
+    key_name: str | None = None
 
     @property
     def expression(self) -> str:
         """The container as the source reads it: ``self.blocks``, ``params["layers"]``."""
+        if self.view is not None:
+            return f"self.{self.container}.{self.view}()"
         if self.root == "self":
             return f"self.{self.container}"
         return self.root + "".join(f'["{key}"]' for key in self.container.split("."))
@@ -210,19 +219,46 @@ def _keyed_path(node: cst.BaseExpression) -> tuple[str, str] | None:
     return None
 
 
-def _rooted_path(node: cst.BaseExpression) -> tuple[str, str] | None:
-    """``("self", "a.b")`` for ``self.a.b``; ``("params", "layers")`` for ``params["layers"]``."""
+_VIEWS = ("values", "items")
+
+
+def dict_view(node: cst.BaseExpression) -> cst.Call | None:
+    """The ``self.layers.values()`` (or ``.items()``) call ``node`` is, or wraps in
+    ``list(...)``."""
+    if m.matches(node, m.Call(func=m.Name("list"), args=[m.Arg(keyword=None, star="")])):
+        assert isinstance(node, cst.Call)
+        node = node.args[0].value
+    view = m.Call(func=m.Attribute(attr=m.Name("values") | m.Name("items")), args=[])
+    if m.matches(node, view):
+        assert isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
+        if self_path(node.func.value):
+            return node
+    return None
+
+
+def _rooted_path(node: cst.BaseExpression) -> tuple[str, str, str | None] | None:
+    """``("self", "a.b", None)`` for ``self.a.b``; ``("params", "layers", None)`` for
+    ``params["layers"]``; ``("self", "layers", "values")`` for ``self.layers.values()`` (or
+    ``list(self.layers.values())``)."""
+    view = dict_view(node)
+    if view is not None:
+        assert isinstance(view.func, cst.Attribute)
+        path = self_path(view.func.value)
+        assert path is not None
+        return "self", path, view.func.attr.value
     path = self_path(node)
     if path:
-        return "self", path
-    return _keyed_path(node)
+        return "self", path, None
+    keyed = _keyed_path(node)
+    return None if keyed is None else (*keyed, None)
 
 
 def _container_slice(
     node: cst.BaseExpression,
-) -> tuple[str, str, int | None, int | None, str | None] | None:
-    """``(root, container, start, stop, runtime_stop)`` of ``self.<container>[start:stop]``
-    (or ``params["<container>"][start:stop]``)."""
+) -> tuple[str, str, int | None, int | None, str | None, str | None] | None:
+    """``(root, container, start, stop, runtime_stop, view)`` of
+    ``self.<container>[start:stop]`` (or ``params["<container>"][start:stop]``, or
+    ``list(self.<container>.values())[start:stop]``)."""
     if isinstance(node, cst.Subscript) and len(node.slice) == 1:
         part = node.slice[0].slice
         if isinstance(part, cst.Slice) and part.step is None:
@@ -231,10 +267,10 @@ def _container_slice(
             ok_upper, upper = _int_or_none(part.upper)
             runtime = self_path(part.upper) if part.upper is not None and not ok_upper else None
             if base and ok_lower and (ok_upper or runtime):
-                return base[0], base[1], lower, upper, runtime
+                return base[0], base[1], lower, upper, runtime, base[2]
             return None
     base = _rooted_path(node)
-    return (base[0], base[1], None, None, None) if base else None
+    return (base[0], base[1], None, None, None, base[2]) if base else None
 
 
 def match_container_loop(node: cst.For) -> ContainerLoop | None:
@@ -275,13 +311,20 @@ def match_container_loop(node: cst.For) -> ContainerLoop | None:
     found = _container_slice(iterable)
     if found is None:
         return None
-    root, container, start, stop, runtime_stop = found
+    root, container, start, stop, runtime_stop, view = found
     negative = (start is not None and start < 0) or (stop is not None and stop < 0)
     if negative and index_name is not None:
         return None  # the enumerated index would not follow a split over negative bounds
     if _has_jump(node.body):
         return None
-    return ContainerLoop(container, start, stop, item, index_name, parts, runtime_stop, root)
+    key_name = None
+    if view == "items":  # for name, layer in self.layers.items(): a key and its layer
+        if index_name is not None or len(parts) != 2:
+            return None
+        key_name, item, parts = parts[0], parts[1], ()
+    return ContainerLoop(
+        container, start, stop, item, index_name, parts, runtime_stop, root, view, key_name
+    )
 
 
 @dataclass(frozen=True)
@@ -321,9 +364,10 @@ def match_sequential_call(statement: cst.BaseStatement) -> SequentialCall | None
     found = _container_slice(assign.value.func)
     if found is None:
         return None
-    root, container, start, stop, runtime_stop = found
+    root, container, start, stop, runtime_stop, view = found
     if (
         root != "self"
+        or view is not None
         or runtime_stop is not None
         or (start is not None and start < 0)
         or (stop is not None and stop < 0)
@@ -874,7 +918,7 @@ def build_op_graph(
             loop = None  # a loop over a local list: one region
         if loop is not None and loop.container in sizes:
             iterations = loop.iterations(sizes[loop.container])
-            internal = {loop.item, loop.index_name, *loop.parts}
+            internal = {loop.item, loop.index_name, loop.key_name, *loop.parts}
             # What one iteration needs from before it: names read before the body writes them.
             assert isinstance(statement, cst.For)
             exposed = _exposed_reads(statement.body)

@@ -62,3 +62,40 @@ def test_cost_files_keep_container_lengths() -> None:
     costs = parse_costs(data)
     assert costs.containers == (("layers", 7),)
     assert costs_to_json(costs)["containers"] == {"layers": 7}
+
+
+MODULE_DICT = textwrap.dedent(
+    """\
+    class Net:
+        def forward(self, x):
+            x = self.stem(x)
+            for layer in self.layers.values():
+                x = layer(x, self.freqs)
+            for name, block in self.blocks.items():
+                x = block(x)
+            return self.head(x)
+    """
+)
+
+
+def test_a_module_dicts_values_and_items_are_planned_per_layer() -> None:
+    sizes = {"layers": 3, "blocks": 2}
+    graph = analyse_model(parse_source(MODULE_DICT, "net.py"), "net.py", "Net", sizes)
+    ids = [op.id for op in graph.ops]
+    assert ids == ["stem", "layers.0", "layers.1", "layers.2", "blocks.0", "blocks.1", "head"]
+    assert "self.layers.1" in graph.ops[2].calls
+    assert "name" not in graph.ops[4].reads  # the key belongs to the iteration
+
+
+def test_splitting_a_module_dict_loop_slices_it_as_a_list_and_joins_back() -> None:
+    module = parse_source(MODULE_DICT, "net.py")
+    sites = [
+        SyncSite(statement=1, split_after=0, comment="1/2: test"),
+        SyncSite(statement=2, split_after=0, comment="2/2: test"),
+    ]
+    rewritten, warnings = insert_pipe_splits(module, "Net", sites, "net.py")
+    assert warnings == ()
+    assert "for layer in list(self.layers.values())[:1]:" in rewritten.code
+    assert "for layer in list(self.layers.values())[1:]:" in rewritten.code
+    assert "for name, block in list(self.blocks.items())[1:]:" in rewritten.code
+    assert remove_pipe_splits(rewritten, "Net", "net.py").code == MODULE_DICT

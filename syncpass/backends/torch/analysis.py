@@ -74,10 +74,11 @@ def loop_containers(module: cst.Module, class_name: str | None, path: str) -> tu
     return tuple(dict.fromkeys(names))
 
 
-def runtime_loop_bounds(
+def checked_loops(
     module: cst.Module, class_name: str | None, path: str
 ) -> tuple[tuple[ContainerLoop, int], ...]:
-    """The forward's layer loops whose stop bound is read when it runs, with their lines."""
+    """The forward's layer loops the profile checks on the built model, with their lines: a
+    stop bound read when the forward runs, a ``ModuleDict`` view."""
     forward = find_forward(module, class_name, path).forward
     if not isinstance(forward.body, cst.IndentedBlock):
         return ()
@@ -85,7 +86,7 @@ def runtime_loop_bounds(
     found = []
     for statement in forward.body.body:
         loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
-        if loop is not None and loop.runtime_stop is not None:
+        if loop is not None and (loop.runtime_stop is not None or loop.view is not None):
             found.append((loop, positions[statement].start.line))
     return tuple(found)
 

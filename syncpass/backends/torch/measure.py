@@ -53,8 +53,8 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_flop_count
 
 from syncpass.backends.torch.analysis import (
     analyse_model,
+    checked_loops,
     loop_containers,
-    runtime_loop_bounds,
     sequential_calls,
 )
 from syncpass.backends.torch.rewrite import strip_sync_points
@@ -162,8 +162,8 @@ def build_graph(
             sizes[container] = len(value)  # type: ignore[arg-type]
         except TypeError:
             continue  # no length: the analysis keeps the loop as a region
-    for loop, line in runtime_loop_bounds(module, name, path):
-        _check_runtime_stop(model, loop, line, sizes.get(loop.container), path)
+    for loop, line in checked_loops(module, name, path):
+        _check_loop(model, loop, line, sizes.get(loop.container), path)
     expand: dict[str, int] = {}
     if depth >= 2:
         for container in sequential_calls(module, name, path):
@@ -173,12 +173,26 @@ def build_graph(
     return analyse_model(module, path, name, sizes, text, expand)
 
 
-def _check_runtime_stop(
+def _check_loop(
     model: torch.nn.Module, loop: ContainerLoop, line: int, size: int | None, path: str
 ) -> None:
-    """A loop bound read when the forward runs (``self.config.num_hidden_layers``) must cover
-    the whole container now: the plan and the stages run every layer of it."""
-    assert loop.runtime_stop is not None
+    """What the source cannot say of a layer loop, checked on the built model: a bound read
+    when the forward runs (``self.config.num_hidden_layers``) must cover the whole container
+    (the plan and the stages run every layer of it); a ``ModuleDict``'s keys must be ``"0"``,
+    ``"1"``, ... in order (its layers are named by position: ``layers.3``)."""
+    if loop.view is not None:
+        container = _resolve(model, loop.container)
+        keys = list(container.keys()) if isinstance(container, torch.nn.ModuleDict) else None
+        if keys is not None and keys != [str(index) for index in range(len(keys))]:
+            shown = ", ".join(repr(key) for key in keys[:4]) + (", ..." if len(keys) > 4 else "")
+            raise SyncpassError(
+                f"the loop runs over {loop.expression}, whose keys are {shown}: syncpass names "
+                "a ModuleDict's layers by position (layers.0, layers.1, ...) and needs the keys "
+                "'0', '1', ... in order (torchtitan's form)",
+                f"{path}:{line}",
+            )
+    if loop.runtime_stop is None:
+        return
     value = _resolve(model, loop.runtime_stop)
     if size is None or (isinstance(value, int) and not isinstance(value, bool) and value >= size):
         return

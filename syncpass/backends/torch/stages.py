@@ -489,6 +489,11 @@ def _unsliced(paths: Sequence[str], loop_containers: set[str]) -> list[str]:
             container = path[: -len("[:]")]
             if container not in loop_containers:
                 found.append(container)
+        elif path.rpartition(".")[0] in loop_containers and path.rpartition(".")[2] in (
+            "values",
+            "items",
+        ):
+            continue  # list(self.layers.values())[2:4]: the layers are the ops' to say
         else:
             found.append(path)
     return found

@@ -681,3 +681,18 @@ def test_a_loop_bound_read_from_the_config_must_cover_the_container(
         assert status == 2 and not out.exists()
         assert f"{source}:{line + 1}: the loop over self.blocks stops at self.config.depth" in err
         assert "which is 3 for a container of 4" in err
+
+
+def test_a_module_dict_must_be_keyed_by_position(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "named.py"
+    text = (REPO / "tests" / "data" / "module_dict_layers.py").read_text()
+    source.write_text(text.replace("self.layers[str(layer_id)]", 'self.layers[f"block{layer_id}"]'))
+    out = tmp_path / "costs.json"
+    status = main(["profile", str(source), "--repeats", "1", "--warmup", "0", "-o", str(out)])
+    err = capsys.readouterr().err
+    line = text.splitlines().index("        for layer in self.layers.values():") + 1
+    assert status == 2 and not out.exists()
+    assert f"{source}:{line}: the loop runs over self.layers.values(), whose keys are" in err
+    assert "'block0', 'block1'" in err

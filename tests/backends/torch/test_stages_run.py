@@ -178,6 +178,24 @@ def test_a_tuple_of_tensors_and_a_shape_cross_every_stage_packed(
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torch", "torch_stages"])
+def test_layers_in_a_module_dict_split_and_verify(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], backend: str
+) -> None:
+    # torchtitan's form: for layer in self.layers.values(), keys "0".."n-1".
+    source = tmp_path / "module_dict_layers.py"
+    shutil.copy(REPO / "tests" / "data" / "module_dict_layers.py", source)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
+    assert main([*argv, "--backend", backend, "-o", str(out)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert "for layer in list(self.layers.values())[" in out.read_text()
+    document = run_verified(out, "--stages 3", capsys)
+    assert document["verify"]["ok"] is True
+    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+
+
+@pytest.mark.slow
 def test_a_forward_that_delegates_to_a_method_is_planned_inside_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
