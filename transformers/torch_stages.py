@@ -101,24 +101,29 @@ def tensor_count(kind: str | None) -> int | None:
     return None
 
 
+def _one_per_tensor(
+    names: Sequence[str], kinds: Sequence[tuple[str, str]], piece: str
+) -> list[str]:
+    """``names`` with each tuple of N tensors spelled as its N pieces (``piece`` formats one
+    from ``name`` and ``k``)."""
+    kind_of = dict(kinds)
+    spelled = []
+    for name in names:
+        count = tensor_count(kind_of.get(name))
+        spelled.extend(
+            [name] if count is None else [piece.format(name=name, k=k) for k in range(count)]
+        )
+    return spelled
+
+
 def _received_names(stage: StageCode) -> list[str]:
     """The parameters a later stage takes: a tuple of N tensors as ``name_0 .. name_<N-1>``."""
-    kinds = dict(stage.received_kinds)
-    names = []
-    for name in stage.takes:
-        count = tensor_count(kinds.get(name))
-        names.extend([name] if count is None else [f"{name}_{k}" for k in range(count)])
-    return names
+    return _one_per_tensor(stage.takes, stage.received_kinds, "{name}_{k}")
 
 
 def _sent_names(stage: StageCode) -> list[str]:
     """What a stage's outputs are, one per tensor sent (``position_embeddings[1]``)."""
-    kinds = dict(stage.sent_kinds)
-    names = []
-    for name in stage.sends:
-        count = tensor_count(kinds.get(name))
-        names.extend([name] if count is None else [f"{name}[{k}]" for k in range(count)])
-    return names
+    return _one_per_tensor(stage.sends, stage.sent_kinds, "{name}[{k}]")
 
 
 def stage_class_name(model: str, index: int | None = None) -> str:

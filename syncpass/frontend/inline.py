@@ -56,6 +56,7 @@ import libcst as cst
 import libcst.matchers as m
 
 from syncpass.frontend.analysis import match_container_loop
+from syncpass.frontend.numbers import parameters
 
 #: How many rounds of inlining at most (each may expose further calls).
 MAX_ROUNDS = 8
@@ -476,21 +477,14 @@ def inline_own_methods(module: cst.Module, class_name: str) -> Inlined:
     stacks = _submodule_classes(classdef, classes)
     statements = list(forward.body.body)
     inlined: list[str] = []
-    params = forward.params
-    parameters = {
-        param.name.value
-        for param in (*params.posonly_params, *params.params, *params.kwonly_params)
-    }
-    for star in (params.star_arg, params.star_kwarg):
-        if isinstance(star, cst.Param):
-            parameters.add(star.name.value)
+    own_parameters = parameters(forward)
     for _ in range(MAX_ROUNDS):
         changed = False
         expanded: list[cst.BaseStatement] = []
         bound = _BoundNamesVisitor()
         for current in statements:
             current.visit(bound)
-        caller_names = parameters | bound.names
+        caller_names = own_parameters | bound.names
         for position, current in enumerate(statements):
             later = statements[position + 1 :]
             result = _inline_one(current, later, methods, module, stacks, caller_names)
