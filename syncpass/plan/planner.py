@@ -255,7 +255,7 @@ def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin
 
 
 def _refusals(costs: Costs, request: PlanRequest) -> str:
-    """``; 3 cut(s) are refused: ...`` for the cuts a value the stages cannot send crosses."""
+    """`` (3 more are refused: ...)`` for the cuts a value the stages cannot send crosses."""
     refused = [
         (cut.after, name)
         for cut in costs.cuts

@@ -45,8 +45,8 @@ def problem_from_costs(
             if cut.pinned:
                 raise SyncpassError(
                     f"the sync point pinned after {cut.after!r} cannot be: "
-                    f"{refused[cut.after]} would cross it and the stages send only tensors "
-                    "and numbers; move the pin, or compute those values after it"
+                    f"{refused[cut.after]} would cross it and the stages send only tensors, "
+                    "numbers and shapes; move the pin, or compute those values after it"
                 )
             continue
         admissible[position] = True
@@ -64,7 +64,7 @@ def problem_from_costs(
         if op_id in refused:
             raise SyncpassError(
                 f"cannot pin a sync point after {op_id!r}: {refused[op_id]} would cross it "
-                "and the stages send only tensors and numbers"
+                "and the stages send only tensors, numbers and shapes"
             )
         if not admissible[position]:
             raise SyncpassError(

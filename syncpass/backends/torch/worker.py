@@ -464,7 +464,7 @@ def stage_examples(
     model returns (a dataclass, a dict): its tensors stand for it. The random state is
     left as it was, so dropout draws the same masks in the schedule as without this run.
     """
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng():  # the CPU's and every visible GPU's random state
         values: tuple[Any, ...] = chunk
         received: tuple[Any, ...] = chunk
         returned: Any = ()
