@@ -9,8 +9,9 @@ rewritten in place, as ``syncpass rewrite --in-place`` would, with the same
 settings from the same resolver (:mod:`syncpass.settings.resolve`):
 ``[tool.syncpass]`` of the nearest ``pyproject.toml`` (its backend, strategy,
 threshold, interval, stages, hardware, and the stages and class of the file's
-model entry) under the flags given here; the sync points are written for the
-project's backend (``pipe_split()`` for torch, ``jax.device_put`` for JAX).
+model entry) under the flags given here; the sync points are written for
+``--backend`` or the project's backend (by default the eager stage classes of
+``torch_stages``; ``pipe_split()`` for ``torch``, ``jax.device_put`` for JAX).
 Files without a model or without a cost file are skipped with the reason. The cost file of ``models/gpt.py`` is ``models/gpt.costs.json`` unless
 ``--costs`` gives another pattern (``{dir}`` and ``{stem}`` are the file's
 folder and name without ``.py``), or one file for all. A file the pass refuses
