@@ -225,6 +225,13 @@ def project(installed: Path, model: CorpusModel, folder: Path) -> Path:
     return source
 
 
+def prepared(model: CorpusModel, packages: Path, folder: Path) -> Path:
+    """``model``'s project in ``folder``, its packages installed under ``packages`` (one
+    folder per set, named after its first package, so models that share a set share it)."""
+    installed = install(model.packages, packages / model.packages[0].split("==")[0])
+    return project(installed, model, folder)
+
+
 def absolute_imports(text: str, package: str) -> str:
     """``text`` (a module of ``package``) with its relative imports made absolute: ``from
     ..utils import x`` in ``a.b.c`` becomes ``from a.b.utils import x``. Nothing else changes."""
@@ -267,8 +274,7 @@ def bench(models: list[CorpusModel], steps: int) -> None:
         for model in models:
             folder = root / model.name
             folder.mkdir()
-            installed = install(model.packages, root / model.packages[0].split("==")[0])
-            source = project(installed, model, folder)
+            source = prepared(model, root, folder)
             example = f"{source}:example"
             counts = {}
             for backend in ("torch_stages", "torch"):

@@ -150,8 +150,7 @@ def bench(models: list[Any]) -> None:
         for model in models:
             folder = root / model.name
             folder.mkdir()
-            installed = CORPUS.install(model.packages, root / model.packages[0].split("==")[0])
-            source = CORPUS.project(installed, model, folder)
+            source = CORPUS.prepared(model, root, folder)
             meta = _meta(source, folder)
             static = _static(source, STATIC_INPUTS[model.name], folder)
             ratio = (

@@ -54,8 +54,7 @@ def test_real_model_splits_into_eager_stages_and_verifies(
     model: Any,
     stages: int,
 ) -> None:
-    installed = CORPUS.install(model.packages, packages / model.packages[0].split("==")[0])
-    source = CORPUS.project(installed, model, tmp_path)
+    source = CORPUS.prepared(model, packages, tmp_path)
     original = source.read_text()
     out = tmp_path / f"{model.name}_sync.py"
     report = tmp_path / "plan.json"
@@ -87,8 +86,7 @@ def test_real_model_is_counted_on_fake_tensors(
 ) -> None:
     """``profile --meta``: every layer of the stack counted, nothing run for real (Hugging
     Face's masks skip their data-dependent checks on fake tensors, as under torch.export)."""
-    installed = CORPUS.install(model.packages, packages / model.packages[0].split("==")[0])
-    source = CORPUS.project(installed, model, tmp_path)
+    source = CORPUS.prepared(model, packages, tmp_path)
     costs = tmp_path / "meta.costs.json"
     argv = ["profile", str(source), "--example", f"{source}:example", "--meta"]
     status = main([*argv, "--hardware", "pcie4-gpus", "-o", str(costs)])

@@ -219,7 +219,8 @@ def _keyed_path(node: cst.BaseExpression) -> tuple[str, str] | None:
     return None
 
 
-_VIEWS = ("values", "items")
+#: The views of a ``ModuleDict`` a layer loop may run over (``self.layers.values()``).
+DICT_VIEWS = ("values", "items")
 
 
 def dict_view(node: cst.BaseExpression) -> cst.Call | None:
@@ -228,10 +229,9 @@ def dict_view(node: cst.BaseExpression) -> cst.Call | None:
     if m.matches(node, m.Call(func=m.Name("list"), args=[m.Arg(keyword=None, star="")])):
         assert isinstance(node, cst.Call)
         node = node.args[0].value
-    view = m.Call(func=m.Attribute(attr=m.Name("values") | m.Name("items")), args=[])
-    if m.matches(node, view):
+    if m.matches(node, m.Call(func=m.Attribute(attr=m.Name()), args=[])):
         assert isinstance(node, cst.Call) and isinstance(node.func, cst.Attribute)
-        if self_path(node.func.value):
+        if node.func.attr.value in DICT_VIEWS and self_path(node.func.value):
             return node
     return None
 

@@ -23,7 +23,7 @@ from syncpass.core.errors import SyncpassError
 if TYPE_CHECKING:
     import torch
 
-    from syncpass.contracts.costs import Costs, Hardware
+    from syncpass.contracts.costs import Costs
     from syncpass.contracts.graph import OpGraph
 
 #: Progress lines appear only once profiling has taken this long.
@@ -138,55 +138,32 @@ def measure_file(
         # model). Unlike the bare meta device, code that asks whether it is being traced
         # (Hugging Face's masks) sees a fake tensor and skips its data-dependent checks.
         counting = FakeTensorMode(allow_non_fake_inputs=True)
-    with counting:
-        return _measure_loaded(
-            file, text, spec, class_name, repeats, warmup, threads, depth, check_tracer,
-            meta, refine, hardware, progress,
-        )  # fmt: skip
-
-
-def _measure_loaded(
-    file: Path,
-    text: str,
-    spec: str,
-    class_name: str | None,
-    repeats: int,
-    warmup: int,
-    threads: int,
-    depth: int,
-    check_tracer: bool,
-    meta: str | None,
-    refine: Callable[[OpGraph], OpGraph] | None,
-    hardware: Hardware | None,
-    progress: ProgressReporter,
-) -> Costs:
-    """:func:`measure_file` once the counting mode (if any) is entered."""
     from syncpass.backends.torch.example import load_example
-
-    loaded = load_example(spec)
-    check_model_file(loaded.model, file, class_name)
-
     from syncpass.backends.torch.measure import profile_costs
 
-    def loss(output: Any) -> torch.Tensor:
-        return loaded.loss_fn(output, loaded.target)
+    with counting:
+        loaded = load_example(spec)
+        check_model_file(loaded.model, file, class_name)
 
-    costs = profile_costs(
-        text,
-        str(file),
-        loaded.model,
-        loaded.args,
-        loss,
-        class_name=class_name,
-        repeats=repeats,
-        warmup=warmup,
-        threads=threads,
-        progress=progress,
-        depth=depth,
-        small_batch=None if meta else smaller_batch(loaded.args, loaded.target, loaded.loss_fn),
-        counted_on=hardware,
-        refine=refine,
-    )
+        def loss(output: Any) -> torch.Tensor:
+            return loaded.loss_fn(output, loaded.target)
+
+        costs = profile_costs(
+            text,
+            str(file),
+            loaded.model,
+            loaded.args,
+            loss,
+            class_name=class_name,
+            repeats=repeats,
+            warmup=warmup,
+            threads=threads,
+            progress=progress,
+            depth=depth,
+            small_batch=None if meta else smaller_batch(loaded.args, loaded.target, loaded.loss_fn),
+            counted_on=hardware,
+            refine=refine,
+        )
     failure = None
     if check_tracer:
         progress("checking that torch's tracer takes the model")

@@ -51,6 +51,7 @@ from syncpass.backends.torch.rewrite import strip_sync_points as strip_pipe_spli
 from syncpass.contracts.graph import Cut, Op, OpGraph
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.analysis import (
+    DICT_VIEWS,
     find_forward,
     match_container_loop,
     match_sequential_call,
@@ -171,13 +172,15 @@ def _last_op(
     sequential = match_sequential_call(statement)
     ranged = loop or sequential
     if ranged is not None:
-        layers = [op for op in graph.ops if op.loop is not None]
-        ran = [op for op in layers if op.loop is not None and op.loop.container == ranged.container]
+        ran = {
+            op.loop.index: op.id
+            for op in graph.ops
+            if op.loop is not None and op.loop.container == ranged.container
+        }
         size = dict(graph.containers).get(ranged.container, len(ran))
-        stop = range(size)[ranged.start : ranged.stop]
-        for op in ran:
-            if op.loop is not None and stop and op.loop.index == stop[-1]:
-                return op.id
+        iterations = range(size)[ranged.start : ranged.stop]
+        if iterations and iterations[-1] in ran:
+            return ran[iterations[-1]]
     found = by_code.get(module.code_for_node(statement).strip())
     ops = [op for op in graph.ops if op.statement == found]
     if found is None or not ops:
@@ -489,10 +492,7 @@ def _unsliced(paths: Sequence[str], loop_containers: set[str]) -> list[str]:
             container = path[: -len("[:]")]
             if container not in loop_containers:
                 found.append(container)
-        elif path.rpartition(".")[0] in loop_containers and path.rpartition(".")[2] in (
-            "values",
-            "items",
-        ):
+        elif path.rpartition(".")[0] in loop_containers and path.rpartition(".")[2] in DICT_VIEWS:
             continue  # list(self.layers.values())[2:4]: the layers are the ops' to say
         else:
             found.append(path)
