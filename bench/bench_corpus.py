@@ -72,6 +72,28 @@ HF_PACKAGES = (
     "certifi==2026.5.20",
 )
 
+#: torchvision with what its package imports (numpy comes with torch and jax).
+TORCHVISION_PACKAGES = ("torchvision==0.28.0", "pillow==13.0.0")
+
+#: timm imports torchvision (its frozen BatchNorm, its transforms).
+TIMM_PACKAGES = ("timm==1.0.31", *TORCHVISION_PACKAGES)
+
+#: PyPI's torchvision wheel links CUDA libraries that the pinned CPU torch does not ship, so its
+#: compiled operators (detection: nms, roi_align, ...) do not load; torchvision's Python runs
+#: without them, except that at import it registers fake kernels for two of them, which must
+#: exist. The copy declares those two schemas first, once per process (no kernel: calling them
+#: fails). ResNet and ViT call none of torchvision's compiled operators.
+TORCHVISION_PREAMBLE = """import torch
+
+# torchvision's compiled operators are not loaded (see bench/bench_corpus.py).
+try:
+    torch.ops.torchvision.qnms.default
+except (AttributeError, RuntimeError):
+    _torchvision = torch.library.Library("torchvision", "FRAGMENT")
+    _torchvision.define("nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    _torchvision.define("qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+"""
+
 VIT_EXAMPLE = """
 
 def example():
@@ -133,12 +155,37 @@ def example():
 """
 
 
+#: Batch 16 at 64x64: with one image per micro-batch, BatchNorm after the last stage's 1x1
+#: feature maps would see one value per channel.
+RESNET_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    model = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=10)
+    images, labels = torch.randn(16, 3, 64, 64), torch.randint(0, 10, (16,))
+    return model, (images,), labels, nn.functional.cross_entropy
+"""
+
+TIMM_VIT_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    model = VisionTransformer(
+        img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=6, num_heads=4
+    )
+    return model, (torch.randn(8, 3, 32, 32),), torch.randint(0, 10, (8,)), nn.functional.cross_entropy
+"""
+
+
 @dataclass(frozen=True)
 class CorpusModel:
     """A model file of an installed package, and the example appended to its copy.
 
     ``package`` is the file's own package when it imports relatively (Hugging Face's
     ``from ...modeling_utils import``): the copy imports the same modules absolutely.
+    ``until`` ends the copy before the file's first line that starts with it (torchvision's
+    registered builders, which refuse to be registered a second time), and ``preamble`` goes
+    before it.
     """
 
     name: str
@@ -148,7 +195,10 @@ class CorpusModel:
     stages: tuple[int, ...]
     layers: str  # the op id prefix of its layer stack
     depth: int  # how many layers the example builds
+    kinds: int = 1  # how many different layers (by FLOPs) the stack holds
     package: str = ""
+    until: str = ""
+    preamble: str = ""
 
 
 MODELS = (
@@ -181,7 +231,7 @@ MODELS = (
         (2, 4),
         "transformer.h.",
         6,
-        "transformers.models.gpt2",
+        package="transformers.models.gpt2",
     ),
     CorpusModel(
         "hf_llama",
@@ -191,7 +241,32 @@ MODELS = (
         (2, 4),
         "model.layers.",
         6,
-        "transformers.models.llama",
+        package="transformers.models.llama",
+    ),
+    CorpusModel(
+        "tv_resnet",
+        TORCHVISION_PACKAGES,
+        "torchvision/models/resnet.py",
+        RESNET_EXAMPLE,
+        (2, 4, 8),
+        "layer",
+        8,
+        2,  # a stage's first block downsamples (after layer1)
+        package="torchvision.models",
+        until="def _resnet(",
+        preamble=TORCHVISION_PREAMBLE,
+    ),
+    CorpusModel(
+        "timm_vit",
+        TIMM_PACKAGES,
+        "timm/models/vision_transformer.py",
+        TIMM_VIT_EXAMPLE,
+        (2, 4, 8),
+        "blocks.",
+        6,
+        package="timm.models",
+        until="def _create_vision_transformer(",
+        preamble=TORCHVISION_PREAMBLE,
     ),
 )
 
@@ -219,9 +294,11 @@ def project(installed: Path, model: CorpusModel, folder: Path) -> Path:
             target.symlink_to(entry, target_is_directory=True)
     source = folder / f"{model.name}.py"
     text = (installed / model.source).read_text()
+    if model.until:
+        text = text[: text.index(f"\n{model.until}") + 1]
     if model.package:
         text = absolute_imports(text, model.package)
-    source.write_text(text + model.example)
+    source.write_text(model.preamble + text + model.example)
     return source
 
 

@@ -427,6 +427,8 @@ def _run_rewrite(args: argparse.Namespace) -> int:
             f"syncpass: note: planned inside {calls} (their statements run in the stages)",
             file=sys.stderr,
         )
+    for branch in result.graph.branches:
+        print(f"syncpass: note: the stages run {branch}", file=sys.stderr)
     if args.report is not None:
         document = {
             "plan": plan_to_json(result.plan),

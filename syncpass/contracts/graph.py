@@ -118,6 +118,8 @@ class OpGraph:
     containers: tuple[tuple[str, int], ...] = ()
     # Calls the analysis planned inside (a method of the model, a submodule's forward).
     inlined: tuple[str, ...] = ()
+    # `if` statements planned as the branch they take, each described with its file:line.
+    branches: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         ids = [op.id for op in self.ops]

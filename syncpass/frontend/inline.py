@@ -54,8 +54,10 @@ from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
+from libcst.metadata import PositionProvider
 
 from syncpass.frontend.analysis import match_container_loop
+from syncpass.frontend.branches import FoldedBranch, fold_branches, init_constants
 from syncpass.frontend.numbers import parameters
 
 #: How many rounds of inlining at most (each may expose further calls).
@@ -75,10 +77,12 @@ TRANSPARENT_DECORATORS = {
 
 @dataclass(frozen=True)
 class Inlined:
-    """The module with the forward expanded, and the methods that were inlined (in order)."""
+    """The module with the forward expanded, the methods that were inlined (in order) and
+    the branches decided (:mod:`syncpass.frontend.branches`)."""
 
     module: cst.Module
     methods: tuple[str, ...]
+    branches: tuple[FoldedBranch, ...] = ()
 
 
 class _BoundNamesVisitor(cst.CSTVisitor):
@@ -450,8 +454,28 @@ def _inline_one(
     return body, f"self.{name}{left_out}"
 
 
-def inline_own_methods(module: cst.Module, class_name: str) -> Inlined:
-    """``module`` with ``class_name.forward``'s calls of the class's own methods inlined."""
+class SourceLines:
+    """The line of each node of a module, read once, when first asked (0 for a node that
+    is not in it)."""
+
+    def __init__(self, module: cst.Module) -> None:
+        self.module = module
+        self.lines: dict[cst.CSTNode, int] | None = None
+
+    def __call__(self, node: cst.CSTNode) -> int:
+        if self.lines is None:
+            wrapper = cst.MetadataWrapper(self.module, unsafe_skip_copy=True)
+            positions = wrapper.resolve(PositionProvider)
+            self.lines = {key: value.start.line for key, value in positions.items()}
+        return self.lines.get(node, 0)
+
+
+def inline_own_methods(
+    module: cst.Module, class_name: str, lines: SourceLines | None = None
+) -> Inlined:
+    """``module`` with ``class_name.forward``'s calls of the class's own methods inlined and
+    its decided branches folded. ``lines`` gives the lines of the user's file (``module``'s
+    own by default: pass the original's when ``module`` is already expanded elsewhere)."""
     found = [
         (index, statement)
         for index, statement in enumerate(module.body)
@@ -477,7 +501,10 @@ def inline_own_methods(module: cst.Module, class_name: str) -> Inlined:
     stacks = _submodule_classes(classdef, classes)
     statements = list(forward.body.body)
     inlined: list[str] = []
+    folded: list[FoldedBranch] = []
     own_parameters = parameters(forward)
+    attributes = init_constants(classdef)
+    line_of = lines if lines is not None else SourceLines(module)
     for _ in range(MAX_ROUNDS):
         changed = False
         expanded: list[cst.BaseStatement] = []
@@ -494,10 +521,11 @@ def inline_own_methods(module: cst.Module, class_name: str) -> Inlined:
             expanded.extend(result[0])
             inlined.append(result[1])
             changed = True
-        statements = expanded
-        if not changed:
+        statements, decided = fold_branches(expanded, attributes, forward, module, line_of)
+        folded.extend(decided)
+        if not changed and not decided:
             break
-    if not inlined:
+    if not inlined and not folded:
         return Inlined(module, ())
     # The stages run the forward's statements without its decorators: so is it profiled
     # (a transparent one only; another keeps the forward as written).
@@ -508,4 +536,4 @@ def inline_own_methods(module: cst.Module, class_name: str) -> Inlined:
     members = [new_forward if member is forward else member for member in classdef.body.body]
     new_class = classdef.with_changes(body=classdef.body.with_changes(body=tuple(members)))
     body = [*module.body[:index], new_class, *module.body[index + 1 :]]
-    return Inlined(module.with_changes(body=body), tuple(inlined))
+    return Inlined(module.with_changes(body=body), tuple(inlined), tuple(folded))

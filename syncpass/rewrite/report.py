@@ -29,5 +29,6 @@ def analysis_to_json(graph: OpGraph) -> dict[str, Any]:
         ],
         "regions": [str(region) for region in graph.regions],
         "inlined": list(graph.inlined),
+        "branches": list(graph.branches),
         "no_sync": list(graph.forbidden),
     }

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from syncpass.backends.torch.example import Example
     from syncpass.contracts.costs import Costs
+    from syncpass.contracts.graph import OpGraph
     from syncpass.frontend.findings import Finding
     from syncpass.runtime.contracts import RunRequest, RunResult
     from syncpass.runtime.prediction import RunPrediction
@@ -70,14 +71,18 @@ SEQUENTIAL_DEPTH = 2
 
 def _measure_for_stages(request: MeasureRequest) -> Costs:
     from syncpass.backends.torch.profile import measure
-    from syncpass.backends.torch.stages import expand_text, sent_across_cuts
+    from syncpass.backends.torch.stages import check_branches, expand_source, sent_across_cuts
 
     path = str(request.file)
-    expanded = expand_text(request.text, path, request.model)
+    source = expand_source(request.text, path, request.model)
+    expanded = source.expanded.code
+
+    def refine(graph: OpGraph, model: object, args: tuple[object, ...]) -> OpGraph:
+        check_branches(model, len(args), source, path, request.model)
+        return sent_across_cuts(graph, expanded, path)
+
     deeper = dataclasses.replace(request, text=expanded, depth=max(request.depth, SEQUENTIAL_DEPTH))
-    return measure(
-        deeper, check_tracer=False, refine=lambda graph: sent_across_cuts(graph, expanded, path)
-    )
+    return measure(deeper, check_tracer=False, refine=refine)
 
 
 def _estimate_for_stages(request: EstimateRequest) -> Costs:

@@ -838,12 +838,13 @@ def profile_costs(
     depth: int = 1,
     small_batch: tuple[tuple[Any, ...], LossFn] | None = None,
     counted_on: Hardware | None = None,
-    refine: Callable[[OpGraph], OpGraph] | None = None,
+    refine: Callable[[OpGraph, torch.nn.Module, tuple[Any, ...]], OpGraph] | None = None,
 ) -> Costs:
     """Measure the cost of every op of ``model``'s forward, as written in ``text``.
 
-    ``refine`` is the backend's last word on the op graph before anything is measured
-    (the eager stages say what each cut sends: :attr:`Cut.sent`).
+    ``refine`` is the backend's last word on the op graph, given the model and ``args``,
+    before anything is measured (the eager stages check what their decided branches
+    assumed, and say what each cut sends: :attr:`Cut.sent`).
 
     With ``counted_on`` (a model and inputs as fake tensors: no data) nothing is
     timed: one step counts each op's FLOPs and bytes, and its forward time is
@@ -876,7 +877,7 @@ def profile_costs(
     text = strip_sync_points(text, path)
     graph = build_graph(text, path, model, class_name, depth)
     if refine is not None:
-        graph = refine(graph)
+        graph = refine(graph, model, args)
     batch_size = batch_size_of(args, path)
     sync: Callable[[], None] = torch.cuda.synchronize if _on_gpu(model, args) else _no_sync
     probe = _Probe(graph, boundary_names(graph), sync)

@@ -23,6 +23,7 @@ from syncpass.core.errors import SyncpassError
 if TYPE_CHECKING:
     import torch
 
+    from syncpass.backends.torch.example import Example
     from syncpass.contracts.costs import Costs
     from syncpass.contracts.graph import OpGraph
 
@@ -33,7 +34,7 @@ PROGRESS_AFTER_S = 2.0
 def measure(
     request: MeasureRequest,
     check_tracer: bool = True,
-    refine: Callable[[OpGraph], OpGraph] | None = None,
+    refine: Callable[[OpGraph, torch.nn.Module, tuple[Any, ...]], OpGraph] | None = None,
 ) -> Costs:
     """The measure hook: :func:`measure_file` with the request's settings.
 
@@ -105,7 +106,7 @@ def measure_file(
     depth: int = 1,
     check_tracer: bool = True,
     meta: str | None = None,
-    refine: Callable[[OpGraph], OpGraph] | None = None,
+    refine: Callable[[OpGraph, torch.nn.Module, tuple[Any, ...]], OpGraph] | None = None,
 ) -> Costs:
     """Load the example named by ``example`` and profile the model of ``file`` with it.
 
@@ -141,8 +142,8 @@ def measure_file(
     from syncpass.backends.torch.example import load_example
     from syncpass.backends.torch.measure import profile_costs
 
+    loaded = load_example(spec) if meta is None else fake_example(spec, counting)
     with counting:
-        loaded = load_example(spec)
         check_model_file(loaded.model, file, class_name)
 
         def loss(output: Any) -> torch.Tensor:
@@ -181,6 +182,32 @@ def measure_file(
     for note in costs.notes:
         print(f"syncpass: warning: {note}", file=sys.stderr)
     return costs
+
+
+def fake_example(spec: str, mode: contextlib.AbstractContextManager[Any]) -> Example:
+    """The example with no data: built on the meta device, then given fake CPU tensors
+    (under ``mode``, a ``FakeTensorMode``) for its weights, buffers, inputs and target.
+
+    Building on the meta device is how torchtitan and timm make a model without memory;
+    a constructor that computes a value on an explicit ``device="cpu"`` (timm's drop-path
+    rates, ``torch.linspace(...).item()``) still can, where under fake tensors nothing
+    has a value. The buffers have no values either: nothing counted depends on them.
+    """
+    import torch
+    from torch.utils._pytree import tree_map
+
+    from syncpass.backends.torch.example import load_example
+
+    with torch.device("meta"):
+        loaded = load_example(spec)
+
+    def fake(value: Any) -> Any:
+        return torch.empty_like(value, device="cpu") if isinstance(value, torch.Tensor) else value
+
+    with mode:
+        loaded.model.to_empty(device="cpu")
+        args, target = tree_map(fake, loaded.args), tree_map(fake, loaded.target)
+    return dataclasses.replace(loaded, args=args, target=target)
 
 
 def smaller_batch(

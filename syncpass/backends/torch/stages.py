@@ -57,7 +57,8 @@ from syncpass.frontend.analysis import (
     match_sequential_call,
     model_class_names,
 )
-from syncpass.frontend.inline import inline_own_methods, mentioned_names
+from syncpass.frontend.branches import FoldedBranch
+from syncpass.frontend.inline import SourceLines, inline_own_methods, mentioned_names
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
 from syncpass.transformers.common import SyncSite
@@ -81,13 +82,15 @@ class ExpandedSource:
     ``base`` is the text without the stages (or ``pipe_split()`` calls) syncpass
     wrote, ``module`` its tree (where the stages go); ``expanded`` is that tree with
     each model class's own methods inlined into its forward
-    (:mod:`syncpass.frontend.inline`), ``inlined`` the calls inlined, by class.
+    (:mod:`syncpass.frontend.inline`), ``inlined`` the calls inlined and ``branches``
+    the ``if`` statements decided (:mod:`syncpass.frontend.branches`), by class.
     """
 
     base: str
     module: cst.Module
     expanded: cst.Module
     inlined: dict[str, tuple[str, ...]]
+    branches: dict[str, tuple[FoldedBranch, ...]]
 
 
 def expand_source(text: str, path: str, class_name: str | None) -> ExpandedSource:
@@ -96,18 +99,52 @@ def expand_source(text: str, path: str, class_name: str | None) -> ExpandedSourc
     module = parse_source(base, path)
     expanded = module
     inlined = {}
+    branches = {}
     # Every model class's forward is expanded: which one is the model is the analysis's to
     # say (from --model, the cost file or the example), and the others' code is never run.
+    lines = SourceLines(module)
     for name in [class_name] if class_name is not None else model_class_names(module):
-        result = inline_own_methods(expanded, name)
-        expanded, inlined[name] = result.module, result.methods
-    return ExpandedSource(base, module, expanded, inlined)
+        result = inline_own_methods(expanded, name, lines)
+        expanded, inlined[name], branches[name] = result.module, result.methods, result.branches
+    return ExpandedSource(base, module, expanded, inlined, branches)
 
 
 def expand_text(text: str, path: str, class_name: str | None) -> str:
     """The source the eager form profiles and estimates: the expanded module's code."""
     code: str = expand_source(text, path, class_name).expanded.code
     return code
+
+
+def check_branches(
+    model: object, inputs: int, source: ExpandedSource, path: str, class_name: str | None
+) -> None:
+    """What the decided branches of ``source``'s model assumed, checked on the built
+    ``model`` and the example's ``inputs`` (how many positional ones it passes): an
+    attribute other than ``__init__`` sets it, or a parameter whose default was assumed
+    that the example passes, is an error at the ``if``."""
+    for branch in source.branches.get(class_name or type(model).__name__, ()):
+        taken = "no" if branch.taken == "none" else f"the {branch.taken}"
+        where = f"{path}:{branch.line}" if branch.line else path
+        for default in branch.defaults:
+            if default.position is not None and default.position < inputs:
+                raise SyncpassError(
+                    f"the stages run {taken} branch of `if {branch.test}:`, decided with "
+                    f"{default.name} = {default.value!r} (its default), but the example passes "
+                    f"{default.name}: pass only the inputs before it, or move the choice out "
+                    "of the forward",
+                    where,
+                )
+        for assumed in branch.assumed:
+            value = getattr(model, assumed.name, None)
+            if type(value) is type(assumed.value) and value == assumed.value:
+                continue
+            raise SyncpassError(
+                f"the stages run {taken} branch of `if {branch.test}:`, decided with "
+                f"self.{assumed.name} = {assumed.value!r} as __init__ sets it, but the model "
+                f"has {value!r}: build the model with self.{assumed.name} as __init__ leaves "
+                "it, or move the choice out of the forward",
+                where,
+            )
 
 
 def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> ModelSource:
@@ -123,6 +160,7 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
     graph = dataclasses.replace(
         planned.graph,
         inlined=source.inlined.get(model, ()),
+        branches=tuple(branch.describe(path) for branch in source.branches.get(model, ())),
         cuts=_sent_at_cuts(planned.graph, find_forward(source.expanded, model, path).forward),
     )
     return ModelSource(

@@ -229,3 +229,45 @@ def test_unpacked_layer_pairs_with_the_last_held_out_split_and_verify(
     document = run_verified(out, "--stages 4", capsys)
     assert document["verify"]["ok"] is True
     assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+
+
+BRANCHING = REPO / "tests" / "data" / "branching_vit.py"
+
+
+@pytest.mark.slow
+def test_a_branch_decided_by_defaults_and_an_init_flag_is_planned_inside_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # timm's forward_features: if attn_mask/is_causal ... elif self.grad_checkpointing ... else
+    # x = self.blocks(x). Planned as written the if is one region; decided, the blocks split.
+    source = tmp_path / "branching_vit.py"
+    shutil.copy(BRANCHING, source)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
+    assert main([*argv, "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "the stages run the else branch of `if attn_mask is not None or is_causal:`" in err
+    assert "self.grad_checkpointing=False" in err
+    assert "# syncpass: the else branch of" in out.read_text()
+    assert "self.blocks[" in out.read_text()
+    document = run_verified(out, "--stages 3", capsys)
+    assert document["verify"]["ok"] is True
+    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+
+
+@pytest.mark.parametrize(
+    ("example", "said"),
+    [
+        ("example_checkpointed", "self.grad_checkpointing = False as __init__ sets it"),
+        ("example_masked", "attn_mask = None (its default), but the example passes attn_mask"),
+    ],
+)
+def test_a_model_or_example_that_takes_another_branch_is_refused_at_the_if(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], example: str, said: str
+) -> None:
+    costs = tmp_path / "costs.json"
+    argv = ["profile", str(BRANCHING), "--example", f"{BRANCHING}:{example}", "-o", str(costs)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{BRANCHING}:34: the stages run the else branch of" in err and said in err
+    assert not costs.exists()

@@ -17,7 +17,7 @@ class Gate(nn.Module):
     def forward(self, x, scale = None):
         y = self.a( x )   # odd spacing is kept
         z = F.gelu(self.b(y))  # syncpass: no-sync
-        if scale is not None:
+        if self.training and scale is not None:
             z = z * scale
             z = t.tanh(z)
 
@@ -44,7 +44,7 @@ class Gate(nn.Module):
     def forward(self, x, scale = None):
         y = self.a( x )   # odd spacing is kept
         z = F.gelu(self.b(y))  # syncpass: no-sync
-        if scale is not None:
+        if self.training and scale is not None:
             z = z * scale
             z = t.tanh(z)
         pipe_split()  # syncpass sync 1/2: 128 KiB, 372 us/step predicted

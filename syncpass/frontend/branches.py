@@ -1,0 +1,346 @@
+"""Branches decided before the run: an ``if`` of the forward whose test is known is planned
+as the branch it takes.
+
+timm's ``VisionTransformer.forward_features`` chooses how to run its blocks::
+
+    if attn_mask is not None or is_causal:
+        for blk in self.blocks:
+            x = blk(x, attn_mask=attn_mask, is_causal=is_causal)
+    elif self.grad_checkpointing and not torch.jit.is_scripting():
+        x = checkpoint_seq(self.blocks, x)
+    else:
+        x = self.blocks(x)
+
+Planned as written, the ``if`` is one region, and no stage can end inside the
+blocks. Inlined into ``forward`` (:mod:`syncpass.frontend.inline`), the method's
+``attn_mask`` and ``is_causal`` are its defaults, and the test is known: the
+eager stages plan (and run) the branch it takes, ``x = self.blocks(x)``. A test
+is decided when it reads only
+
+* names the forward assigns once, to a constant, before the ``if`` (an inlined
+  method's defaults: ``attn_mask = None``), none of them a forward parameter;
+* the forward's parameters with a constant default that it never assigns
+  (timm's ``forward(self, x, attn_mask=None, is_causal=False)``): the stages
+  are run with the example's positional inputs only, so each such parameter
+  the example does not reach has its default (:class:`AssumedDefault`; the
+  profile checks that the example does not pass it);
+* ``self.NAME`` where ``__init__`` assigns it once, to a constant
+  (``self.grad_checkpointing = False``), and the forward never does: the
+  value is assumed (:class:`AssumedAttribute`) and the profile checks it on the
+  built model, since another method may change it
+  (``set_grad_checkpointing()``);
+* ``torch.jit.is_scripting()``, ``torch.jit.is_tracing()``,
+  ``torch.compiler.is_compiling()`` and ``torch._dynamo.is_compiling()``, which are
+  false: the stages run eagerly;
+* literals, combined with ``not``, ``and``, ``or``, ``is``, ``is not``, ``==``
+  and ``!=``.
+
+The branch taken replaces the ``if`` (its statements verbatim, comments kept);
+an ``if`` none of whose branches is taken goes. An ``if`` whose test reads
+anything else, or whose branch taken holds a ``return``, ``yield``, ``break``
+or ``continue``, stays as written (a region).
+
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import libcst as cst
+import libcst.matchers as m
+
+from syncpass.frontend.numbers import (
+    GatherBindingsVisitor,
+    dotted_name,
+    parameters,
+    self_attribute,
+)
+
+#: A constant a test may read: what ``ast.literal_eval`` gives for a literal.
+Constant = bool | int | float | str | None
+
+#: Calls that are false whenever the stages run (eagerly, not scripted, traced or compiled).
+EAGER_FALSE = frozenset(
+    {
+        "torch.jit.is_scripting",
+        "torch.jit.is_tracing",
+        "torch.compiler.is_compiling",
+        "torch._dynamo.is_compiling",
+    }
+)
+
+_UNKNOWN = object()
+_JUMP = m.Return() | m.Yield() | m.Break() | m.Continue()
+_NESTED = m.FunctionDef() | m.Lambda() | m.ClassDef()
+
+
+@dataclass(frozen=True)
+class AssumedAttribute:
+    """``self.<name>`` read by a decided test: ``value``, as ``__init__`` sets it."""
+
+    name: str
+    value: Constant
+
+
+@dataclass(frozen=True)
+class AssumedDefault:
+    """A forward parameter read by a decided test: its default ``value``. ``position`` is
+    its place among the positional parameters (0 after ``self``), ``None`` for a
+    keyword-only one."""
+
+    name: str
+    value: Constant
+    position: int | None
+
+
+@dataclass(frozen=True)
+class FoldedBranch:
+    """An ``if`` planned as the branch it takes.
+
+    ``line`` is the ``if``'s line in the file (0 when not known), ``test`` its first
+    test as written, ``taken`` which branch runs (``"if"``, ``"elif N"`` for the
+    N-th ``elif``, ``"else"``, or ``"none"``), ``reads`` the values the tests read
+    (``attn_mask=None``); ``assumed`` are the attributes and ``defaults`` the forward's
+    parameters among them.
+    """
+
+    line: int
+    test: str
+    taken: str
+    reads: tuple[tuple[str, Constant], ...]
+    assumed: tuple[AssumedAttribute, ...]
+    defaults: tuple[AssumedDefault, ...] = ()
+
+    def describe(self, path: str) -> str:
+        where = f"{path}:{self.line}" if self.line else path
+        branch = "no branch" if self.taken == "none" else f"the {self.taken} branch"
+        values = ", ".join(f"{name}={value!r}" for name, value in self.reads)
+        return f"{branch} of `if {self.test}:` at {where} ({values or 'constant tests'})"
+
+
+def _constant(node: cst.BaseExpression) -> object:
+    if isinstance(node, cst.Integer | cst.Float | cst.SimpleString):
+        value: object = node.evaluated_value
+        return value
+    if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
+        return {"True": True, "False": False, "None": None}[node.value]
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
+        inner = _constant(node.expression)
+        if isinstance(inner, int | float) and not isinstance(inner, bool):
+            return -inner
+    return _UNKNOWN
+
+
+def init_constants(classdef: cst.ClassDef) -> dict[str, Constant]:
+    """``self.NAME`` that the class's ``__init__`` assigns exactly once, to a constant."""
+    init = next(
+        (
+            member
+            for member in classdef.body.body
+            if isinstance(member, cst.FunctionDef) and member.name.value == "__init__"
+        ),
+        None,
+    )
+    if init is None:
+        return {}
+    gathered = GatherBindingsVisitor()
+    init.visit(gathered)
+    counts = Counter(name for name, _ in gathered.bindings)
+    found: dict[str, Constant] = {}
+    for name, value in gathered.bindings:
+        if not name.startswith("self.") or counts[name] != 1 or value is None:
+            continue
+        if isinstance(value, cst.BaseExpression):
+            constant = _constant(value)
+            if constant is not _UNKNOWN:
+                found[name.removeprefix("self.")] = constant  # type: ignore[assignment]
+    return found
+
+
+class _Test:
+    """Evaluates a test with what is known; records what it read."""
+
+    def __init__(
+        self,
+        names: dict[str, Constant],
+        attributes: dict[str, Constant],
+        defaults: dict[str, AssumedDefault],
+    ) -> None:
+        self.names = names
+        self.attributes = attributes
+        self.defaults = defaults
+        self.reads: dict[str, Constant] = {}
+        self.assumed: dict[str, Constant] = {}
+        self.assumed_defaults: dict[str, AssumedDefault] = {}
+
+    def value(self, node: cst.BaseExpression) -> object:
+        constant = _constant(node)
+        if constant is not _UNKNOWN:
+            return constant
+        if isinstance(node, cst.Name):
+            if node.value in self.names:
+                self.reads[node.value] = self.names[node.value]
+                return self.names[node.value]
+            if node.value in self.defaults:
+                default = self.defaults[node.value]
+                self.reads[node.value] = default.value
+                self.assumed_defaults[node.value] = default
+                return default.value
+            return _UNKNOWN
+        attribute = self_attribute(node)
+        if attribute is not None:
+            if attribute not in self.attributes:
+                return _UNKNOWN
+            self.reads[f"self.{attribute}"] = self.attributes[attribute]
+            self.assumed[attribute] = self.attributes[attribute]
+            return self.attributes[attribute]
+        if isinstance(node, cst.Call) and not node.args and dotted_name(node.func) in EAGER_FALSE:
+            return False
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            inner = self.value(node.expression)
+            return _UNKNOWN if inner is _UNKNOWN else not inner
+        if isinstance(node, cst.BooleanOperation):
+            left = self.value(node.left)
+            if left is _UNKNOWN:
+                return _UNKNOWN
+            if isinstance(node.operator, cst.And):
+                return self.value(node.right) if left else left
+            return left if left else self.value(node.right)
+        if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
+            target = node.comparisons[0]
+            left, right = self.value(node.left), self.value(target.comparator)
+            if left is _UNKNOWN or right is _UNKNOWN:
+                return _UNKNOWN
+            operator = target.operator
+            if isinstance(operator, cst.Is):
+                return left is right
+            if isinstance(operator, cst.IsNot):
+                return left is not right
+            if isinstance(operator, cst.Equal):
+                return left == right
+            if isinstance(operator, cst.NotEqual):
+                return left != right
+        return _UNKNOWN
+
+
+def _statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
+    if isinstance(suite, cst.IndentedBlock):
+        return list(suite.body)
+    assert isinstance(suite, cst.SimpleStatementSuite)
+    return [cst.SimpleStatementLine(body=suite.body)]
+
+
+def _jumps(statements: Sequence[cst.BaseStatement]) -> bool:
+    """Whether ``statements`` return, yield, break or continue (outside nested functions)."""
+    for statement in statements:
+        nested = {id(node) for holder in m.findall(statement, _NESTED) for node in
+                  m.findall(holder, _JUMP)}  # fmt: skip
+        if any(id(node) not in nested for node in m.findall(statement, _JUMP)):
+            return True
+    return False
+
+
+def _decide(statement: cst.If, test: _Test) -> tuple[str, list[cst.BaseStatement]] | None:
+    """``(taken, statements)`` of the branch ``statement`` takes, or ``None``."""
+    branch: cst.If | cst.Else | None = statement
+    index = 0
+    while isinstance(branch, cst.If):
+        value = test.value(branch.test)
+        if value is _UNKNOWN:
+            return None
+        if value:
+            taken = "if" if index == 0 else f"elif {index}"
+            return taken, _statements(branch.body)
+        branch, index = branch.orelse, index + 1
+    if branch is None:
+        return "none", []
+    return "else", _statements(branch.body)
+
+
+def parameter_defaults(forward: cst.FunctionDef) -> dict[str, AssumedDefault]:
+    """The forward's parameters (``self`` aside) whose default is a constant."""
+    params = forward.params
+    positional = [*params.posonly_params, *params.params][1:]
+    found: dict[str, AssumedDefault] = {}
+    for position, param in [
+        *enumerate(positional),
+        *((None, param) for param in params.kwonly_params),
+    ]:
+        value = _UNKNOWN if param.default is None else _constant(param.default)
+        if value is not _UNKNOWN:
+            found[param.name.value] = AssumedDefault(param.name.value, value, position)  # type: ignore[arg-type]
+    return found
+
+
+def fold_branches(
+    statements: Sequence[cst.BaseStatement],
+    attributes: dict[str, Constant],
+    forward: cst.FunctionDef,
+    config: cst.Module,
+    line_of: Callable[[cst.CSTNode], int],
+) -> tuple[list[cst.BaseStatement], list[FoldedBranch]]:
+    """``statements`` (the body of ``forward``, expanded) with each top-level ``if`` that is
+    decided replaced by the branch it takes, and what was folded. ``attributes`` are the
+    model's :func:`init_constants`; ``config`` the module, for printing tests."""
+    forward_parameters = parameters(forward)
+    gathered = GatherBindingsVisitor()
+    for statement in statements:
+        statement.visit(gathered)
+    counts = Counter(name for name, _ in gathered.bindings)
+    defaults = {
+        name: default for name, default in parameter_defaults(forward).items() if counts[name] == 0
+    }
+    assigned: set[str] = {name.removeprefix("self.") for name in counts if name.startswith("self.")}
+    known_attributes = {name: value for name, value in attributes.items() if name not in assigned}
+    names: dict[str, Constant] = {}
+    result: list[cst.BaseStatement] = []
+    folded: list[FoldedBranch] = []
+    for statement in statements:
+        if isinstance(statement, cst.If):
+            test = _Test(names, known_attributes, defaults)
+            decided = _decide(statement, test)
+            if decided is not None and not _jumps(decided[1]):
+                taken, body = decided
+                line = line_of(statement)
+                first = body[0] if body else None
+                if isinstance(first, cst.SimpleStatementLine | cst.BaseCompoundStatement):
+                    at = f" (line {line})" if line else ""
+                    text = config.code_for_node(statement.test)
+                    note = cst.EmptyLine(
+                        comment=cst.Comment(f"# syncpass: the {taken} branch of `if {text}:`{at}")
+                    )
+                    lines = (*statement.leading_lines, note, *first.leading_lines)
+                    body[0] = first.with_changes(leading_lines=lines)
+                result.extend(body)
+                folded.append(
+                    FoldedBranch(
+                        line=line,
+                        test=config.code_for_node(statement.test),
+                        taken=taken,
+                        reads=tuple(test.reads.items()),
+                        assumed=tuple(
+                            AssumedAttribute(name, value) for name, value in test.assumed.items()
+                        ),
+                        defaults=tuple(test.assumed_defaults.values()),
+                    )
+                )
+                continue
+        result.append(statement)
+        small = (
+            statement.body[0]
+            if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+            else None
+        )
+        if (
+            isinstance(small, cst.Assign)
+            and len(small.targets) == 1
+            and isinstance(small.targets[0].target, cst.Name)
+        ):
+            name = small.targets[0].target.value
+            value = _constant(small.value)
+            if value is not _UNKNOWN and counts[name] == 1 and name not in forward_parameters:
+                names[name] = value  # type: ignore[assignment]
+    return result, folded
