@@ -287,9 +287,21 @@ def _sliced(
     )
 
 
+def _sliced_zip(call: cst.Call, start: int | None, stop: int | None) -> cst.Call:
+    """``zip(self.layers[start:stop], self.norms[start:stop])``: each sequence sliced alike."""
+    args = [
+        arg.with_changes(value=_sliced(arg.value, start, stop)) if arg.keyword is None else arg
+        for arg in call.args
+    ]
+    return call.with_changes(args=args)
+
+
 def _slice_iter(
     iterable: cst.BaseExpression, loop: ContainerLoop, start: int | None, stop: int | None
 ) -> cst.BaseExpression:
+    if loop.zipped:
+        assert isinstance(iterable, cst.Call)
+        return _sliced_zip(iterable, start, stop)
     if loop.index_name is None:
         return _sliced(iterable, start, stop)
     assert isinstance(iterable, cst.Call)
@@ -360,10 +372,14 @@ def _is_enumerate(iterable: cst.BaseExpression) -> bool:
     return m.matches(iterable, m.Call(func=m.Name("enumerate")))
 
 
+def _is_zip(iterable: cst.BaseExpression) -> bool:
+    return m.matches(iterable, m.Call(func=m.Name("zip")))
+
+
 def _slice_bounds(
     iterable: cst.BaseExpression,
 ) -> tuple[cst.BaseExpression, int | None, int | None] | None:
-    if _is_enumerate(iterable):
+    if _is_enumerate(iterable) or _is_zip(iterable):
         assert isinstance(iterable, cst.Call)
         iterable = iterable.args[0].value
     if isinstance(iterable, cst.Subscript) and isinstance(iterable.slice[0].slice, cst.Slice):
@@ -377,6 +393,8 @@ def _mergeable(first: cst.BaseStatement, second: cst.BaseStatement) -> bool:
     if not (isinstance(first, cst.For) and isinstance(second, cst.For)):
         return False
     if _is_enumerate(first.iter) != _is_enumerate(second.iter):
+        return False
+    if _is_zip(first.iter) != _is_zip(second.iter):
         return False
     if not (first.target.deep_equals(second.target) and first.body.deep_equals(second.body)):
         return False
@@ -434,6 +452,9 @@ def _joined_iter(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.B
     bounds_first, bounds_second = _slice_bounds(first), _slice_bounds(second)
     assert bounds_first is not None and bounds_second is not None
     start, stop = bounds_first[1], bounds_second[2]
+    if _is_zip(first):
+        assert isinstance(first, cst.Call)
+        return _sliced_zip(first, start, stop)
     if _is_enumerate(first):
         assert isinstance(first, cst.Call)
         inner = _sliced(first.args[0].value, start, stop)

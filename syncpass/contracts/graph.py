@@ -46,6 +46,9 @@ class LoopIteration:
 
     container: str  # attribute path inside the model, e.g. "blocks" or "encoder.layers"
     index: int  # absolute index into the container
+    # Containers zipped with it, whose item ``index`` the iteration runs too
+    # (``for layer, norm in zip(self.layers, self.norms)``: ``("norms",)``).
+    zipped: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

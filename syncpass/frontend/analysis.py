@@ -76,6 +76,11 @@ class ContainerLoop:
     self.layers.items()``, ``key_name`` then being ``name``), whose keys the profile
     checks are ``"0"``, ``"1"``, ... in order; a split runs over
     ``list(self.layers.values())[a:b]``.
+    ``zipped`` holds, for ``for layer, norm in zip(self.layers, self.norms)``, each
+    further target and what it runs over: ``(("norm", "norms"),)``, the path of a
+    container of the model, or ``None`` for a local sequence (``zip(self.blocks,
+    skips)``); every one is sliced as the container is (``zip(self.layers[2:4],
+    self.norms[2:4])``), and the profile checks the containers' lengths agree.
     """
 
     container: str
@@ -88,6 +93,7 @@ class ContainerLoop:
     root: str = "self"
     view: str | None = None
     key_name: str | None = None
+    zipped: tuple[tuple[str, str | None], ...] = ()
 
     @property
     def expression(self) -> str:
@@ -105,7 +111,20 @@ class ContainerLoop:
         """The loop's names -> what they are in one iteration (``<ff>`` -> ``layers.3.1``)."""
         if self.parts:
             return {f"<{part}>": f"{item_path}.{k}" for k, part in enumerate(self.parts)}
-        return {f"<{self.item}>": item_path}
+        index = item_path.rpartition(".")[2]
+        paths = {f"<{name}>": f"{path}.{index}" for name, path in self.zipped if path}
+        return {f"<{self.item}>": item_path, **paths}
+
+    @property
+    def names(self) -> set[str]:
+        """The names the loop binds each iteration."""
+        bound = (self.item, *self.parts, *(name for name, _ in self.zipped))
+        return {name for name in (*bound, self.index_name, self.key_name) if name}
+
+    @property
+    def zipped_containers(self) -> tuple[str, ...]:
+        """The model's containers zipped with this one."""
+        return tuple(path for _, path in self.zipped if path)
 
 
 @dataclass(frozen=True)
@@ -273,11 +292,76 @@ def _container_slice(
     return (base[0], base[1], None, None, None, base[2]) if base else None
 
 
+#: ``zip(a, b, ...)`` (``strict=...`` allowed): what a zipped layer loop runs over.
+_ZIP = m.Call(
+    func=m.Name("zip"),
+    args=[
+        m.Arg(keyword=None, star=""),
+        m.AtLeastN(m.Arg(keyword=None, star=""), n=1),
+        m.ZeroOrOne(m.Arg(keyword=m.Name("strict"))),
+    ],
+)
+
+
+def _zipped_part(
+    node: cst.BaseExpression, start: int | None, stop: int | None
+) -> tuple[bool, str | None]:
+    """``(ok, path)`` for one further ``zip`` argument: a container of the model (its path)
+    or a plain local name (``None``), sliced exactly as the first argument is."""
+    base, lower, upper = node, None, None
+    if isinstance(node, cst.Subscript) and len(node.slice) == 1:
+        part = node.slice[0].slice
+        if not isinstance(part, cst.Slice) or part.step is not None:
+            return False, None
+        ok_lower, lower = _int_or_none(part.lower)
+        ok_upper, upper = _int_or_none(part.upper)
+        if not (ok_lower and ok_upper):
+            return False, None
+        base = node.value
+    if (lower, upper) != (start, stop):
+        return False, None
+    path = self_path(base)
+    if path:
+        return True, path
+    return (True, None) if isinstance(base, cst.Name) and base.value != "self" else (False, None)
+
+
+def _match_zip_loop(node: cst.For) -> ContainerLoop | None:
+    """``for layer, norm in zip(self.layers, self.norms)``, each argument sliced alike."""
+    iterable = node.iter
+    assert isinstance(iterable, cst.Call)
+    args = [arg for arg in iterable.args if arg.keyword is None]
+    target = node.target
+    if not isinstance(target, cst.Tuple) or len(target.elements) != len(args):
+        return None
+    names = [element.value for element in target.elements]
+    if not all(isinstance(name, cst.Name) for name in names):
+        return None
+    items = [name.value for name in names if isinstance(name, cst.Name)]
+    found = _container_slice(args[0].value)
+    if found is None:
+        return None
+    root, container, start, stop, runtime_stop, view = found
+    if root != "self" or runtime_stop is not None or view is not None:
+        return None
+    zipped = []
+    for name, arg in zip(items[1:], args[1:], strict=True):
+        ok, path = _zipped_part(arg.value, start, stop)
+        if not ok or path == container:
+            return None
+        zipped.append((name, path))
+    if _has_jump(node.body):
+        return None
+    return ContainerLoop(container, start, stop, items[0], zipped=tuple(zipped))
+
+
 def match_container_loop(node: cst.For) -> ContainerLoop | None:
     """The container loop ``node`` is, if it is one the rewrite can split."""
     if node.orelse is not None or node.asynchronous is not None:
         return None
     iterable = node.iter
+    if m.matches(iterable, _ZIP):
+        return _match_zip_loop(node)
     index_name = None
     parts: tuple[str, ...] = ()
     counted_from = m.Arg(value=m.Integer(), keyword=None) | m.Arg(
@@ -415,6 +499,56 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
         self.current: list[int] = []
         self.depth = 0
         self.order = 0
+        # Names local to a comprehension or lambda being visited: no reads or writes of the
+        # forward's (`[1.0 / (1 + i) for i in range(n)]` reads n, not i).
+        self.scoped: list[set[str]] = []
+
+    def _enter_scope(self, names: Sequence[cst.CSTNode]) -> None:
+        self.scoped.append({name.value for name in names if isinstance(name, cst.Name)})
+
+    def _comprehension(self, node: cst.BaseComp | cst.DictComp) -> None:
+        targets = [
+            name
+            for comp_for in m.findall(node.for_in, m.CompFor())
+            if isinstance(comp_for, cst.CompFor)
+            for name in m.findall(comp_for.target, m.Name())
+        ]
+        self._enter_scope(targets)
+
+    def visit_ListComp(self, node: cst.ListComp) -> None:
+        self._comprehension(node)
+
+    def leave_ListComp(self, original_node: cst.ListComp) -> None:
+        self.scoped.pop()
+
+    def visit_SetComp(self, node: cst.SetComp) -> None:
+        self._comprehension(node)
+
+    def leave_SetComp(self, original_node: cst.SetComp) -> None:
+        self.scoped.pop()
+
+    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
+        self._comprehension(node)
+
+    def leave_GeneratorExp(self, original_node: cst.GeneratorExp) -> None:
+        self.scoped.pop()
+
+    def visit_DictComp(self, node: cst.DictComp) -> None:
+        self._comprehension(node)
+
+    def leave_DictComp(self, original_node: cst.DictComp) -> None:
+        self.scoped.pop()
+
+    def visit_Lambda(self, node: cst.Lambda) -> None:
+        params = node.params
+        every = [*params.posonly_params, *params.params, *params.kwonly_params]
+        every += [
+            star for star in (params.star_arg, params.star_kwarg) if isinstance(star, cst.Param)
+        ]
+        self._enter_scope([param.name for param in every])
+
+    def leave_Lambda(self, original_node: cst.Lambda) -> None:
+        self.scoped.pop()
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         index = self.index_of.get(id(node))
@@ -432,7 +566,7 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
 
     def visit_Name(self, node: cst.Name) -> None:
         facts = self._facts()
-        if facts is None:
+        if facts is None or any(node.value in scope for scope in self.scoped):
             return
         context = self.get_metadata(ExpressionContextProvider, node, None)
         if context == ExpressionContext.STORE:
@@ -918,10 +1052,16 @@ def build_op_graph(
             loop = None  # a loop over a local list: one region
         if loop is not None and loop.container in sizes:
             iterations = loop.iterations(sizes[loop.container])
-            internal = {loop.item, loop.index_name, loop.key_name, *loop.parts}
+            internal = loop.names
             # What one iteration needs from before it: names read before the body writes them.
             assert isinstance(statement, cst.For)
-            exposed = _exposed_reads(statement.body)
+            # A local sequence zipped with the layers is read by every iteration, too.
+            iterated = [
+                name.value
+                for name in m.findall(statement.iter, m.Name())
+                if isinstance(name, cst.Name)
+            ]
+            exposed = [*iterated, *_exposed_reads(statement.body)]
             body_reads = tuple(
                 dict.fromkeys(
                     name for name in exposed if name in local_names and name not in internal
@@ -939,7 +1079,7 @@ def build_op_graph(
                         body_writes,
                         location,
                         index,
-                        loop=LoopIteration(loop.container, iteration),
+                        loop=LoopIteration(loop.container, iteration, loop.zipped_containers),
                     )
                 )
                 last_iteration = position == len(iterations) - 1

@@ -99,3 +99,51 @@ def test_splitting_a_module_dict_loop_slices_it_as_a_list_and_joins_back() -> No
     assert "for layer in list(self.layers.values())[1:]:" in rewritten.code
     assert "for name, block in list(self.blocks.items())[1:]:" in rewritten.code
     assert remove_pipe_splits(rewritten, "Net", "net.py").code == MODULE_DICT
+
+
+ZIPPED = textwrap.dedent(
+    """\
+    class Net:
+        def forward(self, x):
+            h = self.stem(x)
+            scales = [1.0 / (1 + i) for i in range(len(self.layers))]
+            for layer, norm, scale in zip(self.layers[:-1], self.norms[:-1], scales[:-1]):
+                h = h + scale * layer(norm(h))
+            return self.head(h)
+    """
+)
+
+
+def test_a_zipped_loop_runs_each_containers_item_and_reads_the_local_sequence() -> None:
+    graph = analyse_model(parse_source(ZIPPED, "net.py"), "net.py", "Net", {"layers": 4})
+    loop_ops = [op for op in graph.ops if op.loop is not None]
+    assert [op.id for op in loop_ops] == ["layers.0", "layers.1", "layers.2"]
+    assert {"self.layers.1", "self.norms.1"} <= set(loop_ops[1].calls)
+    assert loop_ops[1].loop is not None and loop_ops[1].loop.zipped == ("norms",)
+    assert loop_ops[0].reads == ("scales", "h")  # not layer, norm, scale: the iteration's own
+    # The comprehension's variable is its own, not a read of the forward.
+    assert graph.ops[1].reads == () and graph.ops[1].writes == ("scales",)
+
+
+def test_splitting_a_zipped_loop_slices_every_sequence_alike_and_joins_back() -> None:
+    module = parse_source(ZIPPED, "net.py")
+    site = SyncSite(statement=2, split_after=1, comment="1/1: test")
+    rewritten, warnings = insert_pipe_splits(module, "Net", [site], "net.py")
+    assert warnings == ()
+    assert "in zip(self.layers[:2], self.norms[:2], scales[:2]):" in rewritten.code
+    assert "in zip(self.layers[2:-1], self.norms[2:-1], scales[2:-1]):" in rewritten.code
+    assert remove_pipe_splits(rewritten, "Net", "net.py").code == ZIPPED
+
+
+def test_zips_that_cannot_be_sliced_alike_stay_regions() -> None:
+    for iterable in (
+        "zip(self.layers[1:], self.norms)",  # sliced differently
+        "zip(self.layers, reversed(skips))",  # not a sequence to slice
+        "zip(self.layers, self.layers)",  # one container twice
+        "zip(skips, self.layers)",  # the layers are not first
+    ):
+        text = ZIPPED.replace("zip(self.layers[:-1], self.norms[:-1], scales[:-1])", iterable)
+        text = text.replace("layer, norm, scale", "layer, norm")
+        graph = analyse_model(parse_source(text, "net.py"), "net.py", "Net", {"layers": 4})
+        assert all(op.loop is None for op in graph.ops), iterable
+        assert len(graph.regions) == 1, iterable

@@ -78,7 +78,7 @@ def checked_loops(
     module: cst.Module, class_name: str | None, path: str
 ) -> tuple[tuple[ContainerLoop, int], ...]:
     """The forward's layer loops the profile checks on the built model, with their lines: a
-    stop bound read when the forward runs, a ``ModuleDict`` view."""
+    stop bound read when the forward runs, a ``ModuleDict`` view, containers zipped."""
     forward = find_forward(module, class_name, path).forward
     if not isinstance(forward.body, cst.IndentedBlock):
         return ()
@@ -86,7 +86,10 @@ def checked_loops(
     found = []
     for statement in forward.body.body:
         loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
-        if loop is not None and (loop.runtime_stop is not None or loop.view is not None):
+        checked = loop is not None and (
+            loop.runtime_stop is not None or loop.view is not None or loop.zipped_containers
+        )
+        if loop is not None and checked:
             found.append((loop, positions[statement].start.line))
     return tuple(found)
 

@@ -179,7 +179,8 @@ def _check_loop(
     """What the source cannot say of a layer loop, checked on the built model: a bound read
     when the forward runs (``self.config.num_hidden_layers``) must cover the whole container
     (the plan and the stages run every layer of it); a ``ModuleDict``'s keys must be ``"0"``,
-    ``"1"``, ... in order (its layers are named by position: ``layers.3``)."""
+    ``"1"``, ... in order (its layers are named by position: ``layers.3``); containers
+    zipped with it must be as long."""
     if loop.view is not None:
         container = _resolve(model, loop.container)
         keys = list(container.keys()) if isinstance(container, torch.nn.ModuleDict) else None
@@ -189,6 +190,18 @@ def _check_loop(
                 f"the loop runs over {loop.expression}, whose keys are {shown}: syncpass names "
                 "a ModuleDict's layers by position (layers.0, layers.1, ...) and needs the keys "
                 "'0', '1', ... in order (torchtitan's form)",
+                f"{path}:{line}",
+            )
+    for other in loop.zipped_containers:
+        try:
+            length: int | None = len(_resolve(model, other))  # type: ignore[arg-type]
+        except TypeError:
+            length = None
+        if size is not None and length != size:
+            raise SyncpassError(
+                f"the loop zips self.{loop.container} ({size} layers) with self.{other} "
+                f"({'no length' if length is None else length}): syncpass plans a zipped loop "
+                "per layer only over containers of one length (zip stops at the shortest)",
                 f"{path}:{line}",
             )
     if loop.runtime_stop is None:

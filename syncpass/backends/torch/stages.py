@@ -473,7 +473,12 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         nones.append(tuple(nothing))
         scalars.append(tuple(numbers))
 
-    loop_containers = {op.loop.container for op in graph.ops if op.loop is not None}
+    loop_containers = {
+        container
+        for op in graph.ops
+        if op.loop is not None
+        for container in (op.loop.container, *op.loop.zipped)
+    }
     paths_by_stage: list[list[str]] = []
     any_bare = False
     for index, (start, end) in enumerate(itertools.pairwise(bounds)):
@@ -481,9 +486,10 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         paths, bare = self_paths(code)
         reached, reached_bare = _reach(paths, methods, set())
         layers = [
-            f"{op.loop.container}.{op.loop.index}"
+            f"{container}.{op.loop.index}"
             for op in graph.ops[start:end]
             if op.loop is not None
+            for container in (op.loop.container, *op.loop.zipped)
         ]
         counted = [
             _from_the_start(path, dict(graph.containers))

@@ -271,3 +271,63 @@ def test_a_model_or_example_that_takes_another_branch_is_refused_at_the_if(
     err = capsys.readouterr().err
     assert f"{BRANCHING}:34: the stages run the else branch of" in err and said in err
     assert not costs.exists()
+
+
+ZIPPED = REPO / "tests" / "data" / "zipped_layers.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("backend", "stages", "cuts", "piece"),
+    [
+        # The tracer form cannot hand the list of scales past a stage: 2 stages.
+        ("torch", 2, "layers.2", "zip(self.layers[3:], self.norms[3:], scales[3:], strict=True)"),
+        # The middle eager stage computes the scales again and runs a slice of the loop.
+        (
+            "torch_stages",
+            3,
+            "layers.1,layers.3",
+            "zip(self.layers[2:4], self.norms[2:4], scales[2:4], strict=True)",
+        ),
+    ],
+)
+def test_layers_zipped_with_norms_and_a_local_list_split_and_verify(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    backend: str,
+    stages: int,
+    cuts: str,
+    piece: str,
+) -> None:
+    source = tmp_path / "zipped_layers.py"
+    shutil.copy(ZIPPED, source)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", str(stages)]
+    argv += ["--cuts", cuts, "--backend", backend, "-o", str(out)]
+    assert main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    assert piece in out.read_text()
+    document = run_verified(out, f"--stages {stages}", capsys)
+    assert document["verify"]["ok"] is True
+    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+
+
+def test_zipped_containers_of_different_lengths_are_refused_at_the_loop(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "zipped_layers.py"
+    text = ZIPPED.read_text().replace(
+        "nn.LayerNorm(width) for _ in range(depth)", "nn.LayerNorm(width) for _ in range(depth - 1)"
+    )
+    source.write_text(text)
+    argv = [
+        "profile",
+        str(source),
+        "--example",
+        f"{source}:example",
+        "-o",
+        str(tmp_path / "c.json"),
+    ]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{source}:26: the loop zips self.layers (6 layers) with self.norms (5)" in err

@@ -183,6 +183,11 @@ class ForwardRun:
                     self.frame[part] = piece
             else:
                 self.frame[loop.item] = child
+            for name, other in loop.zipped:
+                zipped = resolve_path(self.model, other) if other else None
+                if not isinstance(zipped, Container):
+                    raise Unsized(f"a loop zips self.{op.loop.container} with a local sequence")
+                self.frame[name] = zipped.children[op.loop.index]
             if loop.index_name is not None:
                 self.frame[loop.index_name] = self._enumerated_index(statement, op.loop.index)
             interp.run_block(statement.body, self.frame, nested=False)
