@@ -126,7 +126,7 @@ def example():
     torch.manual_seed(0)
     config = GPT2Config(
         n_layer=6, n_head=4, n_embd=32, n_positions=32, vocab_size=64, use_cache=False,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
     )
     tokens = torch.randint(0, 64, (8, 17))
 
