@@ -141,11 +141,12 @@ def model_class_names(module: cst.Module, method: str = "forward") -> list[str]:
     return [
         statement.name.value
         for statement in module.body
-        if isinstance(statement, cst.ClassDef) and _forward_of(statement, method) is not None
+        if isinstance(statement, cst.ClassDef) and method_of(statement, method) is not None
     ]
 
 
-def _forward_of(classdef: cst.ClassDef, method: str = "forward") -> cst.FunctionDef | None:
+def method_of(classdef: cst.ClassDef, method: str = "forward") -> cst.FunctionDef | None:
+    """The class's own ``def method`` (the first, if it has several), or ``None``."""
     for statement in classdef.body.body:
         if isinstance(statement, cst.FunctionDef) and statement.name.value == method:
             return statement
@@ -172,7 +173,7 @@ def find_forward(
         class_name = names[0]
     for statement in module.body:
         if isinstance(statement, cst.ClassDef) and statement.name.value == class_name:
-            forward = _forward_of(statement, method)
+            forward = method_of(statement, method)
             if forward is None:
                 raise SyncpassError(f"class {class_name} has no {method} method", path)
             return ForwardModel(class_name, statement, forward)

@@ -52,6 +52,7 @@ from dataclasses import dataclass
 import libcst as cst
 import libcst.matchers as m
 
+from syncpass.frontend.analysis import method_of
 from syncpass.frontend.numbers import (
     GatherBindingsVisitor,
     dotted_name,
@@ -136,14 +137,7 @@ def _constant(node: cst.BaseExpression) -> object:
 
 def init_constants(classdef: cst.ClassDef) -> dict[str, Constant]:
     """``self.NAME`` that the class's ``__init__`` assigns exactly once, to a constant."""
-    init = next(
-        (
-            member
-            for member in classdef.body.body
-            if isinstance(member, cst.FunctionDef) and member.name.value == "__init__"
-        ),
-        None,
-    )
+    init = method_of(classdef, "__init__")
     if init is None:
         return {}
     gathered = GatherBindingsVisitor()

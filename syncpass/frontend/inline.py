@@ -56,7 +56,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
-from syncpass.frontend.analysis import match_container_loop
+from syncpass.frontend.analysis import match_container_loop, method_of
 from syncpass.frontend.branches import FoldedBranch, fold_branches, init_constants
 from syncpass.frontend.numbers import parameters
 
@@ -345,14 +345,7 @@ def _submodule_classes(
 ) -> dict[str, cst.FunctionDef]:
     """``self.NAME = Cls(...)`` in ``__init__`` with ``Cls`` a class of the file whose forward
     loops over a layer container: NAME -> that forward."""
-    init = next(
-        (
-            member
-            for member in classdef.body.body
-            if isinstance(member, cst.FunctionDef) and member.name.value == "__init__"
-        ),
-        None,
-    )
+    init = method_of(classdef, "__init__")
     if init is None:
         return {}
     found: dict[str, cst.FunctionDef] = {}
@@ -368,14 +361,7 @@ def _submodule_classes(
         other = classes.get(func.value)
         if other is None or other is classdef:
             continue
-        forward = next(
-            (
-                member
-                for member in other.body.body
-                if isinstance(member, cst.FunctionDef) and member.name.value == "forward"
-            ),
-            None,
-        )
+        forward = method_of(other)
         if forward is None or not isinstance(forward.body, cst.IndentedBlock):
             continue
         loops = any(
