@@ -230,8 +230,8 @@ def _statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
 def _jumps(statements: Sequence[cst.BaseStatement]) -> bool:
     """Whether ``statements`` return, yield, break or continue (outside nested functions)."""
     for statement in statements:
-        nested = {id(node) for holder in m.findall(statement, _NESTED) for node in
-                  m.findall(holder, _JUMP)}  # fmt: skip
+        inside = (m.findall(holder, _JUMP) for holder in m.findall(statement, _NESTED))
+        nested = {id(node) for nodes in inside for node in nodes}
         if any(id(node) not in nested for node in m.findall(statement, _JUMP)):
             return True
     return False
@@ -299,10 +299,10 @@ def fold_branches(
             if decided is not None and not _jumps(decided[1]):
                 taken, body = decided
                 line = line_of(statement)
+                text = config.code_for_node(statement.test)
                 first = body[0] if body else None
                 if isinstance(first, cst.SimpleStatementLine | cst.BaseCompoundStatement):
                     at = f" (line {line})" if line else ""
-                    text = config.code_for_node(statement.test)
                     note = cst.EmptyLine(
                         comment=cst.Comment(f"# syncpass: the {taken} branch of `if {text}:`{at}")
                     )
@@ -312,7 +312,7 @@ def fold_branches(
                 folded.append(
                     FoldedBranch(
                         line=line,
-                        test=config.code_for_node(statement.test),
+                        test=text,
                         taken=taken,
                         reads=tuple(test.reads.items()),
                         assumed=tuple(
