@@ -504,61 +504,42 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
         # forward's (`[1.0 / (1 + i) for i in range(n)]` reads n, not i).
         self.scoped: list[set[str]] = []
 
-    def _enter_scope(self, names: Sequence[cst.CSTNode]) -> None:
-        self.scoped.append({name.value for name in names if isinstance(name, cst.Name)})
-
-    def _comprehension(self, node: cst.BaseComp | cst.DictComp) -> None:
-        targets = [
-            name
-            for comp_for in m.findall(node.for_in, m.CompFor())
-            if isinstance(comp_for, cst.CompFor)
-            for name in m.findall(comp_for.target, m.Name())
-        ]
-        self._enter_scope(targets)
-
-    def visit_ListComp(self, node: cst.ListComp) -> None:
-        self._comprehension(node)
-
-    def leave_ListComp(self, original_node: cst.ListComp) -> None:
-        self.scoped.pop()
-
-    def visit_SetComp(self, node: cst.SetComp) -> None:
-        self._comprehension(node)
-
-    def leave_SetComp(self, original_node: cst.SetComp) -> None:
-        self.scoped.pop()
-
-    def visit_GeneratorExp(self, node: cst.GeneratorExp) -> None:
-        self._comprehension(node)
-
-    def leave_GeneratorExp(self, original_node: cst.GeneratorExp) -> None:
-        self.scoped.pop()
-
-    def visit_DictComp(self, node: cst.DictComp) -> None:
-        self._comprehension(node)
-
-    def leave_DictComp(self, original_node: cst.DictComp) -> None:
-        self.scoped.pop()
-
-    def visit_Lambda(self, node: cst.Lambda) -> None:
-        params = node.params
-        every = [*params.posonly_params, *params.params, *params.kwonly_params]
-        every += [
-            star for star in (params.star_arg, params.star_kwarg) if isinstance(star, cst.Param)
-        ]
-        self._enter_scope([param.name for param in every])
-
-    def leave_Lambda(self, original_node: cst.Lambda) -> None:
-        self.scoped.pop()
+    @staticmethod
+    def _own_names(node: cst.CSTNode) -> set[str] | None:
+        """The names a comprehension or lambda binds for itself, or ``None`` for another
+        node."""
+        if isinstance(node, cst.BaseComp | cst.DictComp):
+            comp_fors = m.findall(node.for_in, m.CompFor())
+            targets = [
+                name
+                for comp_for in comp_fors
+                if isinstance(comp_for, cst.CompFor)
+                for name in m.findall(comp_for.target, m.Name())
+            ]
+        elif isinstance(node, cst.Lambda):
+            params = node.params
+            every = [*params.posonly_params, *params.params, *params.kwonly_params]
+            every += [
+                star for star in (params.star_arg, params.star_kwarg) if isinstance(star, cst.Param)
+            ]
+            targets = [param.name for param in every]
+        else:
+            return None
+        return {name.value for name in targets if isinstance(name, cst.Name)}
 
     def on_visit(self, node: cst.CSTNode) -> bool:
         index = self.index_of.get(id(node))
         if index is not None:
             self.current.append(index)
+        own = self._own_names(node)
+        if own is not None:
+            self.scoped.append(own)
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
+        if isinstance(original_node, cst.BaseComp | cst.DictComp | cst.Lambda):
+            self.scoped.pop()
         if id(original_node) in self.index_of:
             self.current.pop()
 

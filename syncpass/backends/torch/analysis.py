@@ -86,10 +86,9 @@ def checked_loops(
     found = []
     for statement in forward.body.body:
         loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
-        checked = loop is not None and (
+        if loop is not None and (
             loop.runtime_stop is not None or loop.view is not None or loop.zipped_containers
-        )
-        if loop is not None and checked:
+        ):
             found.append((loop, positions[statement].start.line))
     return tuple(found)
 
