@@ -83,28 +83,38 @@ def transfer_code(values: Sequence[str], stage: int) -> str:
 
 
 def _find_function(
-    tree: cst.Module, name: str, is_function: bool
+    tree: cst.Module, name: str, is_function: bool, method: str = FLAX_METHOD
 ) -> tuple[int, int | None, cst.FunctionDef] | None:
-    """(index in the module, index in the class or None, the function) of the model."""
-    found: list[tuple[int, int | None, cst.FunctionDef]] = []
+    """(index in the module, index in the class or None, the function) of the model: the
+    top-level function ``name``, or the method ``method`` of the top-level class ``name``."""
+    found = [
+        place
+        for place in _every_function(tree)
+        if (place[2].name.value == name if is_function else place[3] == name)
+        and (is_function or place[2].name.value == method)
+    ]
+    return found[0][:3] if len(found) == 1 else None
+
+
+def _every_function(
+    tree: cst.Module,
+) -> list[tuple[int, int | None, cst.FunctionDef, str | None]]:
+    """Every top-level function and every method of a top-level class: (index in the module,
+    index in the class or None, the function, the class's name or None)."""
+    found: list[tuple[int, int | None, cst.FunctionDef, str | None]] = []
     for index, statement in enumerate(tree.body):
-        if is_function and isinstance(statement, cst.FunctionDef) and statement.name.value == name:
-            found.append((index, None, statement))
-        if not is_function and isinstance(statement, cst.ClassDef) and statement.name.value == name:
+        if isinstance(statement, cst.FunctionDef):
+            found.append((index, None, statement, None))
+        if isinstance(statement, cst.ClassDef):
             for member_index, member in enumerate(statement.body.body):
-                if isinstance(member, cst.FunctionDef) and member.name.value == FLAX_METHOD:
-                    found.append((index, member_index, member))
-    return found[0] if len(found) == 1 else None
+                if isinstance(member, cst.FunctionDef):
+                    found.append((index, member_index, member, statement.name.value))
+    return found
 
 
-def _replace_body(
-    tree: cst.Module, name: str, is_function: bool, new_body: Sequence[cst.BaseStatement]
+def _replace_at(
+    tree: cst.Module, index: int, member_index: int | None, new_function: cst.FunctionDef
 ) -> cst.Module:
-    found = _find_function(tree, name, is_function)
-    assert found is not None
-    index, member_index, function = found
-    assert isinstance(function.body, cst.IndentedBlock)
-    new_function = function.with_changes(body=function.body.with_changes(body=tuple(new_body)))
     body = list(tree.body)
     if member_index is None:
         body[index] = new_function
@@ -115,6 +125,21 @@ def _replace_body(
         members[member_index] = new_function
         body[index] = classdef.with_changes(body=classdef.body.with_changes(body=tuple(members)))
     return tree.with_changes(body=tuple(body))
+
+
+def _replace_body(
+    tree: cst.Module,
+    name: str,
+    is_function: bool,
+    new_body: Sequence[cst.BaseStatement],
+    method: str = FLAX_METHOD,
+) -> cst.Module:
+    found = _find_function(tree, name, is_function, method)
+    assert found is not None
+    index, member_index, function = found
+    assert isinstance(function.body, cst.IndentedBlock)
+    new_function = function.with_changes(body=function.body.with_changes(body=tuple(new_body)))
+    return _replace_at(tree, index, member_index, new_function)
 
 
 _TRANSFER_LINE = m.SimpleStatementLine(
@@ -136,22 +161,28 @@ class InsertDevicePutsCommand(InsertSyncPointsCommand):
     )
 
     def __init__(
-        self, context: CodemodContext, name: str, is_function: bool, sites: Sequence[SyncSite]
+        self,
+        context: CodemodContext,
+        name: str,
+        is_function: bool,
+        sites: Sequence[SyncSite],
+        method: str = FLAX_METHOD,
     ) -> None:
         super().__init__(context, sites)
         self.name = name
         self.is_function = is_function
+        self.method = method
 
     @property
     def title(self) -> str:
-        return self.name if self.is_function else f"{self.name}.{FLAX_METHOD}"
+        return self.name if self.is_function else f"{self.name}.{self.method}"
 
     def find_function(self, tree: cst.Module) -> cst.FunctionDef | None:
-        found = _find_function(tree, self.name, self.is_function)
+        found = _find_function(tree, self.name, self.is_function, self.method)
         return None if found is None else found[2]
 
     def replace_body(self, tree: cst.Module, new_body: Sequence[cst.BaseStatement]) -> cst.Module:
-        return _replace_body(tree, self.name, self.is_function, new_body)
+        return _replace_body(tree, self.name, self.is_function, new_body, self.method)
 
     def schedule_import(self) -> None:
         AddImportsVisitor.add_needed_import(self.context, JAX_IMPORT.module)
@@ -162,26 +193,26 @@ class InsertDevicePutsCommand(InsertSyncPointsCommand):
 
 class RemoveDevicePutsCommand(RemoveSyncPointsCommand):
     """Remove the transfers syncpass wrote, merge the loops it split, and the ``import jax``
-    it added (recognised by its comment; a user's ``import jax`` always stays)."""
+    it added (recognised by its comment; a user's ``import jax`` always stays).
+
+    Every top-level function and every method of a top-level class is cleaned: the
+    transfers of a sync point inside a submodule's call are in that submodule's method.
+    """
 
     DESCRIPTION = "Remove syncpass's jax.device_put sync points and merge the loops it split."
-
-    def __init__(self, context: CodemodContext, name: str, is_function: bool) -> None:
-        super().__init__(context)
-        self.name = name
-        self.is_function = is_function
 
     def is_sync_line(self, statement: cst.CSTNode) -> bool:
         return is_transfer_line(statement)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        found = _find_function(tree, self.name, self.is_function)
-        if found is None or not isinstance(found[2].body, cst.IndentedBlock):
-            return _drop_added_import(tree)
-        statements = list(found[2].body.body)
-        if not any(self.is_sync_line(statement) for statement in statements):
-            return _drop_added_import(tree)
-        tree = _replace_body(tree, self.name, self.is_function, self.merge(statements))
+        for index, member_index, function, _ in _every_function(tree):
+            if not isinstance(function.body, cst.IndentedBlock):
+                continue
+            statements = list(function.body.body)
+            if not any(self.is_sync_line(statement) for statement in statements):
+                continue
+            body = function.body.with_changes(body=tuple(self.merge(statements)))
+            tree = _replace_at(tree, index, member_index, function.with_changes(body=body))
         return _drop_added_import(tree)
 
 
@@ -213,39 +244,34 @@ class _RetargetCallsTransformer(cst.CSTTransformer):
 
 
 class RetargetDevicePutsCommand(Codemod):
-    """Point every ``jax.device_put`` to a device in the model at stage ``stage``'s device."""
+    """Point every ``jax.device_put`` to a device, in every function and method of the file,
+    at stage ``stage``'s device."""
 
     DESCRIPTION = "Make every jax.device_put in a JAX model transfer to one device."
 
-    def __init__(self, context: CodemodContext, name: str, is_function: bool, stage: int) -> None:
+    def __init__(self, context: CodemodContext, stage: int) -> None:
         super().__init__(context)
-        self.name = name
-        self.is_function = is_function
         self.stage = stage
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        found = _find_function(tree, self.name, self.is_function)
-        if found is None or not isinstance(found[2].body, cst.IndentedBlock):
-            return tree
         device = cst.parse_expression(device_expression(self.stage))
-        retarget = _RetargetCallsTransformer(device)
-        function = found[2].visit(retarget)
-        if not retarget.changed:
+        changed = False
+        for index, member_index, function, _ in _every_function(tree):
+            retarget = _RetargetCallsTransformer(device)
+            new_function = function.visit(retarget)
+            if retarget.changed:
+                assert isinstance(new_function, cst.FunctionDef)
+                tree = _replace_at(tree, index, member_index, new_function)
+                changed = True
+        if not changed:
             return tree
-        assert isinstance(function, cst.FunctionDef)
-        assert isinstance(function.body, cst.IndentedBlock)
-        tree = _replace_body(tree, self.name, self.is_function, function.body.body)
         return tree if _imports_jax(tree) else add_import(tree, self.context, JAX_IMPORT)
 
 
-def retarget_device_puts(
-    module: cst.Module, name: str, is_function: bool, stage: int, filename: str
-) -> cst.Module:
+def retarget_device_puts(module: cst.Module, stage: int, filename: str) -> cst.Module:
     """Carry out :class:`RetargetDevicePutsCommand`."""
     context = CodemodContext(filename=filename)
-    return RetargetDevicePutsCommand(context, name, is_function, stage).transform_module_impl(
-        module
-    )
+    return RetargetDevicePutsCommand(context, stage).transform_module_impl(module)
 
 
 _ADDED_IMPORT = m.SimpleStatementLine(
@@ -285,9 +311,15 @@ def _mark_added_import(tree: cst.Module) -> cst.Module:
 
 
 def insert_device_puts(
-    module: cst.Module, name: str, is_function: bool, sites: Sequence[SyncSite], filename: str
+    module: cst.Module,
+    name: str,
+    is_function: bool,
+    sites: Sequence[SyncSite],
+    filename: str,
+    method: str = FLAX_METHOD,
 ) -> tuple[cst.Module, tuple[str, ...]]:
-    """Carry out :class:`InsertDevicePutsCommand`; the new module and its warnings."""
+    """Carry out :class:`InsertDevicePutsCommand` in the function ``name`` (or the method
+    ``method`` of the class ``name``); the new module and its warnings."""
     context = CodemodContext(filename=filename)
     for site in sites:
         if not site.values:
@@ -295,7 +327,7 @@ def insert_device_puts(
                 f"nothing crosses the sync point {site.comment.split(':')[0]}; nothing changed"
             )
             return module, tuple(context.warnings)
-    command = InsertDevicePutsCommand(context, name, is_function, sites)
+    command = InsertDevicePutsCommand(context, name, is_function, sites, method)
     rewritten = command.transform_module_impl(module)
     if rewritten is not module and not _imports_jax(rewritten):
         rewritten = _mark_added_import(add_import(rewritten, context, JAX_IMPORT))
@@ -309,9 +341,7 @@ def _imports_jax(tree: cst.Module) -> bool:
     return any(m.matches(statement, m.SimpleStatementLine(body=[plain])) for statement in tree.body)
 
 
-def remove_device_puts(
-    module: cst.Module, name: str, is_function: bool, filename: str
-) -> cst.Module:
+def remove_device_puts(module: cst.Module, filename: str) -> cst.Module:
     """Carry out :class:`RemoveDevicePutsCommand`."""
     context = CodemodContext(filename=filename)
-    return RemoveDevicePutsCommand(context, name, is_function).transform_module_impl(module)
+    return RemoveDevicePutsCommand(context).transform_module_impl(module)

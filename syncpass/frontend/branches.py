@@ -73,7 +73,8 @@ EAGER_FALSE = frozenset(
     }
 )
 
-_UNKNOWN = object()
+#: What :func:`constant_value` gives for anything but a literal.
+UNKNOWN = object()
 _JUMP = m.Return() | m.Yield() | m.Break() | m.Continue()
 _NESTED = m.FunctionDef() | m.Lambda() | m.ClassDef()
 
@@ -122,22 +123,25 @@ class FoldedBranch:
         return f"{branch} of `if {self.test}:` at {where} ({values or 'constant tests'})"
 
 
-def _constant(node: cst.BaseExpression) -> object:
+def constant_value(node: cst.BaseExpression) -> object:
+    """The value of a literal (a number, a string, ``True``, ``False``, ``None``, a negative
+    number), else :data:`UNKNOWN`."""
     if isinstance(node, cst.Integer | cst.Float | cst.SimpleString):
         value: object = node.evaluated_value
         return value
     if isinstance(node, cst.Name) and node.value in ("True", "False", "None"):
         return {"True": True, "False": False, "None": None}[node.value]
     if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus):
-        inner = _constant(node.expression)
+        inner = constant_value(node.expression)
         if isinstance(inner, int | float) and not isinstance(inner, bool):
             return -inner
-    return _UNKNOWN
+    return UNKNOWN
 
 
-def init_constants(classdef: cst.ClassDef) -> dict[str, Constant]:
-    """``self.NAME`` that the class's ``__init__`` assigns exactly once, to a constant."""
-    init = method_of(classdef, "__init__")
+def init_constants(classdef: cst.ClassDef, init_method: str = "__init__") -> dict[str, Constant]:
+    """``self.NAME`` that the class's ``__init__`` (or ``init_method``: a Flax module's
+    ``setup``) assigns exactly once, to a constant."""
+    init = method_of(classdef, init_method)
     if init is None:
         return {}
     gathered = GatherBindingsVisitor()
@@ -148,8 +152,8 @@ def init_constants(classdef: cst.ClassDef) -> dict[str, Constant]:
         if not name.startswith("self.") or counts[name] != 1 or value is None:
             continue
         if isinstance(value, cst.BaseExpression):
-            constant = _constant(value)
-            if constant is not _UNKNOWN:
+            constant = constant_value(value)
+            if constant is not UNKNOWN:
                 found[name.removeprefix("self.")] = constant  # type: ignore[assignment]
     return found
 
@@ -171,8 +175,8 @@ class _Test:
         self.assumed_defaults: dict[str, AssumedDefault] = {}
 
     def value(self, node: cst.BaseExpression) -> object:
-        constant = _constant(node)
-        if constant is not _UNKNOWN:
+        constant = constant_value(node)
+        if constant is not UNKNOWN:
             return constant
         if isinstance(node, cst.Name):
             if node.value in self.names:
@@ -183,11 +187,11 @@ class _Test:
                 self.reads[node.value] = default.value
                 self.assumed_defaults[node.value] = default
                 return default.value
-            return _UNKNOWN
+            return UNKNOWN
         attribute = self_attribute(node)
         if attribute is not None:
             if attribute not in self.attributes:
-                return _UNKNOWN
+                return UNKNOWN
             self.reads[f"self.{attribute}"] = self.attributes[attribute]
             self.assumed[attribute] = self.attributes[attribute]
             return self.attributes[attribute]
@@ -195,19 +199,19 @@ class _Test:
             return False
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
             inner = self.value(node.expression)
-            return _UNKNOWN if inner is _UNKNOWN else not inner
+            return UNKNOWN if inner is UNKNOWN else not inner
         if isinstance(node, cst.BooleanOperation):
             left = self.value(node.left)
-            if left is _UNKNOWN:
-                return _UNKNOWN
+            if left is UNKNOWN:
+                return UNKNOWN
             if isinstance(node.operator, cst.And):
                 return self.value(node.right) if left else left
             return left if left else self.value(node.right)
         if isinstance(node, cst.Comparison) and len(node.comparisons) == 1:
             target = node.comparisons[0]
             left, right = self.value(node.left), self.value(target.comparator)
-            if left is _UNKNOWN or right is _UNKNOWN:
-                return _UNKNOWN
+            if left is UNKNOWN or right is UNKNOWN:
+                return UNKNOWN
             operator = target.operator
             if isinstance(operator, cst.Is):
                 return left is right
@@ -217,7 +221,7 @@ class _Test:
                 return left == right
             if isinstance(operator, cst.NotEqual):
                 return left != right
-        return _UNKNOWN
+        return UNKNOWN
 
 
 def _statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
@@ -243,7 +247,7 @@ def _decide(statement: cst.If, test: _Test) -> tuple[str, list[cst.BaseStatement
     index = 0
     while isinstance(branch, cst.If):
         value = test.value(branch.test)
-        if value is _UNKNOWN:
+        if value is UNKNOWN:
             return None
         if value:
             taken = "if" if index == 0 else f"elif {index}"
@@ -263,8 +267,8 @@ def parameter_defaults(forward: cst.FunctionDef) -> dict[str, AssumedDefault]:
         *enumerate(positional),
         *((None, param) for param in params.kwonly_params),
     ]:
-        value = _UNKNOWN if param.default is None else _constant(param.default)
-        if value is not _UNKNOWN:
+        value = UNKNOWN if param.default is None else constant_value(param.default)
+        if value is not UNKNOWN:
             found[param.name.value] = AssumedDefault(param.name.value, value, position)  # type: ignore[arg-type]
     return found
 
@@ -275,24 +279,28 @@ def fold_branches(
     forward: cst.FunctionDef,
     config: cst.Module,
     line_of: Callable[[cst.CSTNode], int],
-) -> tuple[list[cst.BaseStatement], list[FoldedBranch]]:
+    given: dict[str, AssumedDefault] | None = None,
+) -> tuple[list[cst.BaseStatement], list[FoldedBranch], list[int]]:
     """``statements`` (the body of ``forward``, expanded) with each top-level ``if`` that is
-    decided replaced by the branch it takes, and what was folded. ``attributes`` are the
-    model's :func:`init_constants`; ``config`` the module, for printing tests."""
+    decided replaced by the branch it takes, what was folded, and for each statement
+    returned the index of the one of ``statements`` it comes from. ``attributes`` are the
+    model's :func:`init_constants`; ``config`` the module, for printing tests. ``given``
+    replaces the parameters' defaults (:func:`parameter_defaults`): what a call of an
+    inlined method binds them to."""
     forward_parameters = parameters(forward)
     gathered = GatherBindingsVisitor()
     for statement in statements:
         statement.visit(gathered)
     counts = Counter(name for name, _ in gathered.bindings)
-    defaults = {
-        name: default for name, default in parameter_defaults(forward).items() if counts[name] == 0
-    }
+    known = parameter_defaults(forward) if given is None else given
+    defaults = {name: default for name, default in known.items() if counts[name] == 0}
     assigned: set[str] = {name.removeprefix("self.") for name in counts if name.startswith("self.")}
     known_attributes = {name: value for name, value in attributes.items() if name not in assigned}
     names: dict[str, Constant] = {}
     result: list[cst.BaseStatement] = []
     folded: list[FoldedBranch] = []
-    for statement in statements:
+    sources: list[int] = []
+    for index, statement in enumerate(statements):
         if isinstance(statement, cst.If):
             test = _Test(names, known_attributes, defaults)
             decided = _decide(statement, test)
@@ -309,6 +317,7 @@ def fold_branches(
                     lines = (*statement.leading_lines, note, *first.leading_lines)
                     body[0] = first.with_changes(leading_lines=lines)
                 result.extend(body)
+                sources.extend([index] * len(body))
                 folded.append(
                     FoldedBranch(
                         line=line,
@@ -323,6 +332,7 @@ def fold_branches(
                 )
                 continue
         result.append(statement)
+        sources.append(index)
         small = (
             statement.body[0]
             if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
@@ -334,7 +344,7 @@ def fold_branches(
             and isinstance(small.targets[0].target, cst.Name)
         ):
             name = small.targets[0].target.value
-            value = _constant(small.value)
-            if value is not _UNKNOWN and counts[name] == 1 and name not in forward_parameters:
+            value = constant_value(small.value)
+            if value is not UNKNOWN and counts[name] == 1 and name not in forward_parameters:
                 names[name] = value  # type: ignore[assignment]
-    return result, folded
+    return result, folded, sources

@@ -49,16 +49,24 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
-from syncpass.frontend.analysis import match_container_loop, method_of
-from syncpass.frontend.branches import FoldedBranch, fold_branches, init_constants
-from syncpass.frontend.numbers import parameters
+from syncpass.frontend.analysis import match_container_loop, method_of, self_path
+from syncpass.frontend.branches import (
+    UNKNOWN,
+    AssumedDefault,
+    FoldedBranch,
+    constant_value,
+    fold_branches,
+    init_constants,
+    parameter_defaults,
+)
+from syncpass.frontend.numbers import GatherBindingsVisitor, parameters
 
 #: How many rounds of inlining at most (each may expose further calls).
 MAX_ROUNDS = 8
@@ -76,13 +84,62 @@ TRANSPARENT_DECORATORS = {
 
 
 @dataclass(frozen=True)
+class Frame:
+    """A function whose statements the expanded forward runs: the forward itself (frame 0)
+    or one call inlined into it, of ``method`` of ``class_name``, reached at ``path`` from
+    the model (``""`` for the model's own methods, ``"transformer.h"`` for a submodule's).
+    ``last`` is the index of its last top-level statement (its ``return``)."""
+
+    class_name: str
+    method: str
+    path: str
+    last: int
+
+
+@dataclass(frozen=True)
+class Origin:
+    """Where a statement of the expanded forward comes from: ``(frame, index)`` from the
+    forward down to the inlined call it is in, ``index`` a top-level statement of that
+    frame's function in the user's file (``-1``: an argument bound before the body). A
+    statement of a decided ``if`` has the ``if``'s origin; a method's ``return`` becomes the
+    assignment of its call's target, with the ``return``'s index."""
+
+    steps: tuple[tuple[int, int], ...]
+
+
+@dataclass(frozen=True)
 class Inlined:
     """The module with the forward expanded, the methods that were inlined (in order) and
-    the branches decided (:mod:`syncpass.frontend.branches`)."""
+    the branches decided (:mod:`syncpass.frontend.branches`); the functions whose
+    statements it runs (``frames``) and, per statement of the expanded forward, where it
+    comes from (``origins``; empty when nothing changed)."""
 
     module: cst.Module
     methods: tuple[str, ...]
     branches: tuple[FoldedBranch, ...] = ()
+    frames: tuple[Frame, ...] = ()
+    origins: tuple[Origin, ...] = ()
+
+    def home(self, after: int) -> tuple[int, int] | None:
+        """``(frame, index)``: the function, and its statement, after which a sync point
+        after statement ``after`` of the expanded forward goes in the user's file; ``None``
+        when it has no such place (it falls inside a statement there, or between a call's
+        arguments and its body), or its function runs more than once in the forward."""
+        steps = self.origins[after].steps
+        following = self.origins[after + 1].steps if after + 1 < len(self.origins) else ()
+        for level in reversed(range(len(steps))):
+            frame, index = steps[level]
+            if following[: level + 1] == steps[: level + 1] or index < 0:
+                return None
+            if index == self.frames[frame].last and level:
+                continue  # the method's return: the sync point follows its call
+            return (frame, index) if self.single(frame) else None
+        return None
+
+    def single(self, frame: int) -> bool:
+        """Whether the function of ``frame`` is inlined nowhere else in the forward."""
+        key = (self.frames[frame].class_name, self.frames[frame].method)
+        return sum((f.class_name, f.method) == key for f in self.frames) == 1
 
 
 class _BoundNamesVisitor(cst.CSTVisitor):
@@ -166,11 +223,11 @@ _NESTED = m.FunctionDef() | m.Lambda() | m.ClassDef()
 
 def _call_of(statement: cst.BaseStatement) -> tuple[str | None, str, cst.Call] | None:
     """``(target, method, call)`` for ``target = self.method(...)`` or ``return self.method(...)``
-    (target ``None``)."""
+    (target ``None``); ``method`` is a dotted path for a submodule's (``self.transformer.h``)."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return None
     small = statement.body[0]
-    call_matcher = m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name()))
+    call_matcher = m.Call(func=m.Attribute(attr=m.Name()))
     if m.matches(small, m.Return(value=call_matcher)):
         assert isinstance(small, cst.Return) and isinstance(small.value, cst.Call)
         target = None
@@ -187,9 +244,8 @@ def _call_of(statement: cst.BaseStatement) -> tuple[str | None, str, cst.Call] |
         target, call = small.target.value, small.value
     else:
         return None
-    func = call.func
-    assert isinstance(func, cst.Attribute)
-    return target, func.attr.value, call
+    method = self_path(call.func)
+    return (target, method, call) if method else None
 
 
 def _decorator_name(decorator: cst.Decorator) -> str | None:
@@ -340,15 +396,47 @@ class _SelfAsSubmodule(cst.CSTTransformer):
         return expression
 
 
+@dataclass(frozen=True)
+class _Names:
+    """The methods a model's classes are read with: ``forward`` built in ``__init__`` for
+    torch, ``__call__`` built in ``setup`` for Flax."""
+
+    forward: str = "forward"
+    init: str = "__init__"
+
+
+@dataclass(frozen=True)
+class _Stack:
+    """A submodule to follow: its class, and the method the call runs."""
+
+    class_name: str
+    method: cst.FunctionDef
+
+
+def _loops_over_layers(forward: cst.FunctionDef) -> bool:
+    return isinstance(forward.body, cst.IndentedBlock) and any(
+        isinstance(statement, cst.For)
+        and (loop := match_container_loop(statement)) is not None
+        and loop.root == "self"
+        for statement in forward.body.body
+    )
+
+
 def _submodule_classes(
-    classdef: cst.ClassDef, classes: dict[str, cst.ClassDef]
-) -> dict[str, cst.FunctionDef]:
+    classdef: cst.ClassDef,
+    classes: dict[str, cst.ClassDef],
+    names: _Names,
+    prefix: str = "",
+    seen: frozenset[str] = frozenset(),
+) -> dict[str, _Stack]:
     """``self.NAME = Cls(...)`` in ``__init__`` with ``Cls`` a class of the file whose forward
-    loops over a layer container: NAME -> that forward."""
-    init = method_of(classdef, "__init__")
+    loops over a layer container, or builds such a submodule itself (Flax GPT-2's
+    ``self.transformer``, whose ``self.h`` loops over the blocks): path -> that class and
+    forward, for each such submodule at any depth (``transformer``, ``transformer.h``)."""
+    init = method_of(classdef, names.init)
     if init is None:
         return {}
-    found: dict[str, cst.FunctionDef] = {}
+    found: dict[str, _Stack] = {}
     built = m.Assign(
         targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name()))],
         value=m.Call(func=m.Name()),
@@ -359,47 +447,120 @@ def _submodule_classes(
         func = assign.value.func
         assert isinstance(target, cst.Attribute) and isinstance(func, cst.Name)
         other = classes.get(func.value)
-        if other is None or other is classdef:
+        if other is None or other is classdef or func.value in seen:
             continue
-        forward = method_of(other)
+        forward = method_of(other, names.forward)
         if forward is None or not isinstance(forward.body, cst.IndentedBlock):
             continue
-        loops = any(
-            isinstance(statement, cst.For)
-            and (loop := match_container_loop(statement)) is not None
-            and loop.root == "self"
-            for statement in forward.body.body
-        )
-        if loops:
-            found[target.attr.value] = forward
+        path = f"{prefix}{target.attr.value}"
+        inner = _submodule_classes(other, classes, names, f"{path}.", seen | {func.value})
+        if inner or _loops_over_layers(forward):
+            found[path] = _Stack(func.value, forward)
+            found.update(inner)
     return found
 
 
+#: Statements that end a method early: what a pre-folded method may hold only at its end.
+_EARLY_EXIT = m.Return() | m.Yield() | m.Global() | m.Nonlocal()
+
+
+def _exits_early(method: cst.FunctionDef) -> bool:
+    """Whether a top-level ``if`` of the method holds a ``return`` before its last statement
+    (Flax GPT-2's ``if not return_dict: return ...``), which only a decided branch removes."""
+    assert isinstance(method.body, cst.IndentedBlock)
+    return any(
+        isinstance(statement, cst.If) and m.findall(statement, m.Return())
+        for statement in method.body.body[:-1]
+    )
+
+
+def _given_defaults(
+    method: cst.FunctionDef,
+    arguments: Sequence[tuple[str, cst.BaseExpression]],
+    caller: dict[str, AssumedDefault],
+) -> dict[str, AssumedDefault]:
+    """What the call binds the method's parameters to, where that is known before the run:
+    a constant (its own default, or one the call passes), or a parameter of the forward
+    handed on under the same name that keeps its default (``caller``)."""
+    given: dict[str, AssumedDefault] = {}
+    for param, expression in arguments:
+        if m.matches(expression, m.Name(param)) and param in caller:
+            given[param] = caller[param]
+            continue
+        value = constant_value(expression)
+        if value is not UNKNOWN:
+            given[param] = AssumedDefault(param, value, None)  # type: ignore[arg-type]
+    return given
+
+
+@dataclass(frozen=True)
+class _Expansion:
+    """What one inlined call becomes: ``body``, and for each of its statements the index of
+    the method's statement it comes from (``-1`` for a bound argument); the call as the
+    report names it, the submodule path (``""`` for an own method), the branches decided
+    inside it first, and the method's own last index."""
+
+    body: list[cst.BaseStatement]
+    indices: list[int]
+    description: str
+    class_name: str
+    method: str
+    path: str
+    last: int
+    branches: tuple[FoldedBranch, ...]
+
+
+@dataclass(frozen=True)
+class _Caller:
+    """What the forward being expanded offers an inlined call."""
+
+    model: str
+    methods: dict[str, cst.FunctionDef]
+    stacks: dict[str, _Stack]
+    names: set[str]  # its parameters and every name it binds
+    defaults: dict[str, AssumedDefault]  # its parameters that keep a constant default
+    config: cst.Module
+    line_of: Callable[[cst.CSTNode], int]
+    forward: str
+
+
 def _inline_one(
-    statement: cst.BaseStatement,
-    later: Sequence[cst.BaseStatement],
-    methods: dict[str, cst.FunctionDef],
-    config: cst.Module,
-    stacks: dict[str, cst.FunctionDef],
-    caller_names: set[str],
-) -> tuple[list[cst.BaseStatement], str] | None:
+    statement: cst.BaseStatement, later: Sequence[cst.BaseStatement], caller: _Caller
+) -> _Expansion | None:
     found = _call_of(statement)
     if found is None:
         return None
     target, name, call = found
-    method = methods.get(name)
-    if name in stacks and name not in methods:
-        submodule = stacks[name]
-        method = submodule.with_changes(body=submodule.body.visit(_SelfAsSubmodule(name)))
-    elif method is None or name == "forward":
+    config = caller.config
+    method = caller.methods.get(name)
+    class_name, path = caller.model, ""
+    if name in caller.stacks and name not in caller.methods:
+        stack = caller.stacks[name]
+        method, class_name, path = stack.method, stack.class_name, name
+    elif method is None or name == caller.forward:
         return None
     if not _plain_method(method):
         return None
-    returned = _returns_only_at_end(method)
-    if returned is None:
-        return None
     arguments = _bind_arguments(method, call)
     if arguments is None:
+        return None
+    assert isinstance(method.body, cst.IndentedBlock)
+    last = len(method.body.body) - 1
+    own = list(method.body.body)
+    indices = list(range(len(own)))
+    decided: list[FoldedBranch] = []
+    if _exits_early(method):
+        # Decide the method's branches with what the call binds first: a return that stays
+        # in one means the method cannot be inlined.
+        given = _given_defaults(method, arguments, caller.defaults)
+        own, folded, sources = fold_branches(own, {}, method, config, caller.line_of, given)
+        indices = [indices[source] for source in sources]
+        decided.extend(folded)
+        method = method.with_changes(body=method.body.with_changes(body=tuple(own)))
+    if path:
+        method = method.with_changes(body=method.body.visit(_SelfAsSubmodule(path)))
+    returned = _returns_only_at_end(method)
+    if returned is None:
         return None
     assert isinstance(method.body, cst.IndentedBlock)
     bound = _BoundNamesVisitor()
@@ -410,7 +571,7 @@ def _inline_one(
     if (binds - {target}) & _read_later(later):
         return None  # an inlined name would overwrite a value the forward reads later
     free = set(mentioned_names(method.body.body)) - binds - {p for p, _ in arguments} - {"self"}
-    if free & caller_names:
+    if free & caller.names:
         return None  # a global the method reads is a local of the forward
     if isinstance(statement, cst.SimpleStatementLine) and statement.trailing_whitespace.comment:
         return None  # a comment on the call line (a sync pin, say) belongs to the call
@@ -420,16 +581,21 @@ def _inline_one(
             continue
         code = f"{param} = {config.code_for_node(expression)}\n"
         body.append(cst.parse_statement(code, config=config.config_for_parsing))
+    origins = [-1] * len(body)
     body.extend(method.body.body[:-1])
-    last = method.body.body[-1]
-    assert isinstance(last, cst.SimpleStatementLine)
+    origins.extend(indices[:-1])
+    final_statement = method.body.body[-1]
+    assert isinstance(final_statement, cst.SimpleStatementLine)
     value = config.code_for_node(returned)
     # `x = x` (the method hands back the name it was given) is left out, unless nothing is left.
     if not (body and target is not None and m.matches(returned, m.Name(target))):
         final = f"{target} = {value}\n" if target is not None else f"return {value}\n"
         replacement = cst.parse_statement(final, config=config.config_for_parsing)
         assert isinstance(replacement, cst.SimpleStatementLine)
-        body.append(replacement.with_changes(trailing_whitespace=last.trailing_whitespace))
+        body.append(
+            replacement.with_changes(trailing_whitespace=final_statement.trailing_whitespace)
+        )
+        origins.append(last)
     assert isinstance(statement, cst.SimpleStatementLine)
     first = body[0]
     if isinstance(first, cst.SimpleStatementLine | cst.BaseCompoundStatement):
@@ -437,7 +603,16 @@ def _inline_one(
         body[0] = first.with_changes(leading_lines=lines)
     decorators = _followed_decorators(method) or ()
     left_out = f" (without {', '.join(f'@{d}' for d in decorators)})" if decorators else ""
-    return body, f"self.{name}{left_out}"
+    return _Expansion(
+        body=body,
+        indices=origins,
+        description=f"self.{name}{left_out}",
+        class_name=class_name,
+        method=method.name.value,
+        path=path,
+        last=last,
+        branches=tuple(decided),
+    )
 
 
 class SourceLines:
@@ -457,11 +632,19 @@ class SourceLines:
 
 
 def inline_own_methods(
-    module: cst.Module, class_name: str, lines: SourceLines | None = None
+    module: cst.Module,
+    class_name: str,
+    lines: SourceLines | None = None,
+    *,
+    forward_method: str = "forward",
+    init_method: str = "__init__",
 ) -> Inlined:
     """``module`` with ``class_name.forward``'s calls of the class's own methods inlined and
     its decided branches folded. ``lines`` gives the lines of the user's file (``module``'s
-    own by default: pass the original's when ``module`` is already expanded elsewhere)."""
+    own by default: pass the original's when ``module`` is already expanded elsewhere).
+    ``forward_method`` and ``init_method`` name the method that computes a module and the
+    one that builds its submodules (``__call__`` and ``setup`` for Flax)."""
+    names = _Names(forward_method, init_method)
     found = [
         (index, statement)
         for index, statement in enumerate(module.body)
@@ -476,7 +659,7 @@ def inline_own_methods(
         for member in classdef.body.body
         if isinstance(member, cst.FunctionDef)
     }
-    forward = methods.get("forward")
+    forward = methods.get(forward_method)
     if forward is None or not isinstance(forward.body, cst.IndentedBlock):
         return Inlined(module, ())
     classes = {
@@ -484,30 +667,56 @@ def inline_own_methods(
         for statement in module.body
         if isinstance(statement, cst.ClassDef)
     }
-    stacks = _submodule_classes(classdef, classes)
     statements = list(forward.body.body)
+    frames = [Frame(class_name, forward_method, "", len(statements) - 1)]
+    origins = [Origin(((0, position),)) for position in range(len(statements))]
     inlined: list[str] = []
     folded: list[FoldedBranch] = []
     own_parameters = parameters(forward)
-    attributes = init_constants(classdef)
+    attributes = init_constants(classdef, init_method)
     line_of = lines if lines is not None else SourceLines(module)
     for _ in range(MAX_ROUNDS):
         changed = False
         expanded: list[cst.BaseStatement] = []
+        expanded_origins: list[Origin] = []
         bound = _BoundNamesVisitor()
         for current in statements:
             current.visit(bound)
-        caller_names = own_parameters | bound.names
+        assigned = GatherBindingsVisitor()
+        for current in statements:
+            current.visit(assigned)
+        rebound = {name for name, _ in assigned.bindings}
+        caller = _Caller(
+            model=class_name,
+            methods=methods,
+            stacks=_submodule_classes(classdef, classes, names),
+            names=own_parameters | bound.names,
+            defaults={
+                name: default
+                for name, default in parameter_defaults(forward).items()
+                if name not in rebound
+            },
+            config=module,
+            line_of=line_of,
+            forward=forward_method,
+        )
         for position, current in enumerate(statements):
             later = statements[position + 1 :]
-            result = _inline_one(current, later, methods, module, stacks, caller_names)
+            result = _inline_one(current, later, caller)
             if result is None:
                 expanded.append(current)
+                expanded_origins.append(origins[position])
                 continue
-            expanded.extend(result[0])
-            inlined.append(result[1])
+            frame = len(frames)
+            frames.append(Frame(result.class_name, result.method, result.path, result.last))
+            expanded.extend(result.body)
+            steps = origins[position].steps
+            expanded_origins.extend(Origin((*steps, (frame, i))) for i in result.indices)
+            inlined.append(result.description)
+            folded.extend(result.branches)
             changed = True
-        statements, decided = fold_branches(expanded, attributes, forward, module, line_of)
+        statements, decided, sources = fold_branches(expanded, attributes, forward, module, line_of)
+        origins = [expanded_origins[source] for source in sources]
         folded.extend(decided)
         if not changed and not decided:
             break
@@ -522,4 +731,10 @@ def inline_own_methods(
     members = [new_forward if member is forward else member for member in classdef.body.body]
     new_class = classdef.with_changes(body=classdef.body.with_changes(body=tuple(members)))
     body = [*module.body[:index], new_class, *module.body[index + 1 :]]
-    return Inlined(module.with_changes(body=body), tuple(inlined), tuple(folded))
+    return Inlined(
+        module.with_changes(body=body),
+        tuple(inlined),
+        tuple(folded),
+        tuple(frames),
+        tuple(origins),
+    )

@@ -45,6 +45,9 @@ This module imports libcst, never jax.
 from __future__ import annotations
 
 import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
@@ -62,16 +65,26 @@ from syncpass.frontend.analysis import (
     build_op_graph,
     find_forward,
     match_container_loop,
+    method_of,
 )
+from syncpass.frontend.inline import Frame, Inlined, SourceLines, inline_own_methods
 from syncpass.frontend.match import pick_model, sizes_from_ids
-from syncpass.frontend.numbers import JAX_RULES, host_values, module_numbers
+from syncpass.frontend.numbers import (
+    JAX_RULES,
+    GatherBindingsVisitor,
+    host_values,
+    module_numbers,
+    parameters,
+)
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
-from syncpass.transformers.common import SYNC_COMMENT_PREFIX
+from syncpass.transformers.common import SYNC_COMMENT_PREFIX, SyncSite
 from syncpass.transformers.jax_transfer import names_a_device, remove_device_puts
 
 #: The method of a Flax module that computes the model.
 FLAX_METHOD = "__call__"
+#: The method of a Flax module that builds its submodules.
+FLAX_SETUP = "setup"
 #: The function a JAX model file is looked up by when no name is given.
 DEFAULT_FUNCTION = "forward"
 DEVICE_PUT = "jax.device_put"
@@ -204,6 +217,57 @@ def host_names(module: cst.Module, function: cst.FunctionDef) -> frozenset[str]:
     return host_values(function, module, module_numbers(module), rules=JAX_RULES).names
 
 
+@dataclass(frozen=True)
+class JaxModel:
+    """A JAX model as the analysis read it: the function or Flax module class ``name``, its
+    op graph, and for a Flax module whose ``__call__`` was expanded (its submodules'
+    ``__call__`` inlined, :mod:`syncpass.frontend.inline`) where each statement of the
+    expanded ``__call__`` is in the user's file (``expansion``), and the names each inlined
+    function has of its own (``frame_names``, by frame)."""
+
+    name: str
+    is_function: bool
+    graph: OpGraph
+    expansion: Inlined | None = None
+    frame_names: tuple[frozenset[str], ...] = ()
+
+    def homes(self, sites: Sequence[SyncSite]) -> list[tuple[Frame, list[SyncSite]]]:
+        """``sites`` (statements of the expanded ``__call__``) by the function of the user's
+        file they go in, each renumbered to that function's statements, its values those
+        of that function (a value of the functions calling it moves with the stages' inputs;
+        the pipeline moves every value a later stage reads)."""
+        expansion = self.expansion
+        if expansion is None:
+            whole = Frame(self.name, DEFAULT_FUNCTION if self.is_function else FLAX_METHOD, "", 0)
+            return [(whole, list(sites))] if sites else []
+        placed: dict[int, list[SyncSite]] = {}
+        for site in sites:
+            where = (
+                expansion.home(site.statement)
+                if site.split_after is None
+                else _loop_home(expansion, site.statement)
+            )
+            if where is None:
+                raise SyncpassError(
+                    f"a sync point after statement {site.statement} of the expanded "
+                    f"{self.name}.{FLAX_METHOD} has no place in the file"
+                )
+            frame, index = where
+            values = site.values
+            if frame:
+                values = tuple(value for value in values if value in self.frame_names[frame])
+            placed.setdefault(frame, []).append(
+                dataclasses.replace(site, statement=index, values=values)
+            )
+        return [(expansion.frames[frame], placed[frame]) for frame in sorted(placed)]
+
+
+def _loop_home(expansion: Inlined, statement: int) -> tuple[int, int] | None:
+    """The loop statement a split of the expanded statement ``statement`` goes in."""
+    frame, index = expansion.origins[statement].steps[-1]
+    return (frame, index) if index >= 0 and expansion.single(frame) else None
+
+
 def analyse_jax_model(
     module: cst.Module,
     path: str,
@@ -211,19 +275,26 @@ def analyse_jax_model(
     sizes: ContainerSizes | None = None,
     text: str | None = None,
 ) -> OpGraph:
-    """The op graph of the JAX function or Flax module ``name`` (see the module docstring).
+    """The op graph of the JAX function or Flax module ``name`` (see :func:`analyse_jax`)."""
+    return analyse_jax(module, path, name, sizes, text).graph
+
+
+def analyse_jax(
+    module: cst.Module,
+    path: str,
+    name: str | None = None,
+    sizes: ContainerSizes | None = None,
+    text: str | None = None,
+) -> JaxModel:
+    """The JAX function or Flax module ``name`` and its op graph (see the module docstring).
 
     ``sizes`` gives the length of each list of submodules a Flax ``__call__``
-    loops over (``{"blocks": 4}``). The graph's ``model_class`` is the
-    function's or the class's name.
+    loops over (``{"blocks": 4}``, ``{"transformer.h.blocks": 12}``). The graph's
+    ``model_class`` is the function's or the class's name.
     """
     name, is_function = resolve_jax_model(module, name, path)
     if not is_function:
-        graph = analyse_method(
-            module, path, name, sizes, text, method=FLAX_METHOD, sync_point=is_device_put_sync
-        )
-        call = find_forward(module, name, path, FLAX_METHOD).forward
-        return _array_cuts(graph, host_names(module, call))
+        return _analyse_flax(module, path, name, sizes, text)
     function = _functions(module)[name]
     parameters = [*function.params.posonly_params, *function.params.params]
     if len(parameters) < 2:
@@ -249,20 +320,170 @@ def analyse_jax_model(
         sync_point=is_device_put_sync,
         label=_weights_key(weights),
     )
-    return _array_cuts(build_op_graph(site, sizes), host_names(module, function))
+    graph = _array_cuts(build_op_graph(site, sizes), host_names(module, function))
+    return JaxModel(name, True, graph)
+
+
+def expand_flax(module: cst.Module, name: str) -> Inlined | None:
+    """``name.__call__`` with the calls of the submodules that hold its layer stack (and of
+    its own methods) inlined, and its decided branches folded; ``None`` if nothing changed."""
+    expansion = inline_own_methods(module, name, forward_method=FLAX_METHOD, init_method=FLAX_SETUP)
+    return expansion if expansion.origins else None
+
+
+def _analyse_flax(
+    module: cst.Module,
+    path: str,
+    name: str,
+    sizes: ContainerSizes | None,
+    text: str | None,
+) -> JaxModel:
+    expansion = expand_flax(module, name)
+    expanded = module if expansion is None else expansion.module
+    graph = analyse_method(
+        expanded, path, name, sizes, text, method=FLAX_METHOD, sync_point=is_device_put_sync
+    )
+    call = find_forward(expanded, name, path, FLAX_METHOD).forward
+    graph = _array_cuts(graph, host_names(expanded, call))
+    if expansion is None:
+        return JaxModel(name, False, graph)
+    functions = [_frame_function(module, frame) for frame in expansion.frames]
+    frame_names = tuple(_own_names(function) for function in functions)
+    graph = _placed_cuts(graph, expansion, frame_names)
+    graph = _file_lines(graph, expansion, call, functions, SourceLines(module))
+    return JaxModel(name, False, graph, expansion, frame_names)
+
+
+def _frame_function(module: cst.Module, frame: Frame) -> cst.FunctionDef:
+    for statement in module.body:
+        if isinstance(statement, cst.ClassDef) and statement.name.value == frame.class_name:
+            found = method_of(statement, frame.method)
+            if found is not None:
+                return found
+    raise AssertionError(f"no {frame.class_name}.{frame.method}")
+
+
+def _own_names(function: cst.FunctionDef) -> frozenset[str]:
+    """A function's parameters and the names it binds."""
+    bound = GatherBindingsVisitor()
+    function.body.visit(bound)
+    return frozenset(parameters(function) | {name for name, _ in bound.bindings})
+
+
+def _placed_cuts(
+    graph: OpGraph, expansion: Inlined, frame_names: tuple[frozenset[str], ...]
+) -> OpGraph:
+    """``graph`` without the cuts that have no place in the user's file: inside a statement
+    of an inlined function, or where none of the arrays live is that function's own."""
+    position = {op.id: index for index, op in enumerate(graph.ops)}
+    last_iteration: dict[int, int] = {}
+    for op in graph.ops:
+        if op.loop is not None:
+            last_iteration[op.statement] = op.loop.index
+    cuts = []
+    for cut in graph.cuts:
+        op = graph.ops[position[cut.after]]
+        inside = op.loop is not None and op.loop.index != last_iteration[op.statement]
+        where = _loop_home(expansion, op.statement) if inside else expansion.home(op.statement)
+        if where is None:
+            continue
+        frame = where[0]
+        if frame and not cut.pinned and not set(cut.live) & frame_names[frame]:
+            continue
+        cuts.append(cut)
+    return dataclasses.replace(graph, cuts=tuple(cuts))
+
+
+_LINE_ID = re.compile(r"^(.*@L)(\d+)((?::\d+)?)$")
+
+
+def _file_lines(
+    graph: OpGraph,
+    expansion: Inlined,
+    call: cst.FunctionDef,
+    functions: Sequence[cst.FunctionDef],
+    line_of: SourceLines,
+) -> OpGraph:
+    """``graph`` (of the expanded ``__call__``) with the lines of the user's file: in each
+    op's location and in op ids that carry a line."""
+    assert isinstance(call.body, cst.IndentedBlock)
+    expanded_lines = SourceLines(expansion.module)
+    starts = [expanded_lines(statement) for statement in call.body.body]
+
+    def file_line(statement: int, line: int) -> int:
+        steps = expansion.origins[statement].steps
+        frame, index = steps[-1]
+        if index < 0 and len(steps) > 1:
+            frame, index = steps[-2]
+        body = functions[frame].body
+        assert isinstance(body, cst.IndentedBlock)
+        node = body.body[index]
+        planned = call.body.body[statement]
+        shift = line - starts[statement] if type(node) is type(planned) else 0
+        return line_of(node) + max(0, shift)
+
+    def statement_at(line: int) -> int | None:
+        found = [index for index, start in enumerate(starts) if 0 < start <= line]
+        return found[-1] if found else None
+
+    renamed: dict[str, str] = {}
+    ops = []
+    for op in graph.ops:
+        line = file_line(op.statement, op.location.line)
+        ops.append(dataclasses.replace(op, location=dataclasses.replace(op.location, line=line)))
+        found = _LINE_ID.match(op.id)
+        if found is not None:
+            renamed[op.id] = f"{found.group(1)}{line}{found.group(3)}"
+    if len(set(renamed.values())) != len(renamed) or set(renamed.values()) & (
+        {op.id for op in graph.ops} - set(renamed)
+    ):
+        renamed = {}  # two ops would share an id: keep the expanded lines in the ids
+
+    def new_id(op_id: str) -> str:
+        return renamed.get(op_id, op_id)
+
+    regions = []
+    for region in graph.regions:
+        statement = statement_at(region.location.line)
+        if statement is None:
+            regions.append(region)
+            continue
+        line = file_line(statement, region.location.line)
+        regions.append(
+            dataclasses.replace(
+                region,
+                location=dataclasses.replace(region.location, line=line),
+                end_line=line + region.end_line - region.location.line,
+            )
+        )
+    return dataclasses.replace(
+        graph,
+        ops=tuple(dataclasses.replace(op, id=new_id(op.id)) for op in ops),
+        edges=tuple((new_id(a), new_id(b)) for a, b in graph.edges),
+        cuts=tuple(dataclasses.replace(cut, after=new_id(cut.after)) for cut in graph.cuts),
+        regions=tuple(regions),
+        forbidden=tuple(new_id(op_id) for op_id in graph.forbidden),
+        written=tuple(new_id(op_id) for op_id in graph.written),
+        inlined=expansion.methods,
+        branches=tuple(branch.describe(graph.path) for branch in expansion.branches),
+    )
 
 
 def jax_loop_containers(module: cst.Module, name: str | None, path: str) -> tuple[str, ...]:
     """Lists a model loops over, per item: of submodules in a Flax ``__call__`` (``blocks`` for
-    ``for block in self.blocks``), of weight dicts in a JAX function (``layers`` for ``for
-    layer in params["layers"]``; ``decoder.layers`` for ``params["decoder"]["layers"]``)."""
+    ``for block in self.blocks``; ``transformer.h.blocks`` for a loop of a submodule's
+    ``__call__`` that the expansion inlines), of weight dicts in a JAX function (``layers``
+    for ``for layer in params["layers"]``; ``decoder.layers`` for
+    ``params["decoder"]["layers"]``)."""
     name, is_function = resolve_jax_model(module, name, path)
     if is_function:
         function = _functions(module)[name]
         parameters = [*function.params.posonly_params, *function.params.params]
         root = parameters[0].name.value if parameters else None
     else:
-        function = find_forward(module, name, path, FLAX_METHOD).forward
+        expansion = expand_flax(module, name)
+        expanded = module if expansion is None else expansion.module
+        function = find_forward(expanded, name, path, FLAX_METHOD).forward
         root = "self"
     if not isinstance(function.body, cst.IndentedBlock):
         return ()
@@ -282,15 +503,13 @@ def analyse(text: str, path: str, known: KnownOps, name: str | None) -> ModelSou
     names when the file has it, else :func:`resolve_jax_model`'s choice).
     """
     module = parse_source(text, path)
-    model, is_function = resolve_jax_model(
+    model, _ = resolve_jax_model(
         module, pick_model(jax_model_names(module), known.model, name), path
     )
     base = text
     if SYNC_COMMENT_PREFIX in text:
-        module = remove_device_puts(module, model, is_function, path)
+        module = remove_device_puts(module, path)
         base = module.code
     sizes = sizes_from_ids(known.ids, jax_loop_containers(module, model, path))
-    graph = analyse_jax_model(module, path, model, sizes, base)
-    return ModelSource(
-        text=text, base=base, module=module, graph=graph, handle=(model, is_function)
-    )
+    found = analyse_jax(module, path, model, sizes, base)
+    return ModelSource(text=text, base=base, module=module, graph=found.graph, handle=found)

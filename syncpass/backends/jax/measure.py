@@ -1,6 +1,6 @@
 """Measure a JAX model's per-op costs (``syncpass profile --backend jax``).
 
-The op graph comes from the source (:func:`~syncpass.backends.jax.analysis.analyse_jax_model`).
+The op graph comes from the source (:func:`~syncpass.backends.jax.analysis.analyse_jax`).
 A copy of the file gets a probe after every op: a transfer of the values live
 there to the first device (``x = jax.device_put(x, jax.devices()[0])``, written
 by the same transformer as the real sync points), but where the user wrote a
@@ -24,7 +24,8 @@ forward time and FLOPs of the jitted ``loss_fn(output, target)`` are added to
 its ``compute_s`` and ``flops``, and the time the loss's gradient (jitted
 ``jax.value_and_grad``) adds to its ``backward_s``, as the torch profiler does.
 
-A cut's ``live_bytes`` are the bytes its probe (or the user's transfer) moves. The user's file is
+A cut's ``live_bytes`` are the bytes of the values computed before it that a later piece
+reads: what its probe (or the user's transfer) moves, and what the pipeline moves besides. The user's file is
 never modified. This module imports jax.
 """
 
@@ -38,8 +39,9 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+from jax.extend import core as jcore
 
-from syncpass.backends.jax.analysis import analyse_jax_model, jax_loop_containers
+from syncpass.backends.jax.analysis import analyse_jax, jax_loop_containers
 from syncpass.backends.jax.example import (
     JaxExample,
     apply_of,
@@ -47,15 +49,16 @@ from syncpass.backends.jax.example import (
     model_failure,
     model_from_source,
 )
-from syncpass.backends.jax.pipeline import nbytes, pipeline, read_value
-from syncpass.backends.jax.rewrite import strip_jax_sync_points
+from syncpass.backends.jax.pipeline import Pipeline, nbytes, pipeline, read_value
+from syncpass.backends.jax.rewrite import insert, strip_jax_sync_points
 from syncpass.contracts.costs import Costs, CutCost, OpCost
 from syncpass.contracts.graph import OpGraph
 from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.source import parse_source
+from syncpass.rewrite.source import ModelSource
 from syncpass.transformers.common import SyncSite
-from syncpass.transformers.jax_transfer import insert_device_puts, retarget_device_puts
+from syncpass.transformers.jax_transfer import retarget_device_puts
 
 TRAINING_MEMORY_MULTIPLIER = 4
 
@@ -144,13 +147,15 @@ def profile_jax_costs(
     module = parse_source(base, path)
     model_name = name or example.name
     sizes = _container_sizes(example, jax_loop_containers(module, model_name, path))
-    graph = analyse_jax_model(module, path, model_name, sizes, base)
+    analysed = analyse_jax(module, path, model_name, sizes, base)
+    graph = analysed.graph
     sites, after = _probe_sites(graph)
-    probed, warnings = insert_device_puts(module, model_name, example.is_function, sites, path)
+    source = ModelSource(text=base, base=base, module=module, graph=graph, handle=analysed)
+    probed, warnings = insert(source, sites, path)
     if warnings:
         raise SyncpassError("could not probe the model: " + "; ".join(warnings), path)
     # The user's own transfers go to the probes' device: the copy is traced on one device.
-    probed_text = retarget_device_puts(probed, model_name, example.is_function, 0, path).code
+    probed_text = retarget_device_puts(probed, 0, path).code
     lines = line_map(probed_text, text)
     model = model_from_source(example, probed_text, path, "probed")
     try:
@@ -214,8 +219,8 @@ def profile_jax_costs(
     except Exception as error:
         raise model_failure(error, path, "the loss failed", fallback=example.origin) from None
     moved = {
-        graph.ops[position].id: nbytes([var.aval for var in transfer])
-        for position, transfer in zip(after, staged.transfers, strict=True)
+        graph.ops[position].id: _crossing_bytes(staged, piece)
+        for piece, position in enumerate(after)
     }
     cuts = tuple(
         CutCost(after=cut.after, live_bytes=moved.get(cut.after, 0), pinned=cut.pinned)
@@ -233,6 +238,20 @@ def profile_jax_costs(
         model=graph.model_class,
         edges=graph.edges,
     )
+
+
+def _crossing_bytes(staged: Pipeline, piece: int) -> int:
+    """Bytes of the values computed up to piece ``piece`` that a later piece reads: what its
+    transfer moves, and any other value the pipeline moves to a later stage's device (a
+    value of an outer function, live across a transfer inside a submodule's call)."""
+    crossing = {var for var in staged.transfers[piece] if not isinstance(var, jcore.Literal)}
+    crossing |= {
+        var
+        for stage in staged.stages[piece + 1 :]
+        for var in stage.inputs
+        if not isinstance(var, jcore.Literal) and staged.producers.get(var, piece + 1) <= piece
+    }
+    return nbytes([var.aval for var in crossing])
 
 
 def _with_loss(last: OpCost, example: JaxExample, output: Any, repeats: int, warmup: int) -> OpCost:
@@ -272,8 +291,8 @@ def _weights_at(params: Any, path: str) -> Any:
 
 def _container_sizes(example: JaxExample, containers: tuple[str, ...]) -> dict[str, int]:
     """Length of each list a model loops over: of a JAX function's weights, the list itself
-    (``params["layers"]``); of a Flax module's submodules, from the variables (``blocks_0``,
-    ``blocks_1``...)."""
+    (``params["layers"]``); of a Flax module's submodules, the list the module bound to its
+    variables builds in ``setup`` (``blocks``, ``transformer.h.blocks``)."""
     if not containers:
         return {}
     if example.is_function:
@@ -282,16 +301,18 @@ def _container_sizes(example: JaxExample, containers: tuple[str, ...]) -> dict[s
             for container in containers
             if isinstance(value := _weights_at(example.params, container), (list, tuple))
         }
-    params = example.params.get("params", example.params) if hasattr(example.params, "get") else {}
+    try:
+        bound = example.model.bind(example.params)
+    except Exception:  # the sizes are the analysis's to do without: the error comes later
+        return {}
     sizes = {}
     for container in containers:
-        indices = [
-            int(key.rsplit("_", 1)[1])
-            for key in params
-            if isinstance(key, str)
-            and key.startswith(f"{container}_")
-            and key.rsplit("_", 1)[1].isdigit()
-        ]
-        if indices:
-            sizes[container] = max(indices) + 1
+        value = bound
+        try:
+            for part in container.split("."):
+                value = getattr(value, part)
+        except Exception:
+            continue
+        if isinstance(value, (list, tuple)):
+            sizes[container] = len(value)
     return sizes

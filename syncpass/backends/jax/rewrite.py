@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import libcst as cst
 
-from syncpass.backends.jax.analysis import resolve_jax_model
+from syncpass.backends.jax.analysis import JaxModel, resolve_jax_model
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import ModelSource
 from syncpass.transformers.common import SYNC_COMMENT_PREFIX, SyncSite
@@ -28,21 +28,31 @@ def strip_jax_sync_points(text: str, path: str, name: str | None = None) -> str:
     if SYNC_COMMENT_PREFIX not in text:
         return text
     module = parse_source(text, path)
-    model, is_function = resolve_jax_model(module, name, path)
-    stripped: str = remove_device_puts(module, model, is_function, path).code
+    resolve_jax_model(module, name, path)
+    stripped: str = remove_device_puts(module, path).code
     return stripped
 
 
 def insert(
     source: ModelSource, sites: Sequence[SyncSite], path: str
 ) -> tuple[cst.Module, tuple[str, ...]]:
-    """``source``'s module with one ``jax.device_put`` per site, and warnings for sites missed."""
-    model, is_function = source.handle
-    return insert_device_puts(source.module, model, is_function, list(sites), path)
+    """``source``'s module with one ``jax.device_put`` per site, and warnings for sites missed.
+
+    A site inside a submodule's call that the analysis inlined goes in that submodule's
+    ``__call__`` (:meth:`~syncpass.backends.jax.analysis.JaxModel.homes`).
+    """
+    model: JaxModel = source.handle
+    module = source.module
+    warnings: list[str] = []
+    for frame, placed in model.homes(sites):
+        module, missed = insert_device_puts(
+            module, frame.class_name, model.is_function, placed, path, frame.method
+        )
+        warnings.extend(missed)
+    return module, tuple(warnings)
 
 
 def remove(module: cst.Module, source: ModelSource, path: str) -> str:
     """The code of ``module`` without the transfers syncpass wrote."""
-    model, is_function = source.handle
-    stripped: str = remove_device_puts(module, model, is_function, path).code
+    stripped: str = remove_device_puts(module, path).code
     return stripped

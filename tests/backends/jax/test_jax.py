@@ -681,7 +681,7 @@ def test_retarget_points_every_transfer_at_one_device() -> None:
         '    return h @ params["b"]\n'
     )
     module = parse_source(before, "m.py")
-    assert retarget_device_puts(module, "forward", True, 0, "m.py").code == after
+    assert retarget_device_puts(module, 0, "m.py").code == after
 
 
 def test_line_map_reads_a_probed_copy_back_to_the_file() -> None:
