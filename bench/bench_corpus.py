@@ -1,4 +1,4 @@
-"""Real model code split into eager stages: the corpus table.
+"""Real model code split into stages: the corpus table.
 
 Each model's source file, as its package ships it (installed from PyPI with
 ``--no-deps``, pinned), is copied into a project with a tiny ``example()``
@@ -7,9 +7,11 @@ appended, then, for each stage count:
 * profiled and planned for ``--backend torch_stages`` (the model's own methods
   and the submodule holding the layer stack are followed) and, for comparison,
   for ``--backend torch`` as written (``pipe_split()`` in ``forward`` itself);
-* planned with the equal-layer rule (``uniform``) on the same eager costs;
-* rewritten, run split over gloo (1F1B, a few steps) and verified against the
-  unsplit model.
+  a Flax model (Hugging Face's Flax GPT-2 and Llama) for ``--backend jax``, its
+  submodules' ``__call__`` followed the same way;
+* planned with the equal-layer rule (``uniform``) on the same costs;
+* rewritten, run split (torch: over gloo, 1F1B, a few steps; JAX: GPipe on as
+  many CPU devices) and verified against the unsplit model.
 
 It prints, per model and stage count: the ops found (eager / as written), the
 predicted step of syncpass's plan, of the equal-layer rule and of the
@@ -68,6 +70,24 @@ HF_PACKAGES = (
     "httpcore2==2.16.2",
     "h11==0.16.0",
     "truststore==0.10.5",
+    "idna==3.13",
+    "certifi==2026.5.20",
+)
+
+#: Hugging Face's Flax models: the 4.x releases ship them (5.0 removed them), with the
+#: huggingface-hub, tokenizers and requests those import.
+FLAX_HF_PACKAGES = (
+    "transformers==4.57.3",
+    "huggingface-hub==0.36.2",
+    "tokenizers==0.22.2",
+    "safetensors==0.8.0",
+    "regex==2026.11.19",
+    "pyyaml==6.0.4",
+    "tqdm==4.70.1",
+    "fsspec==2026.9.0",
+    "requests==2.34.2",
+    "urllib3==2.8.0",
+    "charset-normalizer==3.5.3",
     "idna==3.13",
     "certifi==2026.5.20",
 )
@@ -177,6 +197,37 @@ def example():
 """
 
 
+#: The Flax example convention (docs/jax.md): the module, its variables, the inputs its
+#: ``__call__`` takes positionally, the target and the loss. Dropout is off by default
+#: (``deterministic=True``).
+FLAX_LM_EXAMPLE = """
+
+def example():
+    config = {config}
+    model = {cls}(config)
+    tokens = jax.random.randint(jax.random.key(0), (8, 17), 0, 64)
+    inputs = tokens[:, :-1]
+    mask = jnp.ones_like(inputs)
+    positions = jnp.broadcast_to(jnp.arange(inputs.shape[1]), inputs.shape)
+    variables = model.init(jax.random.key(1), inputs, mask, positions)
+
+    def loss(output, targets):
+        log_probs = jax.nn.log_softmax(output.logits)
+        return -jnp.mean(jnp.take_along_axis(log_probs, targets[..., None], axis=-1))
+
+    return model, variables, (inputs, mask, positions), tokens[:, 1:], loss
+"""
+
+FLAX_GPT2_CONFIG = (
+    "GPT2Config(n_layer=6, n_head=4, n_embd=32, n_positions=32, vocab_size=64, "
+    "bos_token_id=0, eos_token_id=0)"
+)
+FLAX_LLAMA_CONFIG = (
+    "LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6, "
+    "num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)"
+)
+
+
 @dataclass(frozen=True)
 class CorpusModel:
     """A model file of an installed package, and the example appended to its copy.
@@ -185,7 +236,8 @@ class CorpusModel:
     ``from ...modeling_utils import``): the copy imports the same modules absolutely.
     ``until`` ends the copy before the file's first line that starts with it (torchvision's
     registered builders, which refuse to be registered a second time), and ``preamble`` goes
-    before it.
+    before it. ``backend`` is the form it is split into (``torch_stages``, or ``jax``);
+    ``model`` names the model class when the file has several (``--model``).
     """
 
     name: str
@@ -199,6 +251,12 @@ class CorpusModel:
     package: str = ""
     until: str = ""
     preamble: str = ""
+    backend: str = "torch_stages"
+    model: str = ""
+
+    def model_arguments(self) -> list[str]:
+        """The backend and ``--model`` arguments of every command run on this model."""
+        return ["--backend", self.backend, *(["--model", self.model] if self.model else [])]
 
 
 MODELS = (
@@ -268,6 +326,30 @@ MODELS = (
         until="def _create_vision_transformer(",
         preamble=TORCHVISION_PREAMBLE,
     ),
+    CorpusModel(
+        "flax_gpt2",
+        FLAX_HF_PACKAGES,
+        "transformers/models/gpt2/modeling_flax_gpt2.py",
+        FLAX_LM_EXAMPLE.format(config=FLAX_GPT2_CONFIG, cls="FlaxGPT2LMHeadModule"),
+        (2, 4),
+        "transformer.h.blocks.",
+        6,
+        package="transformers.models.gpt2",
+        backend="jax",
+        model="FlaxGPT2LMHeadModule",
+    ),
+    CorpusModel(
+        "flax_llama",
+        FLAX_HF_PACKAGES,
+        "transformers/models/llama/modeling_flax_llama.py",
+        FLAX_LM_EXAMPLE.format(config=FLAX_LLAMA_CONFIG, cls="FlaxLlamaForCausalLMModule"),
+        (2, 4),
+        "model.layers.blocks.",
+        6,
+        package="transformers.models.llama",
+        backend="jax",
+        model="FlaxLlamaForCausalLMModule",
+    ),
 )
 
 
@@ -304,8 +386,9 @@ def project(installed: Path, model: CorpusModel, folder: Path) -> Path:
 
 def prepared(model: CorpusModel, packages: Path, folder: Path) -> Path:
     """``model``'s project in ``folder``, its packages installed under ``packages`` (one
-    folder per set, named after its first package, so models that share a set share it)."""
-    installed = install(model.packages, packages / model.packages[0].split("==")[0])
+    folder per set, named after its first package and its version, so models that share a
+    set share it)."""
+    installed = install(model.packages, packages / model.packages[0].replace("==", "-"))
     return project(installed, model, folder)
 
 
@@ -340,6 +423,12 @@ def _ms(plan: dict | None) -> str:  # type: ignore[type-arg]
     return "-" if plan is None else f"{plan['predicted_step_s'] * 1e3:.1f} ms"
 
 
+def _forms(model: CorpusModel) -> tuple[str, ...]:
+    """The backends ``model`` is profiled for: its own, and for torch the ``pipe_split()``
+    form as written, for comparison."""
+    return ("torch_stages", "torch") if model.backend == "torch_stages" else (model.backend,)
+
+
 def bench(models: list[CorpusModel], steps: int) -> None:
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
@@ -353,38 +442,37 @@ def bench(models: list[CorpusModel], steps: int) -> None:
             folder.mkdir()
             source = prepared(model, root, folder)
             example = f"{source}:example"
+            model_flag = ["--model", model.model] if model.model else []
             counts = {}
-            for backend in ("torch_stages", "torch"):
+            for backend in _forms(model):
                 costs = folder / f"{backend}.costs.json"
                 argv = ["profile", str(source), "--example", example, "--backend", backend]
-                status, err = _quiet([*argv, "-o", str(costs)])
+                status, err = _quiet([*argv, *model_flag, "-o", str(costs)])
                 if status != 0:
                     raise RuntimeError(f"{model.name}: profile failed: {err}")
                 counts[backend] = len(json.loads(costs.read_text())["ops"])
             for stages in model.stages:
-                eager_costs = folder / "torch_stages.costs.json"
-                ours = _plan(eager_costs, stages, "torch_stages")
-                rule = _plan(eager_costs, stages, "torch_stages", "uniform")
-                traced = _plan(folder / "torch.costs.json", stages, "torch")
+                own_costs = folder / f"{model.backend}.costs.json"
+                ours = _plan(own_costs, stages, model.backend)
+                rule = _plan(own_costs, stages, model.backend, "uniform")
+                traced = (
+                    _plan(folder / "torch.costs.json", stages, "torch")
+                    if "torch" in counts
+                    else None
+                )
                 speedup = (
                     f"{rule['predicted_step_s'] / ours['predicted_step_s']:.2f}x"
                     if ours is not None and rule is not None
                     else "-"
                 )
                 out = folder / f"sync_{stages}.py"
-                argv = [
-                    "rewrite",
-                    str(source),
-                    "--costs",
-                    str(eager_costs),
-                    "--stages",
-                    str(stages),
-                ]
-                status, err = _quiet([*argv, "--backend", "torch_stages", "-o", str(out)])
+                argv = ["rewrite", str(source), "--costs", str(own_costs), "--stages", str(stages)]
+                status, err = _quiet([*argv, *model.model_arguments(), "-o", str(out)])
                 measured, verified = "-", "rewrite failed"
                 if status == 0:
                     report = folder / f"run_{stages}.json"
                     argv = ["run", str(out), "--stages", str(stages), "--verify"]
+                    argv += ["--backend", model.backend]
                     argv += ["--steps", str(steps), "--json-report", str(report)]
                     status, err = _quiet(argv)
                     if report.exists():
@@ -399,7 +487,9 @@ def bench(models: list[CorpusModel], steps: int) -> None:
                         )
                     else:
                         verified = f"run failed: {err.strip().splitlines()[-1] if err else status}"
-                ops = f"{counts['torch_stages']}/{counts['torch']}"
+                ops = "/".join(str(counts.get(form, "-")) for form in ("torch_stages", "torch"))
+                if model.backend != "torch_stages":
+                    ops = f"{counts[model.backend]}/-"
                 print(
                     f"{model.name:<11} {ops:>9} {stages:>6} {_ms(ours):>9} {_ms(rule):>11} "
                     f"{speedup:>7} {_ms(traced):>10} {measured:>9}  {verified}",

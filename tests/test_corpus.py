@@ -1,5 +1,6 @@
 """Real model code, as its package ships it: installed from PyPI, copied into a project,
-rewritten into eager stages, run split over gloo and verified against the unsplit model.
+rewritten into eager stages (or, for Flax, JAX transfers), run split (over gloo; on CPU
+devices for JAX) and verified against the unsplit model.
 
 Each model's source file is copied unchanged with an ``example()`` appended (tiny random
 configs); its imports come from the same pinned install. `bench/bench_corpus.py` prints the
@@ -59,19 +60,21 @@ def test_real_model_splits_into_eager_stages_and_verifies(
     out = tmp_path / f"{model.name}_sync.py"
     report = tmp_path / "plan.json"
     argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", str(stages)]
-    argv += ["--backend", "torch_stages", "-o", str(out), "--report", str(report)]
+    argv += [*model.model_arguments(), "-o", str(out), "--report", str(report)]
     assert main(argv) == 0, capsys.readouterr().err
     capsys.readouterr()
     assert source.read_text() == original
     rewritten = out.read_text()
-    # The package's own code stays byte for byte: taking the stages out gives it back.
-    assert load_backend("torch_stages").strip(rewritten, str(out), None) == original
+    # The package's own code stays byte for byte: taking the sync points out gives it back.
+    stripped = load_backend(model.backend).strip(rewritten, str(out), model.model or None)
+    assert stripped == original
     assert rewritten.count("# syncpass sync ") == stages - 1
     # The layer stack inside self.transformer was found: its layers are ops.
     ops = [op["id"] for op in json.loads(report.read_text())["analysis"]["ops"]]
     assert sum(op.startswith(model.layers) for op in ops) == model.depth
     run_report = tmp_path / "run.json"
     argv = ["run", str(out), "--stages", str(stages), "--verify", "--timeout", "240"]
+    argv += ["--backend", model.backend]
     status = main([*argv, "--json-report", str(run_report)])
     assert status == 0, capsys.readouterr().err
     verify = json.loads(run_report.read_text())["verify"]

@@ -221,31 +221,53 @@ _CONSTANT = (
 _NESTED = m.FunctionDef() | m.Lambda() | m.ClassDef()
 
 
-def _call_of(statement: cst.BaseStatement) -> tuple[str | None, str, cst.Call] | None:
-    """``(target, method, call)`` for ``target = self.method(...)`` or ``return self.method(...)``
-    (target ``None``); ``method`` is a dotted path for a submodule's (``self.transformer.h``)."""
+_TARGET = m.Name() | m.Tuple(elements=[m.AtLeastN(m.Element(value=m.Name()), n=1)])
+
+
+def _target_names(target: cst.BaseExpression) -> tuple[str, ...]:
+    """``("x",)`` for ``x``; ``("x", "aux")`` for ``x, aux``."""
+    if isinstance(target, cst.Name):
+        return (target.value,)
+    assert isinstance(target, cst.Tuple)
+    names = []
+    for element in target.elements:
+        assert isinstance(element.value, cst.Name)
+        names.append(element.value.value)
+    return tuple(names)
+
+
+def _names_of(expression: cst.BaseExpression) -> tuple[str, ...] | None:
+    """``("x",)`` for ``x``, ``("x", "aux")`` for ``x, aux``; ``None`` for anything else."""
+    return _target_names(expression) if m.matches(expression, _TARGET) else None
+
+
+def _call_of(
+    statement: cst.BaseStatement,
+) -> tuple[tuple[str, ...] | None, str, cst.Call] | None:
+    """``(targets, method, call)`` for ``target = self.method(...)`` (``x, aux = ...`` too)
+    or ``return self.method(...)`` (targets ``None``); ``method`` is a dotted path for a
+    submodule's (``self.transformer.h``)."""
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
         return None
     small = statement.body[0]
     call_matcher = m.Call(func=m.Attribute(attr=m.Name()))
+    targets: tuple[str, ...] | None
     if m.matches(small, m.Return(value=call_matcher)):
         assert isinstance(small, cst.Return) and isinstance(small.value, cst.Call)
-        target = None
+        targets = None
         call = small.value
-    elif m.matches(small, m.Assign(targets=[m.AssignTarget(target=m.Name())], value=call_matcher)):
+    elif m.matches(small, m.Assign(targets=[m.AssignTarget(target=_TARGET)], value=call_matcher)):
         assert isinstance(small, cst.Assign) and isinstance(small.value, cst.Call)
-        name = small.targets[0].target
-        assert isinstance(name, cst.Name)
-        target, call = name.value, small.value
+        targets, call = _target_names(small.targets[0].target), small.value
     elif m.matches(small, m.AnnAssign(target=m.Name(), value=call_matcher)):
         # `out: Output = self.transformer(x)`: the annotation says nothing the stages need.
         assert isinstance(small, cst.AnnAssign) and isinstance(small.value, cst.Call)
         assert isinstance(small.target, cst.Name)
-        target, call = small.target.value, small.value
+        targets, call = (small.target.value,), small.value
     else:
         return None
     method = self_path(call.func)
-    return (target, method, call) if method else None
+    return (targets, method, call) if method else None
 
 
 def _decorator_name(decorator: cst.Decorator) -> str | None:
@@ -530,7 +552,7 @@ def _inline_one(
     found = _call_of(statement)
     if found is None:
         return None
-    target, name, call = found
+    targets, name, call = found
     config = caller.config
     method = caller.methods.get(name)
     class_name, path = caller.model, ""
@@ -568,7 +590,7 @@ def _inline_one(
     # A parameter handed the forward's name of the same name (`cache=cache`) binds nothing new.
     assigned = {param for param, value in arguments if not m.matches(value, m.Name(param))}
     binds = bound.names | assigned
-    if (binds - {target}) & _read_later(later):
+    if (binds - set(targets or ())) & _read_later(later):
         return None  # an inlined name would overwrite a value the forward reads later
     free = set(mentioned_names(method.body.body)) - binds - {p for p, _ in arguments} - {"self"}
     if free & caller.names:
@@ -587,9 +609,10 @@ def _inline_one(
     final_statement = method.body.body[-1]
     assert isinstance(final_statement, cst.SimpleStatementLine)
     value = config.code_for_node(returned)
-    # `x = x` (the method hands back the name it was given) is left out, unless nothing is left.
-    if not (body and target is not None and m.matches(returned, m.Name(target))):
-        final = f"{target} = {value}\n" if target is not None else f"return {value}\n"
+    # `x = x` (the method hands back the names it was given) is left out, unless nothing is left.
+    handed_back = targets is not None and _names_of(returned) == targets
+    if not (body and handed_back):
+        final = f"{', '.join(targets)} = {value}\n" if targets is not None else f"return {value}\n"
         replacement = cst.parse_statement(final, config=config.config_for_parsing)
         assert isinstance(replacement, cst.SimpleStatementLine)
         body.append(

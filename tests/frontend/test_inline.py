@@ -248,3 +248,86 @@ def test_a_method_reading_a_global_the_forward_shadows_is_left_alone() -> None:
         """
     _, methods = inline(source)
     assert methods == ()
+
+
+NESTED = """
+class Stack:
+    def __init__(self):
+        self.layers = [Layer() for _ in range(4)]
+
+    def forward(self, x, mask, keep: bool = False):
+        extra = () if keep else None
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x, extra
+
+
+class Body:
+    def __init__(self):
+        self.embed = Embed()
+        self.stack = Stack()
+
+    def forward(self, tokens, return_dict: bool = True):
+        mask = make_mask(tokens)
+        x = self.embed(tokens)
+        x, extra = self.stack(x, mask)
+        if not return_dict:
+            return (x, extra)
+        return {"x": x}
+
+
+class Net:
+    def __init__(self):
+        self.body = Body()
+        self.head = Head()
+
+    def forward(self, tokens):
+        out = self.body(tokens)
+        return self.head(out["x"])
+"""
+
+
+def test_a_layer_stack_two_submodules_deep_is_followed_through_an_early_return() -> None:
+    """Body holds no loop, but builds the Stack that does: both are inlined; Body's early
+    return sits in a branch its caller's default decides, the Stack hands back a tuple."""
+    result = inline_own_methods(cst.parse_module(NESTED), "Net")
+    assert result.methods == ("self.body", "self.body.stack")
+    assert forward_of(result.module.code).strip() == textwrap.dedent(
+        """\
+        def forward(self, tokens):
+            return_dict = True
+            mask = make_mask(tokens)
+            x = self.body.embed(tokens)
+            keep = False
+            extra = () if keep else None
+            for layer in self.body.stack.layers:
+                x = layer(x, mask)
+            out = {"x": x}
+            return self.head(out["x"])"""
+    )
+    assert [branch.test for branch in result.branches] == ["not return_dict"]
+    frames = [(frame.class_name, frame.path, frame.last) for frame in result.frames]
+    assert frames == [("Net", "", 1), ("Body", "body", 4), ("Stack", "body.stack", 2)]
+    # Where a sync point after each statement goes in the file: (frame, statement).
+    homes = [result.home(index) for index in range(len(result.origins) - 1)]
+    assert homes == [
+        None,  # between an argument bound and the body
+        (1, 0),  # after `mask = ...` in Body
+        (1, 1),
+        None,  # between the Stack's argument and its body
+        (2, 0),
+        (2, 1),  # after the loop, in Stack (before its return)
+        (0, 0),  # after `out = self.body(tokens)`, in Net
+    ]
+
+
+def test_a_function_inlined_twice_has_no_home_for_a_sync_point() -> None:
+    source = NESTED.replace(
+        "out = self.body(tokens)\n",
+        "out = self.body(tokens)\n        again = self.other(tokens)\n",
+    ).replace("self.body = Body()", "self.body = Body()\n        self.other = Body()")
+    result = inline_own_methods(cst.parse_module(source), "Net")
+    assert result.methods.count("self.body.stack") == 1 and "self.other.stack" in result.methods
+    homes = {result.home(index) for index in range(len(result.origins) - 1)}
+    # A sync point inside either call would be written into both: only Net's own remain.
+    assert homes == {None, (0, 0), (0, 1)}

@@ -24,11 +24,13 @@ from syncpass.transformers.jax_transfer import insert_device_puts, remove_device
 
 
 def strip_jax_sync_points(text: str, path: str, name: str | None = None) -> str:
-    """``text`` without the transfers syncpass wrote (unchanged if there are none)."""
+    """``text`` without the transfers syncpass wrote (unchanged if there are none), in
+    every function and method of the file (``name``, if given, must be a model there)."""
     if SYNC_COMMENT_PREFIX not in text:
         return text
     module = parse_source(text, path)
-    resolve_jax_model(module, name, path)
+    if name is not None:
+        resolve_jax_model(module, name, path)
     stripped: str = remove_device_puts(module, path).code
     return stripped
 

@@ -782,3 +782,93 @@ def test_host_values_stay_out_of_a_three_stage_run(tmp_path: Path) -> None:
             assert done.returncode == 0, done.stderr
         assert "verify: ok" in done.stdout
     assert "    x = jax.device_put(x, jax.devices()[1])" in (tmp_path / "s_shapes.py").read_text()
+
+
+NESTED_SIZES = {"body.stack.blocks": 6}
+
+
+def test_a_flax_layer_stack_two_submodules_deep_is_planned_per_block() -> None:
+    """Hugging Face's Flax layout: the model calls a body, which calls the block loop."""
+    text = (DATA / "flax_nested.py").read_text()
+    module = parse_source(text, "flax_nested.py")
+    graph = analyse_jax_model(module, "flax_nested.py", "LanguageModel", NESTED_SIZES, text)
+    ids = [op.id for op in graph.ops]
+    assert [op_id for op_id in ids if op_id.startswith("body.stack.blocks.")] == [
+        f"body.stack.blocks.{index}" for index in range(6)
+    ]
+    assert graph.inlined == ("self.body", "self.body.stack")
+    assert jax_loop_containers(module, "LanguageModel", "flax_nested.py") == ("body.stack.blocks",)
+    lines = text.splitlines()
+    # Each op is at its line of the file, in the class it is written in.
+    embed = graph.op("body.embed")
+    assert lines[embed.location.line - 1].strip() == "hidden = self.embed(tokens)"
+    block = graph.op("body.stack.blocks.3")
+    assert lines[block.location.line - 1].strip() == "for block in self.blocks:"
+    # The mask every block reads crosses the cuts between blocks; `every`, a Python value
+    # (None), never does; no cut falls between `return_dict = True` (bound) and Body.
+    live = {cut.after: cut.live for cut in graph.cuts}
+    assert live["body.stack.blocks.2"] == ("mask", "hidden")
+    assert (
+        ids[0]
+        == f"stmt@L{lines.index('        outputs = self.body(tokens, keep_all=keep_all)') + 1}"
+    )
+    assert ids[0] not in {cut.after for cut in graph.cuts}
+
+
+def test_a_sync_point_inside_a_submodule_call_is_written_in_that_call(tmp_path: Path) -> None:
+    text = (DATA / "flax_nested.py").read_text()
+    path = "flax_nested.py"
+    module = parse_source(text, path)
+    graph = analyse_jax_model(module, path, "LanguageModel", NESTED_SIZES, text)
+    data = {
+        "version": 1,
+        "model": "LanguageModel",
+        "batch_size": 8,
+        "hardware": {"alpha_s": 1e-6, "beta_bytes_per_s": 1e12},
+        "ops": [
+            {"id": op.id, "compute_s": 0.004 if ".blocks." in op.id else 1e-5, "backward_s": 0.0}
+            for op in graph.ops
+        ],
+        "cuts": [{"after": cut.after, "live_bytes": 1024} for cut in graph.cuts],
+    }
+    request = PlanRequest(stages=3, config=SyncConfig())
+    result = rewrite_text(text, path, JAX, request, parse_costs(data), class_name="LanguageModel")
+    out = result.rewritten
+    assert out.count("# syncpass sync ") == 2
+    stack = out[out.index("class Stack") : out.index("class Body")]
+    # Six equal blocks over three stages: two per stage, split in Stack's own loop, each
+    # transfer moving Stack's own values.
+    assert "for block in self.blocks[:2]:" in stack and "for block in self.blocks[4:]:" in stack
+    assert stack.count("mask, hidden = jax.device_put((mask, hidden), jax.devices()[") == 2
+    assert strip_jax_sync_points(out, path, "LanguageModel") == text
+    again = rewrite_text(out, path, JAX, request, parse_costs(data), class_name="LanguageModel")
+    assert again.rewritten == out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stages", [2, 4])
+def test_a_nested_flax_model_splits_inside_its_submodules_and_verifies(
+    stages: int, tmp_path: Path
+) -> None:
+    model = tmp_path / "flax_nested.py"
+    original = (DATA / "flax_nested.py").read_text()
+    model.write_text(original)
+    out = tmp_path / "model_sync.py"
+    figures = tmp_path / "run.json"
+    syncpass = [sys.executable, "-m", "syncpass"]
+    for args in (
+        ["rewrite", "--backend", "jax", str(model), "--example", f"{model}:example",
+         "--stages", str(stages), "--threshold", "inf", "-o", str(out)],
+        ["run", "--backend", "jax", "--stages", str(stages), "--verify", str(out),
+         "--steps", "1", "--json-report", str(figures)],
+    ):  # fmt: skip
+        done = subprocess.run([*syncpass, *args], capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    written = out.read_text()
+    assert written.count("# syncpass sync ") == stages - 1
+    assert "for block in self.blocks[" in written  # a sync point went inside Stack's loop
+    assert JAX.strip(written, str(out), None) == original
+    document = json.loads(figures.read_text())
+    assert document["verify"]["ok"]
+    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+    assert len(document["stage_reports"]) == stages
