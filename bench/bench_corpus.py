@@ -254,6 +254,12 @@ class CorpusModel:
     backend: str = "torch_stages"
     model: str = ""
 
+    @property
+    def isolated(self) -> bool:
+        """Whether its commands run in a fresh process: the Flax models' transformers 4.x
+        would meet the 5.x that an earlier torch model imported into this one."""
+        return self.backend == "jax"
+
     def model_arguments(self) -> list[str]:
         """The backend and ``--model`` arguments of every command run on this model."""
         return ["--backend", self.backend, *(["--model", self.model] if self.model else [])]
@@ -405,7 +411,18 @@ def absolute_imports(text: str, package: str) -> str:
     return re.sub(r"^from (\.+)(\S*) import", absolute, text, flags=re.MULTILINE)
 
 
-def _quiet(argv: list[str]) -> tuple[int, str]:
+def _quiet(argv: list[str], isolated: bool = False, cwd: Path | None = None) -> tuple[int, str]:
+    """``syncpass ARGV``'s exit status and error output (in a fresh process in ``cwd``, the
+    model's project, if ``isolated``: ``python -m`` puts its folder first on the path)."""
+    if isolated:
+        done = subprocess.run(
+            [sys.executable, "-m", "syncpass", *argv],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=cwd,
+        )
+        return done.returncode, done.stderr
     err = io.StringIO()
     with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
         status = syncpass(argv)
@@ -447,7 +464,7 @@ def bench(models: list[CorpusModel], steps: int) -> None:
             for backend in _forms(model):
                 costs = folder / f"{backend}.costs.json"
                 argv = ["profile", str(source), "--example", example, "--backend", backend]
-                status, err = _quiet([*argv, *model_flag, "-o", str(costs)])
+                status, err = _quiet([*argv, *model_flag, "-o", str(costs)], model.isolated, folder)
                 if status != 0:
                     raise RuntimeError(f"{model.name}: profile failed: {err}")
                 counts[backend] = len(json.loads(costs.read_text())["ops"])
@@ -467,14 +484,16 @@ def bench(models: list[CorpusModel], steps: int) -> None:
                 )
                 out = folder / f"sync_{stages}.py"
                 argv = ["rewrite", str(source), "--costs", str(own_costs), "--stages", str(stages)]
-                status, err = _quiet([*argv, *model.model_arguments(), "-o", str(out)])
+                status, err = _quiet(
+                    [*argv, *model.model_arguments(), "-o", str(out)], model.isolated, folder
+                )
                 measured, verified = "-", "rewrite failed"
                 if status == 0:
                     report = folder / f"run_{stages}.json"
                     argv = ["run", str(out), "--stages", str(stages), "--verify"]
                     argv += ["--backend", model.backend]
                     argv += ["--steps", str(steps), "--json-report", str(report)]
-                    status, err = _quiet(argv)
+                    status, err = _quiet(argv, model.isolated, folder)
                     if report.exists():
                         document = json.loads(report.read_text())
                         slowest = max(stage["step_s"] for stage in document["stage_reports"])

@@ -38,6 +38,17 @@ CORPUS = _bench_corpus()
 CASES = [(model, stages) for model in CORPUS.MODELS for stages in model.stages]
 
 
+def syncpass(
+    argv: list[str], isolated: bool, capsys: pytest.CaptureFixture[str], project: Path
+) -> tuple[int, str]:
+    """``syncpass ARGV``: its status and error output, in a fresh process (in ``project``)
+    when ``isolated``."""
+    if isolated:
+        return CORPUS._quiet(argv, isolated=True, cwd=project)  # type: ignore[no-any-return]
+    status = main(argv)
+    return status, capsys.readouterr().err
+
+
 @pytest.fixture(scope="session")
 def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Where the corpus's packages go, once per session (one folder per set)."""
@@ -61,8 +72,8 @@ def test_real_model_splits_into_eager_stages_and_verifies(
     report = tmp_path / "plan.json"
     argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", str(stages)]
     argv += [*model.model_arguments(), "-o", str(out), "--report", str(report)]
-    assert main(argv) == 0, capsys.readouterr().err
-    capsys.readouterr()
+    status, err = syncpass(argv, model.isolated, capsys, tmp_path)
+    assert status == 0, err
     assert source.read_text() == original
     rewritten = out.read_text()
     # The package's own code stays byte for byte: taking the sync points out gives it back.
@@ -75,8 +86,10 @@ def test_real_model_splits_into_eager_stages_and_verifies(
     run_report = tmp_path / "run.json"
     argv = ["run", str(out), "--stages", str(stages), "--verify", "--timeout", "240"]
     argv += ["--backend", model.backend]
-    status = main([*argv, "--json-report", str(run_report)])
-    assert status == 0, capsys.readouterr().err
+    status, err = syncpass(
+        [*argv, "--json-report", str(run_report)], model.isolated, capsys, tmp_path
+    )
+    assert status == 0, err
     verify = json.loads(run_report.read_text())["verify"]
     assert verify["ok"] is True and verify["mismatches"] == 0
     assert verify["parameters_compared"] == verify["model_parameters"]

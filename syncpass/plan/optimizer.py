@@ -562,6 +562,67 @@ def solve(
     )
 
 
+#: How many times at most :func:`rising_threshold_plans` raises the threshold past the first.
+MAX_RAISES = 64
+#: Up to this many ops the walk over rising thresholds visits every plan change (each
+#: costs a bisection of full solves, milliseconds at this size); above, only the
+#: unconstrained plan is added (a thousand ops over 64 stages would take a minute).
+WALK_OPS = 96
+
+
+def rising_threshold_plans(
+    problem: Problem, stages: int, first: Solution, method: str = "auto"
+) -> list[Solution]:
+    """The exact plans as the threshold rises from ``first.threshold_used``.
+
+    The solver's objective (least bottleneck, then least total communication) can only
+    improve as the threshold rises, and it changes only at a candidate ratio. From
+    ``first`` (the plan at the least threshold asked for or admitting a plan), each next
+    plan is the solver's at the smallest threshold where that objective strictly improves,
+    found by bisection over the candidate ratios; the last one is the plan without a
+    threshold (one with a stage of no compute needs an unlimited one). At most
+    :data:`MAX_RAISES` raises; above :data:`WALK_OPS` ops, ``first`` and the plan without a
+    threshold only.
+    """
+    plans = [first]
+    unlimited = solve(problem, stages, _INF, adaptive=False, method=method)
+    if isinstance(unlimited, Infeasible):
+        return plans
+    if problem.num_ops > WALK_OPS:
+        if (unlimited.bottleneck, unlimited.total_comm) < (first.bottleneck, first.total_comm):
+            ratios = [stage.cut_ratio for stage in score_cuts(problem, unlimited.cuts).stages[:-1]]
+            needed = max([first.threshold_used, *ratios])
+            plans.append(dataclasses.replace(unlimited, threshold_used=needed))
+        return plans
+    best = (unlimited.bottleneck, unlimited.total_comm)
+    largest = float(np.finfo(np.float64).max)
+    candidates = _pair_values(problem, "ratio")
+    current = first
+    while len(plans) <= MAX_RAISES and (current.bottleneck, current.total_comm) > best:
+        beaten = (current.bottleneck, current.total_comm)
+
+        def improves(threshold: float, beaten: tuple[float, float] = beaten) -> bool:
+            found = solve(problem, stages, threshold, adaptive=False, method=method)
+            return (
+                not isinstance(found, Infeasible)
+                and (
+                    found.bottleneck,
+                    found.total_comm,
+                )
+                < beaten
+            )
+
+        if not improves(largest):
+            plans.append(unlimited)  # only a stage with no compute (an infinite ratio) helps
+            break
+        threshold = _smallest_accepted(improves, current.threshold_used, largest, candidates)
+        found = solve(problem, stages, threshold, adaptive=False, method=method)
+        assert isinstance(found, Solution)
+        current = dataclasses.replace(found, threshold_used=threshold)
+        plans.append(current)
+    return plans
+
+
 class _StageTable:
     """Every candidate stage ``(start i, end j)`` of a small problem, as matrices."""
 

@@ -40,6 +40,11 @@ def plan_to_json(plan: Plan, baselines: tuple[Plan, ...] = ()) -> dict[str, Any]
             "requested": _finite_or_none(plan.threshold.requested),
             "used": _finite_or_none(plan.threshold.used),
             "forced_by": plan.threshold.forced_by,
+            # With no raise for speed both are null; an unlimited threshold is null too.
+            "admitting": None
+            if plan.threshold.admitting is None
+            else _finite_or_none(plan.threshold.admitting),
+            "admitting_step_s": plan.threshold.admitting_step_s,
         },
         sync_points=[
             {
@@ -124,6 +129,12 @@ def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
                 requested=_none_to_inf(threshold["requested"]),
                 used=_none_to_inf(threshold["used"]),
                 forced_by=threshold.get("forced_by"),
+                admitting=(
+                    None
+                    if "admitting_step_s" not in threshold or threshold["admitting_step_s"] is None
+                    else _none_to_inf(threshold.get("admitting"))
+                ),
+                admitting_step_s=threshold.get("admitting_step_s"),
             ),
             sync_points=tuple(
                 SyncPoint(

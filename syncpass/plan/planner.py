@@ -26,9 +26,17 @@ from syncpass.contracts.config import (
 )
 from syncpass.contracts.costs import Costs
 from syncpass.core.errors import InfeasibleError, SyncpassError
-from syncpass.core.units import num_bytes, percent
+from syncpass.core.units import num_bytes, percent, seconds
 from syncpass.plan.explain import broken_constraints, explain_sync_points
-from syncpass.plan.optimizer import Infeasible, PlanScore, Problem, score_cuts, solve
+from syncpass.plan.optimizer import (
+    Infeasible,
+    PlanScore,
+    Problem,
+    Solution,
+    rising_threshold_plans,
+    score_cuts,
+    solve,
+)
 from syncpass.plan.problem import problem_from_costs
 from syncpass.plan.schedule import Link, Prediction, StageLoad, simulate
 from syncpass.plan.strategies import BASELINE_RULES, baseline_cuts, plugin_cuts
@@ -93,19 +101,29 @@ class StagePlan:
 
 @dataclass(frozen=True)
 class Threshold:
-    """The communication threshold asked for and the one the plan needed.
+    """The communication threshold asked for and the one the plan used.
 
-    ``forced_by`` names the sync point whose ratio set ``used`` when the
-    adaptive strategy had to raise it. ``math.inf`` means no limit.
+    ``forced_by`` names the sync point whose ratio set the least threshold that
+    admits a plan, when the adaptive strategy had to raise the requested one to
+    it. When it raised the threshold further, because a plan with a larger one
+    predicts a faster step, ``admitting`` is the threshold it started from (the
+    requested one, or the least admitting a plan) and ``admitting_step_s`` the
+    predicted step there. ``math.inf`` means no limit.
     """
 
     requested: float
     used: float
     forced_by: str | None = None
+    admitting: float | None = None
+    admitting_step_s: float | None = None
 
     @property
     def raised(self) -> bool:
         return self.used > self.requested
+
+    @property
+    def raised_for_speed(self) -> bool:
+        return self.admitting is not None
 
 
 @dataclass(frozen=True)
@@ -176,11 +194,19 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
     requested_tau = request.config.communication_cost_threshold
     stages = _stage_count(problem, request, origin, _refusals(costs, request))
     notes: list[str] = list(costs.notes)
+    faster: _SpeedRaise | None = None
+    admitting_cuts: tuple[int, ...] = ()  # the plan at the least threshold admitting one
     if strategy in OPTIMISING_STRATEGIES:
         result = solve(problem, stages, requested_tau, adaptive=strategy == "adaptive")
         if isinstance(result, Infeasible):
             raise _infeasible_error(result, problem, stages, request.config, costs, origin)
         cuts, used_tau = result.cuts, result.threshold_used
+        admitting_cuts = cuts
+        if strategy == "adaptive":
+            faster = _fastest(costs, problem, stages, result, microbatches, request.schedule)
+            if faster is not None:
+                cuts = faster.cuts
+                notes.append(faster.note)
     elif strategy == "manual":
         cuts, used_tau = tuple(int(p) for p in np.flatnonzero(problem.pinned)), requested_tau
     elif strategy not in BASELINE_STRATEGIES:
@@ -192,18 +218,94 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
             raise _infeasible_error(baseline, problem, stages, request.config, costs, origin)
         cuts, used_tau = baseline, requested_tau
         notes.append(f"{strategy}: {BASELINE_RULES[strategy]}")
-    score = score_cuts(problem, cuts)
     forced_by = None
     if used_tau > requested_tau:
-        worst = max(range(len(cuts)), key=lambda c: score.stages[c].cut_ratio)
-        forced_by = costs.ops[cuts[worst] - 1].id
-        notes.append(
+        # The sync point whose ratio the least admitting threshold is, in the plan made there.
+        scored = score_cuts(problem, admitting_cuts)
+        worst = max(range(len(admitting_cuts)), key=lambda c: scored.stages[c].cut_ratio)
+        forced_by = costs.ops[admitting_cuts[worst] - 1].id
+        notes.insert(
+            len(notes) - (faster is not None),
             f"no {stages}-stage plan keeps every sync point within the threshold "
             f"{percent(requested_tau)}; raised it to {percent(used_tau)}, the least that admits "
-            f"a plan, forced by the sync point after {forced_by}"
+            f"a plan, forced by the sync point after {forced_by}",
         )
-    threshold = Threshold(requested=requested_tau, used=used_tau, forced_by=forced_by)
+    score = score_cuts(problem, cuts)
+    used, admitting, admitting_step_s = used_tau, None, None
+    if faster is not None and faster.threshold is not None:
+        used, admitting, admitting_step_s = faster.threshold, used_tau, faster.admitting_step_s
+    threshold = Threshold(requested_tau, used, forced_by, admitting, admitting_step_s)
     return _assemble(costs, problem, request, strategy, cuts, score, threshold, notes)
+
+
+@dataclass(frozen=True)
+class _SpeedRaise:
+    """A faster plan than the least bottleneck's: its ``cuts``, the ``threshold`` they
+    need (``None``: no raise, a rule's cuts within the same one), the predicted step of
+    the plan they replace, and the note saying so."""
+
+    cuts: tuple[int, ...]
+    threshold: float | None
+    admitting_step_s: float
+    note: str
+
+
+def _fastest(
+    costs: Costs,
+    problem: Problem,
+    stages: int,
+    first: Solution,
+    microbatches: int,
+    schedule: str,
+) -> _SpeedRaise | None:
+    """What the adaptive strategy raises the threshold to for speed, if anything.
+
+    The candidates are the exact plans as the threshold rises from ``first``'s
+    (:func:`~syncpass.plan.optimizer.rising_threshold_plans`) and the rules' plans that
+    keep every constraint but the threshold (``uniform``, ``parameters``, ``time``), each
+    at the threshold its sync points need. The one with the least predicted step (the
+    schedule simulated) wins; on ties, the smaller threshold. ``None`` when that is
+    ``first`` itself.
+    """
+    ids = [op.id for op in costs.ops]
+
+    def step(cuts: tuple[int, ...]) -> float:
+        return predict(costs, problem, cuts, microbatches, schedule).step_s
+
+    first_step = step(first.cuts)
+    best: tuple[float, float, tuple[int, ...], str] = (
+        first_step,
+        first.threshold_used,
+        first.cuts,
+        "",
+    )
+    for plan in rising_threshold_plans(problem, stages, first)[1:]:
+        candidate = (step(plan.cuts), plan.threshold_used, plan.cuts, "")
+        best = min(best, candidate, key=lambda entry: entry[:2])
+    for rule in BASELINE_STRATEGIES:
+        cuts = baseline_cuts(problem, stages, rule, costs)
+        if isinstance(cuts, Infeasible) or broken_constraints(problem, cuts, math.inf, ids):
+            continue
+        ratios = [stage.cut_ratio for stage in score_cuts(problem, cuts).stages[:-1]]
+        needed = max([first.threshold_used, *ratios])
+        best = min(best, (step(cuts), needed, cuts, rule), key=lambda entry: entry[:2])
+    faster_step, threshold, cuts, rule = best
+    if cuts == first.cuts:
+        return None
+    if threshold == first.threshold_used:
+        # A rule's sync points, within the same threshold, predict a faster step.
+        note = (
+            f"the {rule} rule's sync points predict a faster step ({seconds(faster_step)}) "
+            f"than the least bottleneck's ({seconds(first_step)}): they are the plan"
+        )
+        return _SpeedRaise(cuts, None, first_step, note)
+    whose = f" (the {rule} rule's sync points)" if rule else ""
+    note = (
+        f"raised the threshold from {percent(first.threshold_used)} to {percent(threshold)} "
+        f"for speed{whose}: predicted step {seconds(faster_step)}, against "
+        f"{seconds(first_step)} within {percent(first.threshold_used)}"
+    )
+    return _SpeedRaise(cuts, threshold, first_step, note)
 
 
 def compare_baselines(costs: Costs, request: PlanRequest) -> tuple[Plan, ...]:

@@ -39,7 +39,19 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
         f"min_sync_interval {plan.min_sync_interval}",
     ]
     tau = plan.threshold
-    if tau.raised:
+    if tau.raised_for_speed:
+        assert tau.admitting is not None and tau.admitting_step_s is not None
+        start = f"{percent(tau.admitting)}"
+        if tau.forced_by is not None:
+            start += (
+                f", the least that admits a plan (forced by the sync point after {tau.forced_by})"
+            )
+        lines.append(
+            f"threshold: requested {percent(tau.requested)}, raised to {percent(tau.used)} for "
+            f"speed: predicted step {seconds(plan.predicted_step_s)}, against "
+            f"{seconds(tau.admitting_step_s)} at {start}"
+        )
+    elif tau.raised:
         lines.append(
             f"threshold: requested {percent(tau.requested)}, raised to {percent(tau.used)} "
             f"(the least that admits a plan; forced by the sync point after {tau.forced_by})"

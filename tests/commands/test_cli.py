@@ -60,7 +60,13 @@ def test_json_plan_on_stdout(example_costs_path: Path, capsys: pytest.CaptureFix
     )
     plan = json.loads(capsys.readouterr().out)
     assert plan["strategy"] == "adaptive"
-    assert plan["threshold"] == {"requested": 0.1, "used": 0.1, "forced_by": None}
+    assert plan["threshold"] == {
+        "requested": 0.1,
+        "used": 0.1,
+        "forced_by": None,
+        "admitting": None,
+        "admitting_step_s": None,
+    }
     assert len(plan["sync_points"]) == 2 and len(plan["stages"]) == 3
     assert plan["schedule"] == "gpipe" and plan["microbatches"] == 6
     assert all(set(p) >= {"after", "comm_s", "live_bytes", "reason"} for p in plan["sync_points"])

@@ -20,6 +20,7 @@ from syncpass.plan.optimizer import (
     _smallest_accepted,
     _stab_max,
     min_threshold,
+    rising_threshold_plans,
     score_cuts,
     solve,
 )
@@ -308,3 +309,26 @@ def test_table_and_search_agree_on_larger_real_valued_instances(
     assert table.threshold_used == search.threshold_used
     assert table.bottleneck == pytest.approx(search.bottleneck, rel=1e-12)
     assert table.total_comm == pytest.approx(search.total_comm, rel=1e-9)
+
+
+@settings(max_examples=300, deadline=None)
+@given(instances())
+def test_rising_thresholds_give_every_better_exact_plan_once(instance: Instance) -> None:
+    """Each plan of the walk is the exact one at the least threshold where the solver's
+    objective (bottleneck, then communication) improves, and the walk ends unconstrained."""
+    first = solve(instance.problem, instance.stages, instance.threshold, adaptive=True)
+    if isinstance(first, Infeasible):
+        return
+    plans = legal_plans(instance.problem, instance.stages)
+    ratios = sorted({ratio for _, ratio, _, _ in plans if ratio > first.threshold_used})
+
+    def best_within(threshold: float) -> tuple[float, float]:
+        return min((b, c) for _, ratio, b, c in plans if ratio <= threshold)
+
+    expected = [(first.threshold_used, *best_within(first.threshold_used))]
+    for ratio in ratios:
+        if best_within(ratio) < expected[-1][1:]:
+            expected.append((ratio, *best_within(ratio)))
+    walked = rising_threshold_plans(instance.problem, instance.stages, first)
+    assert [(p.threshold_used, p.bottleneck, p.total_comm) for p in walked] == expected
+    assert (walked[-1].bottleneck, walked[-1].total_comm) == best_within(INF)

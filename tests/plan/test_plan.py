@@ -2,18 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import random
 
 import pytest
 from costbuilder import cost_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncpass.contracts.config import SyncConfig
-from syncpass.contracts.costs import load_costs, parse_costs
+from syncpass.contracts.config import BASELINE_STRATEGIES, SyncConfig
+from syncpass.contracts.costs import Costs, load_costs, parse_costs
 from syncpass.core.errors import InfeasibleError, SyncpassError
+from syncpass.plan.optimizer import WALK_OPS, Infeasible, Problem, _pair_values, solve
 from syncpass.plan.planfile import parse_plan, plan_to_json
-from syncpass.plan.planner import PlanRequest, best_stage_count, compare_baselines, make_plan
+from syncpass.plan.planner import (
+    PlanRequest,
+    best_stage_count,
+    compare_baselines,
+    make_plan,
+    predict,
+)
+from syncpass.plan.problem import problem_from_costs
+from syncpass.plan.strategies import baseline_cuts
 
 
 def request(stages: int | None, **config: object) -> PlanRequest:
@@ -147,10 +158,13 @@ def test_the_optimum_is_never_worse_than_a_legal_baseline(
         cost_dict([c / 4 for c in compute], [b / 8 for b in live[: n - 1]], training=True)
     )
     config = {"communication_cost_threshold": math.inf}
+    exact = make_plan(costs, request(stages, strategy="fixed", **config))
     plan = make_plan(costs, request(stages, **config))
     for baseline in compare_baselines(costs, request(stages, **config)):
         assert not baseline.violations
-        assert plan.bottleneck_s <= baseline.bottleneck_s
+        # The exact optimiser's bottleneck; adaptive's predicted step (it weighs the rules).
+        assert exact.bottleneck_s <= baseline.bottleneck_s
+        assert plan.predicted_step_s <= baseline.predicted_step_s
 
 
 def test_best_stage_count_minimises_predicted_step(example_costs_path) -> None:  # type: ignore[no-untyped-def]
@@ -234,3 +248,127 @@ def test_default_microbatches_divide_the_batch_as_runs_cut_it() -> None:
     assert default_microbatches(4, 8) == 8
     assert default_microbatches(3, 7) == 7
     assert default_microbatches(1, 3) == 3
+
+
+def _step(costs: Costs, problem: Problem, cuts: tuple[int, ...]) -> float:
+    return predict(costs, problem, cuts, 4, "1f1b").step_s
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(1, 20), min_size=2, max_size=9),
+    st.lists(st.integers(0, 40), min_size=8, max_size=8),
+    st.lists(st.integers(0, 10), min_size=9, max_size=9),
+    st.integers(2, 4),
+    st.sampled_from([0.0, 0.05, 0.1, 0.3, math.inf]),
+    st.sampled_from([None, 40.0, 80.0]),
+)
+def test_adaptive_never_predicts_a_slower_step_than_it_could_have(
+    compute: list[int],
+    live: list[int],
+    params: list[int],
+    stages: int,
+    threshold: float,
+    memory: float | None,
+) -> None:
+    """Over every candidate threshold, the exact plan there (and the rules' plans that keep
+    every other constraint): adaptive's predicted step is the least of them."""
+    n = len(compute)
+    if stages > n:
+        return
+    data = cost_dict(
+        [c / 1000 for c in compute],
+        [b * 1000 for b in live[: n - 1]],
+        backward=[2 * c / 1000 for c in compute],
+        params=params[:n],
+        alpha=1e-4,
+        beta=2e7,
+        memory=memory,
+        training=True,
+    )
+    costs = parse_costs(data)
+    asked = request(stages, communication_cost_threshold=threshold)
+    try:
+        plan = make_plan(costs, asked)
+    except InfeasibleError:
+        return
+    problem = problem_from_costs(costs, asked.config, (), 4)
+    first = solve(problem, stages, threshold, adaptive=True)
+    assert not isinstance(first, Infeasible)
+    candidates = [first.threshold_used, math.inf]
+    ratios = _pair_values(problem, "ratio")
+    assert ratios is not None
+    candidates += [float(r) for r in ratios if r > first.threshold_used]
+    steps = []
+    for tau in candidates:
+        found = solve(problem, stages, tau, adaptive=False)
+        assert not isinstance(found, Infeasible)
+        steps.append(_step(costs, problem, found.cuts))
+    for rule in BASELINE_STRATEGIES:
+        cuts = baseline_cuts(problem, stages, rule, costs)
+        if isinstance(cuts, Infeasible):
+            continue
+        ruled = make_plan(
+            costs, request(stages, strategy=rule, communication_cost_threshold=math.inf)
+        )
+        if not ruled.violations:
+            steps.append(ruled.predicted_step_s)
+    assert plan.predicted_step_s == pytest.approx(min(steps), rel=1e-12)
+    unlimited = make_plan(costs, request(stages, communication_cost_threshold=math.inf))
+    assert plan.predicted_step_s <= unlimited.predicted_step_s * (1 + 1e-12)
+    for baseline in compare_baselines(costs, asked):
+        if all("over the threshold" in broken for broken in baseline.violations):
+            assert plan.predicted_step_s <= baseline.predicted_step_s * (1 + 1e-12)
+    assert plan.threshold.used >= threshold
+    assert all(point.ratio <= plan.threshold.used for point in plan.sync_points)
+
+
+def test_a_raise_for_speed_is_reported_with_both_thresholds_and_steps() -> None:
+    # Two equal halves, but 4 KiB crosses the middle: within 10% the plan must cut after
+    # op0 (a lopsided split); a 40% threshold buys the balanced one.
+    data = cost_dict(
+        [0.01, 0.01, 0.01, 0.01],
+        [0.0, 8000.0, 0.0],
+        backward=[0.02] * 4,
+        alpha=0.0,
+        beta=1e6,
+        training=True,
+    )
+    costs = parse_costs(data)
+    plan = make_plan(costs, request(2, communication_cost_threshold=0.1))
+    assert [point.after for point in plan.sync_points] == ["op1"]
+    tau = plan.threshold
+    assert tau.raised_for_speed and tau.admitting == 0.1 and tau.used > 0.1
+    assert tau.admitting_step_s is not None and tau.admitting_step_s > plan.predicted_step_s
+    assert any("for speed" in note for note in plan.notes)
+    assert parse_plan(plan_to_json(plan)) == plan
+    fixed = make_plan(costs, request(2, strategy="fixed", communication_cost_threshold=0.1))
+    assert [point.after for point in fixed.sync_points] != ["op1"]  # fixed keeps it hard
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_adaptive_on_a_large_model_is_no_slower_than_the_unconstrained_plan_or_a_rule(
+    seed: int,
+) -> None:
+    """Above the walk's size (optimizer.WALK_OPS) adaptive weighs its first plan, the plan
+    without a threshold and the rules'."""
+    rng = random.Random(seed)
+    n = WALK_OPS + 40
+    compute = [rng.uniform(0.5, 8.0) / 1000 for _ in range(n)]
+    data = cost_dict(
+        compute,
+        [rng.choice([1e3, 1e4, 1e5]) for _ in range(n - 1)],
+        backward=[2 * c for c in compute],
+        alpha=1e-4,
+        beta=1e8,
+        training=True,
+    )
+    costs = parse_costs(data)
+    plan = make_plan(costs, request(4, communication_cost_threshold=0.02))
+    rivals = [make_plan(costs, request(4, communication_cost_threshold=math.inf))]
+    rivals += [b for b in compare_baselines(costs, request(4)) if not b.violations]
+    with contextlib.suppress(InfeasibleError):
+        rivals.append(
+            make_plan(costs, request(4, strategy="fixed", communication_cost_threshold=0.02))
+        )
+    assert all(plan.predicted_step_s <= rival.predicted_step_s * (1 + 1e-12) for rival in rivals)

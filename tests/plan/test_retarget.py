@@ -38,7 +38,8 @@ def sweep_costs() -> dict[str, object]:
 
 
 def request() -> PlanRequest:
-    config = SyncConfig().replace(communication_cost_threshold=math.inf)
+    # The exact optimiser alone (adaptive would also weigh the rules' plans by their step).
+    config = SyncConfig().replace(communication_cost_threshold=math.inf, strategy="fixed")
     return PlanRequest(stages=3, config=config, microbatches=1)
 
 

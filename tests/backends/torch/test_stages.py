@@ -64,7 +64,7 @@ def costs_for(text: str, layers: int, live: float = 64.0, backend=STAGES) -> Cos
     ``backend`` reads it."""
     known = KnownOps(None, tuple(f"blocks.{index}" for index in range(layers)))
     graph = backend.analyse(text, "net.py", known, None).graph
-    data = cost_dict([1e-3] * len(graph.ops), [live] * (len(graph.ops) - 1))
+    data = cost_dict([1e-3] * len(graph.ops), [live] * (len(graph.ops) - 1), beta=1e9)
     for op, entry in zip(graph.ops, data["ops"], strict=True):
         entry["id"] = op.id
     data["cuts"] = [
