@@ -46,11 +46,17 @@ def measure_jax_file(
 
 
 def measure(request: MeasureRequest) -> Costs:
-    """The measure hook; the torch profiler's ``threads`` and ``depth`` are refused, not ignored."""
+    """The measure hook; the torch profiler's ``threads``, ``depth`` and ``meta`` are refused,
+    not ignored."""
     if request.threads != 1:
         raise SyncpassError(
             "--backend jax cannot set the CPU threads of a JAX process after it starts; drop "
             "--threads (XLA_FLAGS sets them)"
+        )
+    if request.meta is not None:
+        raise SyncpassError(
+            "--meta builds a torch model on torch's meta device; a JAX model is measured on "
+            "its example (XLA's cost analysis counts the FLOPs): drop --meta"
         )
     if request.depth != 1:
         raise SyncpassError(

@@ -16,6 +16,7 @@ from syncpass.backends.jax.analysis import analyse_jax_model, jax_loop_container
 from syncpass.backends.jax.backend import BACKEND as JAX
 from syncpass.backends.jax.example import line_map
 from syncpass.backends.jax.rewrite import strip_jax_sync_points
+from syncpass.cli import main
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs, parse_costs
 from syncpass.contracts.graph import OpGraph
@@ -872,3 +873,23 @@ def test_a_nested_flax_model_splits_inside_its_submodules_and_verifies(
     assert document["verify"]["ok"]
     assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
     assert len(document["stage_reports"]) == stages
+
+
+@pytest.mark.parametrize(
+    ("flags", "reason"),
+    [
+        (["--meta", "--hardware", "pcie4-gpus"], "--meta builds a torch model"),
+        (["--depth", "2"], "--depth 2 plans the children of nn.Sequential calls"),
+        (["--threads", "2"], "cannot set the CPU threads of a JAX process"),
+    ],
+)
+def test_profile_refuses_a_torch_flag_instead_of_ignoring_it(
+    flags: list[str], reason: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "jax_mlp.py"
+    model.write_text((EXAMPLES / "jax_mlp.py").read_text())
+    out = tmp_path / "costs.json"
+    status = main(["profile", "--backend", "jax", str(model), *flags, "-o", str(out)])
+    assert status == 2
+    assert reason in capsys.readouterr().err
+    assert not out.exists()
