@@ -182,9 +182,18 @@ class InsertSyncPointsCommand(VisitorBasedCodemodCommand):
         assert isinstance(line, cst.SimpleStatementLine)
         return line
 
+    def split_other(
+        self, statement: cst.BaseStatement, sites: Sequence[SyncSite], tree: cst.Module
+    ) -> list[cst.BaseStatement] | None:
+        """A backend's own splittable statement, split at ``sites`` (``None``: not one)."""
+        return None
+
     def _split_loop(
         self, statement: cst.BaseStatement, sites: Sequence[SyncSite], tree: cst.Module
     ) -> list[cst.BaseStatement] | None:
+        own = self.split_other(statement, sites, tree)
+        if own is not None:
+            return own
         sequential = match_sequential_call(statement)
         if sequential is not None:
             return self._split_call(statement, sequential, sites, tree)
@@ -347,6 +356,12 @@ class RemoveSyncPointsCommand(VisitorBasedCodemodCommand):
     def is_sync_line(self, statement: cst.CSTNode) -> bool:
         """A sync line this backend writes."""
 
+    def join_other(
+        self, first: cst.BaseStatement, second: cst.BaseStatement
+    ) -> cst.BaseStatement | None:
+        """Two pieces of a backend's own split statement, joined (``None``: not such pieces)."""
+        return None
+
     def merge(self, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
         """``statements`` without the sync lines, with the loops and calls they split joined."""
         kept: list[cst.BaseStatement] = []
@@ -356,7 +371,10 @@ class RemoveSyncPointsCommand(VisitorBasedCodemodCommand):
                 self.removed += 1
                 pending_merge = True
                 continue
-            if pending_merge and kept and _mergeable(kept[-1], statement):
+            joined = self.join_other(kept[-1], statement) if pending_merge and kept else None
+            if joined is not None:
+                kept[-1] = joined
+            elif pending_merge and kept and _mergeable(kept[-1], statement):
                 previous = kept[-1]
                 assert isinstance(previous, cst.For) and isinstance(statement, cst.For)
                 kept[-1] = previous.with_changes(iter=_joined_iter(previous.iter, statement.iter))

@@ -36,6 +36,7 @@ The insert and remove commands subclass the backend-neutral ones of
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import libcst as cst
@@ -43,6 +44,7 @@ import libcst.matchers as m
 from libcst.codemod import Codemod, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
+from syncpass.frontend.analysis import STACK_SLICE, match_scan_call, scan_parts
 from syncpass.transformers.common import (
     SYNC_COMMENT_PREFIX,
     SYNC_TRAILER,
@@ -190,6 +192,72 @@ class InsertDevicePutsCommand(InsertSyncPointsCommand):
     def sync_statement(self, site: SyncSite) -> str:
         return transfer_code(site.values, site.stage)
 
+    def split_other(
+        self, statement: cst.BaseStatement, sites: Sequence[SyncSite], tree: cst.Module
+    ) -> list[cst.BaseStatement] | None:
+        """``x, _ = jax.lax.scan(step, x, params["layers"])`` -> a scan over
+        ``jax.tree.map(lambda w: w[:k], params["layers"])``, the sync line, and a scan over
+        the rest starting from ``x``."""
+        scan = match_scan_call(statement)
+        if scan is None:
+            return None
+        assert isinstance(statement, cst.SimpleStatementLine)
+        bounds = [
+            scan.start,
+            *(site.split_after + 1 for site in sites if site.split_after is not None),
+            scan.stop,
+        ]
+        pieces: list[cst.BaseStatement] = []
+        for position, (start, stop) in enumerate(itertools.pairwise(bounds)):
+            piece = _scan_over(statement, start, stop, None if position == 0 else scan.target)
+            if position:
+                pieces.append(self._sync_line(sites[position - 1], tree))
+                piece = piece.with_changes(leading_lines=())
+            pieces.append(piece)
+        return pieces
+
+
+def _scan_of(statement: cst.BaseStatement) -> cst.Call:
+    """The ``jax.lax.scan`` call of a statement :func:`match_scan_call` matched."""
+    assert isinstance(statement, cst.SimpleStatementLine)
+    assign = statement.body[0]
+    assert isinstance(assign, cst.Assign)
+    value = assign.value
+    if isinstance(value, cst.Subscript):  # carry = jax.lax.scan(...)[0]
+        value = value.value
+    assert isinstance(value, cst.Call)
+    return value
+
+
+def _scan_over(
+    statement: cst.BaseStatement, start: int | None, stop: int | None, init: str | None
+) -> cst.BaseStatement:
+    """The scan ``statement`` over ``[start:stop]`` of its stack (the whole stack, as the user
+    wrote it, for ``[None:None]``), starting from ``init`` when given."""
+    call = _scan_of(statement)
+    parts = scan_parts(call)
+    assert parts is not None
+    stack = parts[1]
+    xs: cst.BaseExpression = stack
+    if start is not None or stop is not None:
+        lower = "" if start is None else str(start)
+        upper = "" if stop is None else str(stop)
+        wrapper = cst.parse_expression(f"{STACK_SLICE}(lambda w: w[{lower}:{upper}], stack)")
+        assert isinstance(wrapper, cst.Call)
+        xs = wrapper.with_changes(args=[wrapper.args[0], wrapper.args[1].with_changes(value=stack)])
+    args = list(call.args)
+    args[2] = args[2].with_changes(value=xs)
+    if init is not None:
+        args[1] = args[1].with_changes(value=cst.Name(init))
+    new_call = call.with_changes(args=args)
+    assert isinstance(statement, cst.SimpleStatementLine)
+    assign = statement.body[0]
+    assert isinstance(assign, cst.Assign)
+    value: cst.BaseExpression = new_call
+    if isinstance(assign.value, cst.Subscript):
+        value = assign.value.with_changes(value=new_call)
+    return statement.with_changes(body=[assign.with_changes(value=value)])
+
 
 class RemoveDevicePutsCommand(RemoveSyncPointsCommand):
     """Remove the transfers syncpass wrote, merge the loops it split, and the ``import jax``
@@ -203,6 +271,23 @@ class RemoveDevicePutsCommand(RemoveSyncPointsCommand):
 
     def is_sync_line(self, statement: cst.CSTNode) -> bool:
         return is_transfer_line(statement)
+
+    def join_other(
+        self, first: cst.BaseStatement, second: cst.BaseStatement
+    ) -> cst.BaseStatement | None:
+        """Two pieces of a split scan: the same step over adjacent slices of the same stack,
+        the second starting from the first's carry."""
+        one, two = match_scan_call(first), match_scan_call(second)
+        if one is None or two is None or (one.root, one.container) != (two.root, two.container):
+            return None
+        if two.target != one.target or two.init != one.target or one.stop is None:
+            return None
+        if one.stop != two.start:
+            return None
+        first_call, second_call = _scan_of(first), _scan_of(second)
+        if not first_call.args[0].deep_equals(second_call.args[0]):
+            return None
+        return _scan_over(first, one.start, two.stop, None)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         for index, member_index, function, _ in _every_function(tree):

@@ -464,6 +464,112 @@ def match_sequential_call(statement: cst.BaseStatement) -> SequentialCall | None
     return SequentialCall(container, start, stop, target.value, argument.value)
 
 
+#: How a scan is called: ``jax.lax.scan(...)``, or ``lax.scan(...)`` after ``from jax import lax``.
+SCAN_FUNCTIONS = ("jax.lax.scan", "lax.scan")
+#: What a split scan runs over: a slice of every leaf of the stacked weights.
+STACK_SLICE = "jax.tree.map"
+
+
+@dataclass(frozen=True)
+class ScanCall:
+    """``carry, _ = jax.lax.scan(step, init, params["layers"])`` (or ``carry =
+    jax.lax.scan(...)[0]``): a scan over layer weights stacked along their first dimension,
+    hanging off a JAX function's weights (``root``), each step one layer.
+
+    The rewrite splits it into scans over slices of the stack, the later ones starting
+    from the carry: ``jax.lax.scan(step, carry, jax.tree.map(lambda w: w[2:4],
+    params["layers"]))``; ``start``/``stop`` are such a slice's bounds. The scan's stacked
+    outputs must be thrown away (``_``): a split scan would keep only the last piece's.
+    """
+
+    container: str
+    root: str
+    start: int | None
+    stop: int | None
+    target: str
+    init: str
+
+    def iterations(self, size: int) -> range:
+        return range(size)[self.start : self.stop]
+
+
+def scan_parts(
+    call: cst.Call,
+) -> tuple[cst.BaseExpression, cst.BaseExpression, int | None, int | None] | None:
+    """``(init, stack, start, stop)`` of a ``jax.lax.scan(step, init, xs)`` call whose ``xs``
+    is a stack of weights, whole (``params["layers"]``) or sliced by the rewrite
+    (``jax.tree.map(lambda w: w[a:b], params["layers"])``); ``stack`` is the weights'
+    own expression."""
+    if _dotted(call.func) not in SCAN_FUNCTIONS or len(call.args) != 3:
+        return None
+    if any(arg.keyword is not None or arg.star for arg in call.args):
+        return None
+    init, xs = call.args[1].value, call.args[2].value
+    start = stop = None
+    sliced = m.Call(
+        args=[
+            m.Arg(
+                value=m.Lambda(
+                    params=m.Parameters(params=[m.Param(name=m.Name())]),
+                    body=m.Subscript(value=m.Name(), slice=[m.SubscriptElement(m.Slice())]),
+                ),
+                keyword=None,
+            ),
+            m.Arg(keyword=None, star=""),
+        ]
+    )
+    if m.matches(xs, sliced):
+        assert isinstance(xs, cst.Call)
+        if _dotted(xs.func) != STACK_SLICE:
+            return None
+        function = xs.args[0].value
+        assert isinstance(function, cst.Lambda) and isinstance(function.body, cst.Subscript)
+        bounds = function.body.slice[0].slice
+        assert isinstance(bounds, cst.Slice)
+        parameter = function.params.params[0].name.value
+        if not m.matches(function.body.value, m.Name(parameter)) or bounds.step is not None:
+            return None
+        ok_lower, start = _int_or_none(bounds.lower)
+        ok_upper, stop = _int_or_none(bounds.upper)
+        if not (ok_lower and ok_upper):
+            return None
+        xs = xs.args[1].value
+    return init, xs, start, stop
+
+
+def match_scan_call(statement: cst.BaseStatement) -> ScanCall | None:
+    """The scan over stacked layer weights ``statement`` is, if the rewrite can split it."""
+    if not m.matches(statement, m.SimpleStatementLine(body=[m.Assign(targets=[m.AssignTarget()])])):
+        return None
+    assert isinstance(statement, cst.SimpleStatementLine)
+    assign = statement.body[0]
+    assert isinstance(assign, cst.Assign)
+    target = assign.targets[0].target
+    value = assign.value
+    pair = m.Tuple(elements=[m.Element(m.Name()), m.Element(m.Name("_"))])
+    if m.matches(target, pair) and isinstance(value, cst.Call):
+        assert isinstance(target, cst.Tuple)
+        carry = target.elements[0].value
+    elif isinstance(target, cst.Name) and m.matches(
+        value, m.Subscript(value=m.Call(), slice=[m.SubscriptElement(m.Index(m.Integer("0")))])
+    ):
+        assert isinstance(value, cst.Subscript) and isinstance(value.value, cst.Call)
+        carry, value = target, value.value
+    else:
+        return None
+    assert isinstance(carry, cst.Name) and isinstance(value, cst.Call)
+    parts = scan_parts(value)
+    if parts is None:
+        return None
+    init, stack, start, stop = parts
+    keyed = _keyed_path(stack)
+    if keyed is None or not isinstance(init, cst.Name):
+        return None
+    if (start is not None and start < 0) or (stop is not None and stop < 0):
+        return None
+    return ScanCall(keyed[1], keyed[0], start, stop, carry.value, init.value)
+
+
 def _has_jump(body: cst.BaseSuite) -> bool:
     jumps = m.Break() | m.Continue() | m.Return() | m.Yield()
     return bool(m.findall(body, jumps))
@@ -990,6 +1096,31 @@ def build_op_graph(
             continue
         if _is_return(statement) and not facts.calls:  # `return x`: nothing to run
             sink_reads.extend(reads)
+            continue
+        scan = match_scan_call(statement)
+        if scan is not None and scan.root in site.hidden and scan.container in sizes:
+            # One op per layer of the stack; each later one starts from the carry.
+            rest = tuple(name for name in reads if name != scan.init)
+            layers = scan.iterations(sizes[scan.container])
+            for position, layer in enumerate(layers):
+                op_id = _unique(f"{scan.container}.{layer}", line, start.column, taken)
+                first = position == 0
+                ops.append(
+                    Op(
+                        op_id,
+                        _calls(facts, {}),
+                        reads if first else tuple(dict.fromkeys((scan.target, *rest))),
+                        writes,
+                        location,
+                        index,
+                        loop=LoopIteration(scan.container, layer),
+                    )
+                )
+                last = position == len(layers) - 1
+                if FORBID_SYNC.search(comment) and not last:
+                    forbidden.add(op_id)
+                if PIN_SYNC.search(comment) and last:
+                    pinned.add(op_id)
             continue
         sequential = match_sequential_call(statement)
         if sequential is not None and sequential.container in expand:

@@ -65,6 +65,7 @@ from syncpass.frontend.analysis import (
     build_op_graph,
     find_forward,
     match_container_loop,
+    match_scan_call,
     method_of,
 )
 from syncpass.frontend.inline import Frame, Inlined, SourceLines, inline_own_methods
@@ -493,6 +494,9 @@ def jax_loop_containers(module: cst.Module, name: str | None, path: str) -> tupl
             loop = match_container_loop(statement)
             if loop is not None and loop.root == root:
                 names.append(loop.container)
+        scan = match_scan_call(statement) if is_function else None
+        if scan is not None and scan.root == root:
+            names.append(scan.container)
     return tuple(dict.fromkeys(names))
 
 

@@ -291,16 +291,24 @@ def _weights_at(params: Any, path: str) -> Any:
 
 def _container_sizes(example: JaxExample, containers: tuple[str, ...]) -> dict[str, int]:
     """Length of each list a model loops over: of a JAX function's weights, the list itself
-    (``params["layers"]``); of a Flax module's submodules, the list the module bound to its
+    (``params["layers"]``) or, for weights stacked for a scan, the first dimension all their
+    leaves share; of a Flax module's submodules, the list the module bound to its
     variables builds in ``setup`` (``blocks``, ``transformer.h.blocks``)."""
     if not containers:
         return {}
     if example.is_function:
-        return {
-            container: len(value)
-            for container in containers
-            if isinstance(value := _weights_at(example.params, container), (list, tuple))
-        }
+        sizes = {}
+        for container in containers:
+            value = _weights_at(example.params, container)
+            if isinstance(value, (list, tuple)):
+                sizes[container] = len(value)
+            elif value is not None:  # weights stacked for a scan: the leaves' first dimension
+                leaves = jax.tree_util.tree_leaves(value)
+                if leaves and all(getattr(leaf, "ndim", 0) for leaf in leaves):
+                    leading = {int(leaf.shape[0]) for leaf in leaves}
+                    if len(leading) == 1:
+                        sizes[container] = leading.pop()
+        return sizes
     try:
         bound = example.model.bind(example.params)
     except Exception:  # the sizes are the analysis's to do without: the error comes later

@@ -893,3 +893,78 @@ def test_profile_refuses_a_torch_flag_instead_of_ignoring_it(
     assert status == 2
     assert reason in capsys.readouterr().err
     assert not out.exists()
+
+
+SCAN = (DATA / "jax_scan_layers.py").read_text()
+
+
+def test_a_scan_over_stacked_layer_weights_is_planned_per_layer() -> None:
+    module = parse_source(SCAN, "scan.py")
+    assert jax_loop_containers(module, None, "scan.py") == ("layers",)
+    graph = analyse_jax_model(module, "scan.py", None, {"layers": 6}, SCAN)
+    ids = [op.id for op in graph.ops]
+    assert ids[-7:-1] == [f"layers.{index}" for index in range(6)]
+    live = {cut.after: cut.live for cut in graph.cuts}
+    assert live["layers.2"] == ("mask", "x")  # each step reads the mask, and the carry
+    # Without its size, the scan is one op.
+    whole = analyse_jax_model(module, "scan.py", None, None, SCAN)
+    assert not any(op.id.startswith("layers.") for op in whole.ops)
+
+
+@pytest.mark.parametrize("form", ["pair", "first"])
+def test_a_split_scan_runs_over_slices_of_the_stack_and_strips_back(form: str) -> None:
+    text = SCAN
+    if form == "first":
+        text = text.replace(
+            '    x, _ = jax.lax.scan(functools.partial(block, mask=mask), x, params["layers"])',
+            '    x = jax.lax.scan(functools.partial(block, mask=mask), x, params["layers"])[0]',
+        )
+        assert "[0]" in text
+    module = parse_source(text, "scan.py")
+    graph = analyse_jax_model(module, "scan.py", None, {"layers": 6}, text)
+    data = {
+        "version": 1,
+        "batch_size": 8,
+        "hardware": {"alpha_s": 1e-6, "beta_bytes_per_s": 1e12},
+        "ops": [
+            {"id": op.id, "compute_s": 0.004 if op.id.startswith("layers.") else 1e-5}
+            for op in graph.ops
+        ],
+        "cuts": [{"after": cut.after, "live_bytes": 1024} for cut in graph.cuts],
+    }
+    request = PlanRequest(stages=3, config=SyncConfig())
+    out = rewrite_text(text, "scan.py", JAX, request, parse_costs(data)).rewritten
+    assert 'jax.tree.map(lambda w: w[:2], params["layers"])' in out
+    assert 'jax.tree.map(lambda w: w[2:4], params["layers"])' in out
+    assert 'jax.tree.map(lambda w: w[4:], params["layers"])' in out
+    # The later pieces start from the carry.
+    assert out.count("functools.partial(block, mask=mask), x, jax.tree.map(") == 3
+    assert out.count("mask, x = jax.device_put((mask, x), jax.devices()[") == 2
+    assert strip_jax_sync_points(out, "scan.py") == text
+    again = rewrite_text(out, "scan.py", JAX, request, parse_costs(data)).rewritten
+    assert again == out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stages", [2, 4])
+def test_a_scan_model_splits_between_layers_and_verifies(stages: int, tmp_path: Path) -> None:
+    model = tmp_path / "jax_scan_layers.py"
+    model.write_text(SCAN)
+    out = tmp_path / "model_sync.py"
+    figures = tmp_path / "run.json"
+    syncpass = [sys.executable, "-m", "syncpass"]
+    for args in (
+        ["rewrite", "--backend", "jax", str(model), "--example", f"{model}:example",
+         "--stages", str(stages), "--threshold", "inf", "-o", str(out)],
+        ["run", "--backend", "jax", "--stages", str(stages), "--verify", str(out),
+         "--steps", "1", "--json-report", str(figures)],
+    ):  # fmt: skip
+        done = subprocess.run([*syncpass, *args], capture_output=True, text=True, cwd=tmp_path)
+        assert done.returncode == 0, done.stderr
+    written = out.read_text()
+    assert written.count("# syncpass sync ") == stages - 1
+    assert "jax.tree.map(lambda w: w[" in written  # the scan was split between layers
+    assert JAX.strip(written, str(out), None) == SCAN
+    document = json.loads(figures.read_text())
+    assert document["verify"]["ok"]
+    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
