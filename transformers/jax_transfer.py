@@ -9,7 +9,11 @@ device of the next stage, one line per sync point::
 
 (several live values move together: ``h, x = jax.device_put((h, x), ...)``).
 A sync point between two iterations of a loop over a list of Flax submodules
-splits the loop over slices of the list, as for torch. ``import jax`` is added
+splits the loop over slices of the list, as for torch; one between two steps of
+a ``jax.lax.scan`` over stacked layer weights splits it into scans over slices
+of the stack (``jax.tree.map(lambda w: w[2:4], params["layers"])``). The command
+writes into one function; the backend runs it once per function its sync points
+fall in (a Flax submodule's ``__call__`` among them). ``import jax`` is added
 when the file lacks it, marked as syncpass's own::
 
     import jax  # syncpass sync: imported for the transfers
@@ -21,8 +25,9 @@ these transfers (as ``torch.distributed.pipelining`` builds its stages from
 ``pipe_split()`` calls). Run eagerly, the rewritten function computes what the
 original does, its later ops running on the device their inputs were moved to.
 
-:class:`RemoveDevicePutsCommand` undoes exactly that, recognising the lines by
-their ``# syncpass sync`` comment, and the ``import jax`` it marked. Hand-written
+:class:`RemoveDevicePutsCommand` undoes exactly that, in every function and method
+of the file, recognising the lines by their ``# syncpass sync`` comment, and the
+``import jax`` it marked. Hand-written
 ``jax.device_put`` lines and a user's own ``import jax`` (even one that only
 those lines use) stay.
 

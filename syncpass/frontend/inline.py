@@ -14,14 +14,21 @@ layers): when ``__init__`` builds it from a class of the same file
 (``self.transformer = Transformer(...)``) and that class's ``forward`` loops
 over a layer container, its forward is inlined with ``self`` read as
 ``self.transformer`` (``for attn, ff in self.transformer.layers:``), so the op
-ids are the layers' module paths (``transformer.layers.3``). Submodules
-without a loop (a block, an MLP) stay one op each.
+ids are the layers' module paths (``transformer.layers.3``). So is a submodule
+whose class builds such a submodule itself, at any depth (Hugging Face's Flax
+GPT-2: ``self.transformer`` builds ``self.h``, whose ``__call__`` loops over the
+blocks: ``transformer.h.blocks.3``). Submodules without a loop (a block, an
+MLP) stay one op each. ``forward_method`` and ``init_method`` say which methods
+compute a module and build its submodules (``__call__`` and ``setup`` for Flax).
 
 A call is inlined when it is a whole top-level statement of ``forward``
-(``name = self.method(...)``, ``return self.method(...)``), the method is a plain
-one of the same class (not a static or class method, a property, or ``forward``
-itself) whose parameter defaults, if any, are constants, its body ends with its
-only ``return`` (no ``yield``), none of the names it binds is read after the call
+(``name = self.method(...)``, ``x, aux = self.method(...)``, ``return
+self.method(...)``), the method is a plain one of the same class (not a static or
+class method, a property, or ``forward`` itself) whose parameter defaults, if
+any, are constants, its body ends with its only ``return`` (no ``yield``; a
+``return`` inside a top-level ``if`` is allowed when that ``if`` is decided by
+what the call binds, :mod:`syncpass.frontend.branches`, and removed), none of
+the names it binds is read after the call
 before being assigned again (so the inlined statements cannot clobber a value
 the forward still needs), and none of the names it reads from the module is a
 local of the forward (which would shadow it). Arguments that are not the
@@ -43,6 +50,11 @@ default arguments compute nothing the loss depends on. The stages run the
 method's statements without them, and the report says which were left out;
 ``syncpass run --verify`` compares the loss and every gradient with the unsplit
 model, decorators included.
+
+The result records where each statement of the expanded forward comes from
+(:class:`Origin`, in :class:`Frame` terms), so that a backend writing into the
+user's own functions (JAX's transfers) can put a sync point in the function it
+falls in (:meth:`Inlined.home`).
 
 Nothing here imports torch.
 """

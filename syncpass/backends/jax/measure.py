@@ -165,8 +165,8 @@ def profile_jax_costs(
     if len(staged.stages) != len(after) + 1:
         raise SyncpassError(
             f"the probed model split into {len(staged.stages)} pieces, expected "
-            f"{len(after) + 1}; a jax.device_put to a device outside the model's top-level "
-            "statements confuses the probes",
+            f"{len(after) + 1}; a jax.device_put to a device in a function the analysis "
+            "does not follow confuses the probes",
             path,
         )
     # Values of every traced variable, piece by piece, to time each piece on real inputs.

@@ -349,9 +349,9 @@ def _compare(name: str, got: Any, want: Any, rtol: float, atol: float) -> dict[s
 
 
 def _stated_transfers(text: str, file: str, name: str) -> int:
-    """How many transfers the model's top-level statements state: a lower bound of the
-    pipeline's sync points (a helper the model calls may hold more); 0 if the file cannot
-    be analysed."""
+    """How many transfers the model's statements state (the submodules' calls it follows
+    included): a lower bound of the pipeline's sync points (a helper the model calls may
+    hold more); 0 if the file cannot be analysed."""
     from syncpass.backends.jax.analysis import analyse_jax_model
     from syncpass.frontend.source import parse_source
 
