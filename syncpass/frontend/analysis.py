@@ -1102,47 +1102,27 @@ def build_op_graph(
             # One op per layer of the stack; each later one starts from the carry.
             rest = tuple(name for name in reads if name != scan.init)
             layers = scan.iterations(sizes[scan.container])
-            for position, layer in enumerate(layers):
-                op_id = _unique(f"{scan.container}.{layer}", line, start.column, taken)
-                first = position == 0
-                ops.append(
-                    Op(
-                        op_id,
-                        _calls(facts, {}),
-                        reads if first else tuple(dict.fromkeys((scan.target, *rest))),
-                        writes,
-                        location,
-                        index,
-                        loop=LoopIteration(scan.container, layer),
-                    )
-                )
-                last = position == len(layers) - 1
-                if FORBID_SYNC.search(comment) and not last:
-                    forbidden.add(op_id)
-                if PIN_SYNC.search(comment) and last:
-                    pinned.add(op_id)
+            chain = _Chain(scan.container, line, start.column, index, location, comment)
+            chain.add(
+                layers,
+                [_calls(facts, {})] * len(layers),
+                (reads, tuple(dict.fromkeys((scan.target, *rest)))),
+                writes,
+                _Sinks(ops, taken, forbidden, pinned),
+            )
             continue
         sequential = match_sequential_call(statement)
         if sequential is not None and sequential.container in expand:
-            children = sequential.iterations(expand[sequential.container])
-            for position, child in enumerate(children):
-                op_id = _unique(f"{sequential.container}.{child}", line, start.column, taken)
-                ops.append(
-                    Op(
-                        op_id,
-                        (f"self.{sequential.container}.{child}",),
-                        (sequential.argument if position == 0 else sequential.target,),
-                        (sequential.target,),
-                        location,
-                        index,
-                        loop=LoopIteration(sequential.container, child),
-                    )
-                )
-                last = position == len(children) - 1
-                if FORBID_SYNC.search(comment) and not last:
-                    forbidden.add(op_id)
-                if PIN_SYNC.search(comment) and last:
-                    pinned.add(op_id)
+            container = sequential.container
+            children = sequential.iterations(expand[container])
+            chain = _Chain(container, line, start.column, index, location, comment)
+            chain.add(
+                children,
+                [(f"self.{container}.{child}",) for child in children],
+                ((sequential.argument,), (sequential.target,)),
+                (sequential.target,),
+                _Sinks(ops, taken, forbidden, pinned),
+            )
             continue
         if is_sync_point(statement, facts):
             # A sync point the user wrote by hand: a pinned cut after the op before it.
@@ -1248,6 +1228,60 @@ def build_op_graph(
         written=tuple(op.id for op in ops if op.id in written),
         containers=tuple(sorted({**sizes, **expand}.items())),
     )
+
+
+@dataclass(frozen=True)
+class _Sinks:
+    """Where the op graph's builder collects ops, the ids taken, and the cuts the comments
+    forbid or pin."""
+
+    ops: list[Op]
+    taken: set[str]
+    forbidden: set[str]
+    pinned: set[str]
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """One statement planned as a chain of ops, one per item of ``container``: a sequential
+    call expanded into its children, a scan into its layers."""
+
+    container: str
+    line: int
+    column: int
+    statement: int
+    location: SourceLocation
+    comment: str
+
+    def add(
+        self,
+        items: range,
+        calls: Sequence[tuple[str, ...]],
+        reads: tuple[tuple[str, ...], tuple[str, ...]],
+        writes: tuple[str, ...],
+        sinks: _Sinks,
+    ) -> None:
+        """An op per item, running ``calls[position]``: the first reads ``reads[0]``, each
+        later one ``reads[1]``. A
+        ``no-sync`` comment forbids the cuts inside the chain; a ``sync`` pin goes after it."""
+        for position, item in enumerate(items):
+            op_id = _unique(f"{self.container}.{item}", self.line, self.column, sinks.taken)
+            sinks.ops.append(
+                Op(
+                    op_id,
+                    calls[position],
+                    reads[0] if position == 0 else reads[1],
+                    writes,
+                    self.location,
+                    self.statement,
+                    loop=LoopIteration(self.container, item),
+                )
+            )
+            last = position == len(items) - 1
+            if FORBID_SYNC.search(self.comment) and not last:
+                sinks.forbidden.add(op_id)
+            if PIN_SYNC.search(self.comment) and last:
+                sinks.pinned.add(op_id)
 
 
 def _line(module: cst.Module, node: cst.CSTNode) -> int:

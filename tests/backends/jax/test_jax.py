@@ -124,17 +124,16 @@ def forward(params, x):
     assert [op.region is not None for op in graph.ops] == [False, True]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("stages", [2, 4])
-def test_a_layer_list_model_splits_per_layer_and_verifies(stages: int, tmp_path: Path) -> None:
-    model = tmp_path / "jax_layer_list.py"
-    original = (DATA / "jax_layer_list.py").read_text()
+def rewrite_run_verify(data_file: str, stages: int, tmp_path: Path) -> str:
+    """``rewrite --example`` of a file of tests/data into ``stages`` stages, planned for
+    balance alone (``--threshold inf``: the model is small beside this machine's link), then
+    ``run --verify``, checked; the rewritten text."""
+    model = tmp_path / data_file
+    original = (DATA / data_file).read_text()
     model.write_text(original)
     out = tmp_path / "model_sync.py"
     figures = tmp_path / "run.json"
     syncpass = [sys.executable, "-m", "syncpass"]
-    # The model is small beside this machine's link: planned for balance alone (--threshold
-    # inf), its sync points fall between layers.
     for args in (
         ["rewrite", "--backend", "jax", str(model), "--example", f"{model}:example",
          "--stages", str(stages), "--threshold", "inf", "-o", str(out)],
@@ -144,12 +143,20 @@ def test_a_layer_list_model_splits_per_layer_and_verifies(stages: int, tmp_path:
         done = subprocess.run([*syncpass, *args], capture_output=True, text=True, cwd=tmp_path)
         assert done.returncode == 0, done.stderr
     written = out.read_text()
-    assert written.count("# syncpass sync") == stages - 1
-    assert 'for layer in params["layers"][' in written  # the loop is split between layers
+    assert written.count("# syncpass sync ") == stages - 1
     assert JAX.strip(written, str(out), None) == original
     document = json.loads(figures.read_text())
     assert document["verify"]["ok"]
+    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
     assert len(document["stage_reports"]) == stages
+    return written
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stages", [2, 4])
+def test_a_layer_list_model_splits_per_layer_and_verifies(stages: int, tmp_path: Path) -> None:
+    written = rewrite_run_verify("jax_layer_list.py", stages, tmp_path)
+    assert 'for layer in params["layers"][' in written  # the loop is split between layers
 
 
 @pytest.mark.parametrize(("file", "name", "model"), CASES)
@@ -851,28 +858,8 @@ def test_a_sync_point_inside_a_submodule_call_is_written_in_that_call(tmp_path: 
 def test_a_nested_flax_model_splits_inside_its_submodules_and_verifies(
     stages: int, tmp_path: Path
 ) -> None:
-    model = tmp_path / "flax_nested.py"
-    original = (DATA / "flax_nested.py").read_text()
-    model.write_text(original)
-    out = tmp_path / "model_sync.py"
-    figures = tmp_path / "run.json"
-    syncpass = [sys.executable, "-m", "syncpass"]
-    for args in (
-        ["rewrite", "--backend", "jax", str(model), "--example", f"{model}:example",
-         "--stages", str(stages), "--threshold", "inf", "-o", str(out)],
-        ["run", "--backend", "jax", "--stages", str(stages), "--verify", str(out),
-         "--steps", "1", "--json-report", str(figures)],
-    ):  # fmt: skip
-        done = subprocess.run([*syncpass, *args], capture_output=True, text=True, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
-    written = out.read_text()
-    assert written.count("# syncpass sync ") == stages - 1
+    written = rewrite_run_verify("flax_nested.py", stages, tmp_path)
     assert "for block in self.blocks[" in written  # a sync point went inside Stack's loop
-    assert JAX.strip(written, str(out), None) == original
-    document = json.loads(figures.read_text())
-    assert document["verify"]["ok"]
-    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
-    assert len(document["stage_reports"]) == stages
 
 
 @pytest.mark.parametrize(
@@ -948,23 +935,5 @@ def test_a_split_scan_runs_over_slices_of_the_stack_and_strips_back(form: str) -
 @pytest.mark.slow
 @pytest.mark.parametrize("stages", [2, 4])
 def test_a_scan_model_splits_between_layers_and_verifies(stages: int, tmp_path: Path) -> None:
-    model = tmp_path / "jax_scan_layers.py"
-    model.write_text(SCAN)
-    out = tmp_path / "model_sync.py"
-    figures = tmp_path / "run.json"
-    syncpass = [sys.executable, "-m", "syncpass"]
-    for args in (
-        ["rewrite", "--backend", "jax", str(model), "--example", f"{model}:example",
-         "--stages", str(stages), "--threshold", "inf", "-o", str(out)],
-        ["run", "--backend", "jax", "--stages", str(stages), "--verify", str(out),
-         "--steps", "1", "--json-report", str(figures)],
-    ):  # fmt: skip
-        done = subprocess.run([*syncpass, *args], capture_output=True, text=True, cwd=tmp_path)
-        assert done.returncode == 0, done.stderr
-    written = out.read_text()
-    assert written.count("# syncpass sync ") == stages - 1
+    written = rewrite_run_verify("jax_scan_layers.py", stages, tmp_path)
     assert "jax.tree.map(lambda w: w[" in written  # the scan was split between layers
-    assert JAX.strip(written, str(out), None) == SCAN
-    document = json.loads(figures.read_text())
-    assert document["verify"]["ok"]
-    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
