@@ -18,6 +18,7 @@ from typing import Any
 
 from syncpass.backends.registry import load_backend
 from syncpass.commands.cliargs import EXIT_FOUND, EXIT_OK, positive_float, positive_int
+from syncpass.contracts.hardware import cpu_devices
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import write_atomically
 from syncpass.core.plugins import DEFAULT_BACKEND, backend_names
@@ -187,6 +188,20 @@ def request_from_args(args: argparse.Namespace, schedule_default: str = "1f1b") 
     )
 
 
+def _crowded(stages: int, threads: int, device: str) -> str | None:
+    """Why the stages cannot all run at once on this machine's CPU, or ``None``."""
+    if device == "cuda":
+        return None
+    threads = max(1, threads)
+    if stages <= cpu_devices(threads):
+        return None
+    return (
+        f"{stages} stages with {threads} thread(s) each, on {cpu_devices()} CPU core(s) if "
+        "they run on the CPU: they share the cores, so the measured steps show the sharing "
+        "more than the plan"
+    )
+
+
 def run_command(args: argparse.Namespace) -> int:
     """Handler of ``syncpass run``: run the backend's pipeline, print the report, write the JSON.
 
@@ -202,6 +217,9 @@ def run_command(args: argparse.Namespace) -> int:
 
         predict = backend.need("predict", "drop --costs (syncpass plan shows a plan's figures)")
         costs = load_costs(args.costs)
+    crowded = _crowded(request.stages, request.threads, request.device)
+    if crowded is not None:
+        print(f"syncpass run: warning: {crowded}", file=sys.stderr)
     result = run(request)
     if request.timeline is not None:
         print(

@@ -40,7 +40,9 @@ class Hardware:
     ``device_memory_bytes`` of ``None`` means no memory limit.
     ``stage_overhead_s`` is the pipeline runtime's own time for each micro-batch
     forward or backward a stage runs (scheduling, autograd bookkeeping, setting
-    up the transfers), on top of the ops' compute.
+    up the transfers), on top of the ops' compute. ``devices`` is how many stages
+    can run at once (GPUs per node times nodes; on a CPU, its cores divided by the
+    threads each stage uses); ``None`` when not known (no limit).
     """
 
     alpha_s: float
@@ -49,8 +51,15 @@ class Hardware:
     name: str | None = None
     flops_per_s: float | None = None  # the compute rate the op times reflect, when known
     stage_overhead_s: float = 0.0
+    devices: int | None = None
 
     def __post_init__(self) -> None:
+        if self.devices is not None and not (
+            isinstance(self.devices, int)
+            and not isinstance(self.devices, bool)
+            and self.devices >= 1
+        ):
+            raise ValueError(f"devices must be a whole number >= 1, got {self.devices!r}")
         if not (_is_number(self.alpha_s) and self.alpha_s >= 0):
             raise ValueError(f"alpha_s must be a number >= 0 seconds, got {self.alpha_s!r}")
         if not (_is_number(self.beta_bytes_per_s) and self.beta_bytes_per_s > 0):
@@ -318,9 +327,15 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             "name",
             "flops_per_s",
             "stage_overhead_s",
+            "devices",
         ),
     )
     memory = hardware_data.get("device_memory_bytes")
+    devices = hardware_data.get("devices")
+    if devices is not None and (
+        not isinstance(devices, int) or isinstance(devices, bool) or devices < 1
+    ):
+        raise reader.error("$.hardware.devices", f"must be a whole number >= 1, got {devices!r}")
     hardware = Hardware(
         alpha_s=reader.number(hardware_data, "$.hardware", "alpha_s", minimum=0),
         beta_bytes_per_s=reader.number(
@@ -336,6 +351,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         stage_overhead_s=reader.number(
             hardware_data, "$.hardware", "stage_overhead_s", minimum=0, default=0.0
         ),
+        devices=devices,
     )
     config = default_sync_config()
     if "config" in top:
@@ -505,6 +521,8 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
         hardware["flops_per_s"] = costs.hardware.flops_per_s
     if costs.hardware.stage_overhead_s:
         hardware["stage_overhead_s"] = costs.hardware.stage_overhead_s
+    if costs.hardware.devices is not None:
+        hardware["devices"] = costs.hardware.devices
     data: dict[str, Any] = {"version": costs.version}
     if costs.model is not None:
         data["model"] = costs.model

@@ -1,7 +1,8 @@
 """Hardware profiles: the link and device a plan is made for, as data in ``configs/hardware``.
 
 A profile gives the link (``alpha_s``, ``beta_bytes_per_s``), the device memory,
-and the compute rate a device reaches (``flops_per_s``), each with a note of
+the compute rate a device reaches (``flops_per_s``) and, where the machine is
+fixed, how many devices it has (``devices``: 8 for an 8-GPU node), each with a note of
 where the figures come from. Planning for hardware other than the one the costs
 were measured on is explicit: :func:`retarget_hardware` swaps the link and the
 memory, scales compute by the ratio of compute rates when both are known, and
@@ -13,6 +14,7 @@ This module imports neither torch nor libcst.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass
 from importlib import resources
@@ -34,6 +36,7 @@ _KEYS = (
     "device_memory_bytes",
     "flops_per_s",
     "stage_overhead_s",
+    "devices",
 )
 
 
@@ -98,12 +101,20 @@ def load_profile(name_or_path: str) -> HardwareProfile:
             name=data.get("name", name_or_path),
             flops_per_s=data.get("flops_per_s"),
             stage_overhead_s=data.get("stage_overhead_s", 0.0),
+            devices=data.get("devices"),
         )
     except KeyError as error:
         raise SyncpassError(f"missing required field {error.args[0]!r}", where) from None
     except ValueError as error:
         raise SyncpassError(str(error), where) from None
     return HardwareProfile(hardware, str(data.get("source", "")))
+
+
+def cpu_devices(threads: int = 1) -> int:
+    """How many stages this CPU machine runs at once: the cores this process may use,
+    divided by the threads each stage uses (at least 1)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, (cores or 1) // max(1, threads))
 
 
 def retarget_hardware(costs: Costs, profile: HardwareProfile) -> Costs:

@@ -194,6 +194,13 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
     requested_tau = request.config.communication_cost_threshold
     stages = _stage_count(problem, request, origin, _refusals(costs, request))
     notes: list[str] = list(costs.notes)
+    devices = costs.hardware.devices
+    if devices is not None and stages > devices:
+        notes.append(
+            f"{stages} stages on {devices} device(s) ({costs.hardware.name or 'the hardware'}):"
+            " stages would share devices, which the predicted step does not model; plan for "
+            f"at most {devices}, or for hardware with more"
+        )
     faster: _SpeedRaise | None = None
     admitting_cuts: tuple[int, ...] = ()  # the plan at the least threshold admitting one
     if strategy in OPTIMISING_STRATEGIES:
@@ -339,10 +346,14 @@ def plan_for(
 
 
 def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin: str = "") -> Plan:
-    """The plan with the least predicted step time over 1..``max_stages`` stages."""
+    """The plan with the least predicted step time over 1..``max_stages`` stages, and no
+    more stages than the hardware has devices (``hardware.devices``, when known): more
+    stages than devices would share them, which the prediction does not model."""
+    devices = costs.hardware.devices
+    limit = max_stages if devices is None else min(max_stages, devices)
     best: Plan | None = None
     last_error: SyncpassError | None = None
-    for stages in range(1, max_stages + 1):
+    for stages in range(1, limit + 1):
         try:
             plan = make_plan(costs, dataclasses.replace(request, stages=stages), origin)
         except InfeasibleError as error:
@@ -353,6 +364,12 @@ def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin
     if best is None:
         assert last_error is not None
         raise last_error
+    if limit < max_stages:
+        note = (
+            f"--stages auto tried 1 to {limit} stage(s), not {max_stages}: the hardware has "
+            f"{devices} device(s)"
+        )
+        best = dataclasses.replace(best, notes=(*best.notes, note))
     return best
 
 

@@ -11,6 +11,8 @@ import pytest
 from costbuilder import cost_dict
 
 from syncpass.cli import main
+from syncpass.commands.run import _crowded
+from syncpass.contracts.hardware import cpu_devices
 
 
 def write_costs(tmp_path: Path, data: object, name: str = "m.costs.json") -> Path:
@@ -296,3 +298,12 @@ def test_unlimited_threshold_round_trips_through_json(tmp_path: Path) -> None:
     assert costs.config.communication_cost_threshold == float("inf")
     text = json.dumps(costs_to_json(costs), allow_nan=False)  # valid JSON, no Infinity
     assert parse_costs(json.loads(text)) == costs
+
+
+def test_run_warns_when_the_stages_outnumber_the_cores() -> None:
+    cores = cpu_devices()
+    assert _crowded(cores, 1, "cpu") is None
+    warning = _crowded(cores + 1, 1, "auto")
+    assert warning is not None and f"on {cores} CPU core(s)" in warning
+    assert _crowded(cores, 2, "cpu") is not None or cores == 1  # two threads a stage
+    assert _crowded(10 * cores, 1, "cuda") is None  # GPUs are counted by the GPU run

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from syncpass.contracts.config import BASELINE_STRATEGIES, SyncConfig
-from syncpass.contracts.costs import Costs, load_costs, parse_costs
+from syncpass.contracts.costs import Costs, costs_to_json, load_costs, parse_costs
 from syncpass.core.errors import InfeasibleError, SyncpassError
 from syncpass.plan.optimizer import WALK_OPS, Infeasible, Problem, _pair_values, solve
 from syncpass.plan.planfile import parse_plan, plan_to_json
@@ -372,3 +372,36 @@ def test_adaptive_on_a_large_model_is_no_slower_than_the_unconstrained_plan_or_a
             make_plan(costs, request(4, strategy="fixed", communication_cost_threshold=0.02))
         )
     assert all(plan.predicted_step_s <= rival.predicted_step_s * (1 + 1e-12) for rival in rivals)
+
+
+def test_stages_auto_never_plans_more_stages_than_devices() -> None:
+    data = cost_dict([1.0] * 12, [0.0] * 11, backward=[2.0] * 12, training=True)
+    data["hardware"]["devices"] = 2
+    costs = parse_costs(data)
+    plan = best_stage_count(costs, request(None), 8)
+    assert len(plan.stages) <= 2
+    assert any(
+        "tried 1 to 2 stage(s), not 8: the hardware has 2 device(s)" in n for n in plan.notes
+    )
+    unlimited = dict(data, hardware={k: v for k, v in data["hardware"].items() if k != "devices"})
+    assert len(best_stage_count(parse_costs(unlimited), request(None), 8).stages) > 2
+    # An explicit count beyond the devices is planned, with a warning in the notes.
+    forced = make_plan(costs, request(4))
+    assert len(forced.stages) == 4
+    assert any("4 stages on 2 device(s)" in note for note in forced.notes)
+
+
+@pytest.mark.parametrize("devices", [0, 1.5, True, "2"])
+def test_devices_must_be_a_whole_number(devices: object) -> None:
+    data = cost_dict([1.0, 1.0], [0.0])
+    data["hardware"]["devices"] = devices
+    with pytest.raises(SyncpassError, match=r"\$\.hardware\.devices"):
+        parse_costs(data)
+
+
+def test_devices_round_trip_through_the_cost_file() -> None:
+    data = cost_dict([1.0, 1.0], [0.0])
+    data["hardware"]["devices"] = 8
+    costs = parse_costs(data)
+    assert costs.hardware.devices == 8
+    assert parse_costs(costs_to_json(costs)).hardware.devices == 8

@@ -53,7 +53,7 @@ from syncpass.backends.jax.pipeline import Pipeline, nbytes, pipeline, read_valu
 from syncpass.backends.jax.rewrite import insert, strip_jax_sync_points
 from syncpass.contracts.costs import Costs, CutCost, OpCost
 from syncpass.contracts.graph import OpGraph
-from syncpass.contracts.hardware import load_profile
+from syncpass.contracts.hardware import cpu_devices, load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import ModelSource
@@ -227,7 +227,10 @@ def profile_jax_costs(
         for cut in graph.cuts
     )
     batch = batch_size(example)
-    hardware = load_profile("cpu-gloo-loopback").hardware
+    # One process holds every stage, on as many host devices: they share the cores.
+    hardware = dataclasses.replace(
+        load_profile("cpu-gloo-loopback").hardware, devices=cpu_devices()
+    )
     return Costs(
         batch_size=batch,
         training=True,

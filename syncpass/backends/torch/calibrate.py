@@ -50,6 +50,7 @@ from syncpass.backends.torch.run import (
     wait_for_reports,
 )
 from syncpass.contracts.costs import Hardware
+from syncpass.contracts.hardware import cpu_devices
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
 from syncpass.runtime.contracts import WorkerDone, WorkerFailed
@@ -120,7 +121,9 @@ class Measurements:
     """Everything the processes measured, as rank 0 gathered it.
 
     ``device_memory_bytes`` is the least GPU memory of the processes with NCCL,
-    ``None`` on the CPU (host memory is shared, and no limit is assumed).
+    ``None`` on the CPU (host memory is shared, and no limit is assumed). ``devices``
+    is how many stages the machine runs at once: its GPUs with NCCL, its cores divided
+    by ``--threads`` on the CPU.
     """
 
     request: CalibrateRequest
@@ -131,6 +134,7 @@ class Measurements:
     matmul: tuple[MatmulRate, ...]
     device_memory_bytes: int | None = None
     stage_overhead_s: float = 0.0  # the pipeline runtime's own time per micro-batch action
+    devices: int | None = None  # stages that can run at once: GPUs, or cores / threads
 
     @property
     def flops_per_s(self) -> float:
@@ -367,6 +371,9 @@ def _measure(request: CalibrateRequest, rank: int) -> Measurements | None:
         matmul=tuple(entry[1] for entry in gathered),
         device_memory_bytes=min(memories) if memories else None,
         stage_overhead_s=statistics.median(entry[3] for entry in gathered),
+        devices=torch.cuda.device_count()
+        if device.type == "cuda"
+        else cpu_devices(request.threads),
     )
 
 
@@ -608,6 +615,7 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
         "(calibrated)",
         flops_per_s=_round(measurements.flops_per_s),
         stage_overhead_s=_round(measurements.stage_overhead_s),
+        devices=measurements.devices,
     )
     first, last = measurements.times[0].size_bytes, measurements.times[-1].size_bytes
     errors = [
@@ -646,6 +654,8 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
         lines.append(f"device_memory_bytes = {int(hardware.device_memory_bytes)}")
     lines.append(f"flops_per_s = {hardware.flops_per_s!r}")
     lines.append(f"stage_overhead_s = {hardware.stage_overhead_s!r}")
+    if hardware.devices is not None:
+        lines.append(f"devices = {hardware.devices}")
     return "\n".join(lines) + "\n"
 
 

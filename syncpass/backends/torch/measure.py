@@ -60,7 +60,7 @@ from syncpass.backends.torch.analysis import (
 from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.contracts.costs import Costs, CutCost, Hardware, OpCost
 from syncpass.contracts.graph import OpGraph
-from syncpass.contracts.hardware import load_profile
+from syncpass.contracts.hardware import cpu_devices, load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend import find_forward, parse_source
 from syncpass.frontend.analysis import ContainerLoop
@@ -988,7 +988,9 @@ def profile_costs(
         batch_size=batch_size,
         training=True,
         memory_multiplier=TRAINING_MEMORY_MULTIPLIER,
-        hardware=dataclasses.replace(PLACEHOLDER_HARDWARE, flops_per_s=achieved),
+        hardware=dataclasses.replace(
+            PLACEHOLDER_HARDWARE, flops_per_s=achieved, devices=cpu_devices(threads)
+        ),
         ops=tuple(ops),
         cuts=cuts,
         model=graph.model_class,

@@ -20,6 +20,7 @@ from syncpass.cli import main
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs, parse_costs
 from syncpass.contracts.graph import OpGraph
+from syncpass.contracts.hardware import cpu_devices
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.numbers import JAX_RULES, host_values
 from syncpass.frontend.source import parse_source
@@ -713,6 +714,7 @@ def test_profile_probes_only_arrays(text: str, tmp_path: Path) -> None:
     assert [op.id for op in costs.ops] == [op.id for op in graph.ops]
     assert [cut.after for cut in costs.cuts] == [cut.after for cut in graph.cuts]
     assert all(cut.live_bytes > 0 for cut in costs.cuts)
+    assert costs.hardware.devices == cpu_devices()  # the host devices share these cores
 
 
 def test_profile_a_model_with_a_hand_written_transfer_on_one_device(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ the CPU and read the written profile back with `load_profile`, as `syncpass plan
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import subprocess
 import sys
 from datetime import datetime, timezone
@@ -183,6 +184,7 @@ def test_importing_the_module_does_not_import_torch() -> None:
 
 def test_the_profile_reads_back_with_load_profile(tmp_path: Path) -> None:
     measurements = synthetic(3e-5, 2e9, host='node "7" \\ rack\t2')
+    measurements = dataclasses.replace(measurements, devices=2)  # 2 cores, 1 thread a stage
     fit = fit_link(SIZES, [entry.send_recv_s for entry in measurements.times])
     path = tmp_path / "cpu.toml"
     write_atomically(path, profile_toml(measurements, fit, WHEN))
@@ -192,6 +194,7 @@ def test_the_profile_reads_back_with_load_profile(tmp_path: Path) -> None:
     assert hardware.beta_bytes_per_s == pytest.approx(2e9, rel=1e-3)
     assert hardware.flops_per_s == pytest.approx(4.5e10, rel=1e-3)
     assert hardware.device_memory_bytes is None  # no limit on the CPU
+    assert hardware.devices == 2
     assert hardware.name == '2 local processes over gloo on node "7" \\ rack\t2 (calibrated)'
     for words in ("2026-03-04 05:06 UTC", "2 local processes", "backend gloo", "send/recv"):
         assert words in profile.source

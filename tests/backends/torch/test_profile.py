@@ -33,7 +33,7 @@ from syncpass.cli import main
 from syncpass.commands.profile import register
 from syncpass.contracts.costs import Costs, OpCost, costs_to_json, load_costs, parse_costs
 from syncpass.contracts.graph import OpGraph
-from syncpass.contracts.hardware import load_profile
+from syncpass.contracts.hardware import cpu_devices, load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import PlanRequest
 from syncpass.rewrite.driver import rewrite_text
@@ -244,6 +244,7 @@ def test_cost_file_parses_and_its_ops_and_cuts_are_the_graphs(
     )
     assert parsed.hardware.flops_per_s is not None and parsed.hardware.flops_per_s > 0
     assert parsed.hardware.name == link.name  # says where the link figures come from
+    assert parsed.hardware.devices == cpu_devices(1)  # the stages this CPU runs at once
     assert all(op.compute_s > 0 for op in parsed.ops)
 
 
