@@ -213,7 +213,6 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
             faster = _fastest(costs, problem, stages, result, microbatches, request.schedule)
             if faster is not None:
                 cuts = faster.cuts
-                notes.append(faster.note)
     elif strategy == "manual":
         cuts, used_tau = tuple(int(p) for p in np.flatnonzero(problem.pinned)), requested_tau
     elif strategy not in BASELINE_STRATEGIES:
@@ -231,12 +230,13 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
         scored = score_cuts(problem, admitting_cuts)
         worst = max(range(len(admitting_cuts)), key=lambda c: scored.stages[c].cut_ratio)
         forced_by = costs.ops[admitting_cuts[worst] - 1].id
-        notes.insert(
-            len(notes) - (faster is not None),
+        notes.append(
             f"no {stages}-stage plan keeps every sync point within the threshold "
             f"{percent(requested_tau)}; raised it to {percent(used_tau)}, the least that admits "
-            f"a plan, forced by the sync point after {forced_by}",
+            f"a plan, forced by the sync point after {forced_by}"
         )
+    if faster is not None:
+        notes.append(faster.note)
     score = score_cuts(problem, cuts)
     used, admitting, admitting_step_s = used_tau, None, None
     if faster is not None and faster.threshold is not None:
