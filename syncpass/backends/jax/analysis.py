@@ -248,10 +248,18 @@ class JaxModel:
                 if site.split_after is None
                 else _loop_home(expansion, site.statement)
             )
+            if where is None and site.written:
+                continue  # the user's own transfer is in the file already
             if where is None:
+                at = next(
+                    (op.location for op in self.graph.ops if op.statement == site.statement),
+                    None,
+                )
                 raise SyncpassError(
-                    f"a sync point after statement {site.statement} of the expanded "
-                    f"{self.name}.{FLAX_METHOD} has no place in the file"
+                    "a sync point pinned here falls inside a statement of a submodule's "
+                    "call (or inside a class whose call is followed twice), where the file has "
+                    "no place for it: move the pin to a statement of its own",
+                    str(at) if at is not None else self.graph.path,
                 )
             frame, index = where
             values = site.values
