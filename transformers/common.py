@@ -19,7 +19,7 @@ from __future__ import annotations
 import itertools
 import re
 from abc import abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -202,19 +202,39 @@ class InsertSyncPointsCommand(VisitorBasedCodemodCommand):
             self.warn("a sync point is planned inside a loop that is not over a layer container")
             return None
         assert isinstance(statement, cst.For)
-        bounds = [
+        return self.split_pieces(
             loop.start,
-            *(site.split_after + 1 for site in sites if site.split_after is not None),
             loop.stop,
+            sites,
+            tree,
+            lambda _, start, stop: statement.with_changes(
+                iter=_slice_iter(statement.iter, loop, start, stop)
+            ),
+        )
+
+    def split_pieces(
+        self,
+        start: int | None,
+        stop: int | None,
+        sites: Sequence[SyncSite],
+        tree: cst.Module,
+        piece: Callable[[int, int | None, int | None], cst.BaseStatement],
+    ) -> list[cst.BaseStatement]:
+        """The pieces of a statement over ``[start:stop]`` split at ``sites`` (between items
+        ``split_after`` and the next), a sync line between each two: ``piece(position,
+        start, stop)`` makes each (the later ones lose the statement's leading lines)."""
+        bounds = [
+            start,
+            *(site.split_after + 1 for site in sites if site.split_after is not None),
+            stop,
         ]
         pieces: list[cst.BaseStatement] = []
-        for position, (start, stop) in enumerate(itertools.pairwise(bounds)):
+        for position, (low, high) in enumerate(itertools.pairwise(bounds)):
+            made = piece(position, low, high)
             if position:
                 pieces.append(self._sync_line(sites[position - 1], tree))
-            piece = statement.with_changes(iter=_slice_iter(statement.iter, loop, start, stop))
-            if position:
-                piece = piece.with_changes(leading_lines=())
-            pieces.append(piece)
+                made = made.with_changes(leading_lines=())
+            pieces.append(made)
         return pieces
 
     def _split_call(
@@ -228,23 +248,16 @@ class InsertSyncPointsCommand(VisitorBasedCodemodCommand):
         assert isinstance(statement, cst.SimpleStatementLine)
         assign = statement.body[0]
         assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
-        bounds = [
-            call.start,
-            *(site.split_after + 1 for site in sites if site.split_after is not None),
-            call.stop,
-        ]
-        pieces: list[cst.BaseStatement] = []
-        for position, (start, stop) in enumerate(itertools.pairwise(bounds)):
-            value = assign.value.with_changes(func=_sliced(assign.value.func, start, stop))
+        value = assign.value
+
+        def piece(position: int, start: int | None, stop: int | None) -> cst.BaseStatement:
+            sliced = value.with_changes(func=_sliced(value.func, start, stop))
             if position:
-                pieces.append(self._sync_line(sites[position - 1], tree))
-                argument = value.args[0].with_changes(value=cst.Name(call.target))
-                value = value.with_changes(args=[argument, *value.args[1:]])
-            piece = statement.with_changes(body=[assign.with_changes(value=value)])
-            if position:
-                piece = piece.with_changes(leading_lines=())
-            pieces.append(piece)
-        return pieces
+                argument = sliced.args[0].with_changes(value=cst.Name(call.target))
+                sliced = sliced.with_changes(args=[argument, *sliced.args[1:]])
+            return statement.with_changes(body=[assign.with_changes(value=sliced)])
+
+        return self.split_pieces(call.start, call.stop, sites, tree, piece)
 
 
 def _container_expr(iterable: cst.BaseExpression) -> cst.BaseExpression:

@@ -41,7 +41,6 @@ The insert and remove commands subclass the backend-neutral ones of
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import libcst as cst
@@ -206,20 +205,15 @@ class InsertDevicePutsCommand(InsertSyncPointsCommand):
         scan = match_scan_call(statement)
         if scan is None:
             return None
-        assert isinstance(statement, cst.SimpleStatementLine)
-        bounds = [
+        return self.split_pieces(
             scan.start,
-            *(site.split_after + 1 for site in sites if site.split_after is not None),
             scan.stop,
-        ]
-        pieces: list[cst.BaseStatement] = []
-        for position, (start, stop) in enumerate(itertools.pairwise(bounds)):
-            piece = _scan_over(statement, start, stop, None if position == 0 else scan.target)
-            if position:
-                pieces.append(self._sync_line(sites[position - 1], tree))
-                piece = piece.with_changes(leading_lines=())
-            pieces.append(piece)
-        return pieces
+            sites,
+            tree,
+            lambda position, start, stop: _scan_over(
+                statement, start, stop, scan.target if position else None
+            ),
+        )
 
 
 def _scan_of(statement: cst.BaseStatement) -> cst.Call:
