@@ -25,8 +25,8 @@ its ``compute_s`` and ``flops``, and the time the loss's gradient (jitted
 ``jax.value_and_grad``) adds to its ``backward_s``, as the torch profiler does.
 
 A cut's ``live_bytes`` are the bytes of the values computed before it that a later piece
-reads: what its probe (or the user's transfer) moves, and what the pipeline moves besides. The user's file is
-never modified. This module imports jax.
+reads: what its probe (or the user's transfer) moves, and what the pipeline moves
+besides. The user's file is never modified. This module imports jax.
 """
 
 from __future__ import annotations
