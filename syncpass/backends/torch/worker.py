@@ -535,10 +535,14 @@ def _tensors_in(value: Any, detach: bool = True) -> list[torch.Tensor]:
 
 
 def _check_sends(stage_module: torch.nn.Module, index: int) -> None:
-    """Make ``stage_module`` refuse to send anything but tensors, naming the value and line.
+    """Make ``stage_module`` refuse to send anything but tensors, naming the value and line,
+    and send each tensor as a contiguous one.
 
     torch's PipelineStage sends only tensors between stages; its own error names
-    neither the value nor where it comes from.
+    neither the value nor where it comes from. gloo sends only contiguous tensors, and
+    the stage after allocates its receive buffers with the strides of the example output:
+    a slice such as ViT's class token ``x[:, 0]`` crosses as a contiguous copy (its
+    gradient flows back through the copy as through the slice).
     """
     forward = stage_module.forward
     names = tuple(getattr(type(stage_module), "sends", ()))
@@ -556,7 +560,8 @@ def _check_sends(stage_module: torch.nn.Module, index: int) -> None:
                     f"{name} again in the next stage from what it receives (or make it a tensor)",
                     _return_line(type(stage_module)),
                 )
-        return outputs
+        contiguous = tuple(value.contiguous() for value in values)
+        return contiguous if isinstance(outputs, tuple) else contiguous[0]
 
     stage_module.forward = checked
 

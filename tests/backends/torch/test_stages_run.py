@@ -331,3 +331,23 @@ def test_zipped_containers_of_different_lengths_are_refused_at_the_loop(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert f"{source}:26: the loop zips self.layers (6 layers) with self.norms (5)" in err
+
+
+@pytest.mark.slow
+def test_a_value_that_is_a_strided_view_crosses_as_a_contiguous_copy(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # gloo sends only dense tensors: a block that returns a slice of a wider tensor (as
+    # ViT's class-token pooling ``x[:, 0]`` does) must still cross every sync point.
+    source = tmp_path / "masked_gpt.py"
+    ending = "        return x + self.mlp(self.ln_2(x))\n"
+    strided = "        y = x + self.mlp(self.ln_2(x))\n        return torch.cat([y, y], dim=2)[..., :width]\n"
+    text = MODEL.read_text()
+    assert ending in text
+    source.write_text(text.replace(ending, strided))
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
+    assert main([*argv, "--backend", "torch_stages", "-o", str(out)]) == 0
+    capsys.readouterr()
+    document = run_verified(out, "--stages 3", capsys)
+    assert document["verify"]["ok"] is True
