@@ -429,6 +429,10 @@ def _run_rewrite(args: argparse.Namespace) -> int:
         )
     for branch in result.graph.branches:
         print(f"syncpass: note: the stages run {branch}", file=sys.stderr)
+    for note in result.plan.notes:  # why the plan is what it is: raises, rules, limits
+        print(f"syncpass: note: {note}", file=sys.stderr)
+    for violation in result.plan.violations:  # a manual or saved plan, written as asked
+        print(f"syncpass: warning: the plan breaks a constraint: {violation}", file=sys.stderr)
     if args.report is not None:
         document = {
             "plan": plan_to_json(result.plan),

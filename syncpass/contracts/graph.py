@@ -63,6 +63,10 @@ class Op:
     statement: int  # index of the top-level forward statement it belongs to
     loop: LoopIteration | None = None
     region: str | None = None  # why no sync point may go inside it, when it is a region
+    # It computes nothing: what it writes holds what it reads (``skip = x``, a tuple packed
+    # or unpacked, a lambda or a nested def that captures them). A traced graph has no
+    # node for it, so a value it names is still the value of the op that made it.
+    alias: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:

@@ -609,11 +609,12 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
         # Names local to a comprehension or lambda being visited: no reads or writes of the
         # forward's (`[1.0 / (1 + i) for i in range(n)]` reads n, not i).
         self.scoped: list[set[str]] = []
+        self.scope_nodes: list[int] = []  # id() of the node each scope belongs to
 
     @staticmethod
     def _own_names(node: cst.CSTNode) -> set[str] | None:
-        """The names a comprehension or lambda binds for itself, or ``None`` for another
-        node."""
+        """The names a comprehension, lambda or nested def binds for itself, or ``None``
+        for another node."""
         if isinstance(node, cst.BaseComp | cst.DictComp):
             comp_fors = m.findall(node.for_in, m.CompFor())
             targets = [
@@ -622,13 +623,18 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
                 if isinstance(comp_for, cst.CompFor)
                 for name in m.findall(comp_for.target, m.Name())
             ]
-        elif isinstance(node, cst.Lambda):
+        elif isinstance(node, cst.Lambda | cst.FunctionDef):
             params = node.params
             every = [*params.posonly_params, *params.params, *params.kwonly_params]
             every += [
                 star for star in (params.star_arg, params.star_kwarg) if isinstance(star, cst.Param)
             ]
             targets = [param.name for param in every]
+            if isinstance(node, cst.FunctionDef):  # and what its body assigns
+                stores = m.findall(node.body, m.AssignTarget() | m.AugAssign() | m.For())
+                for store in stores:
+                    assert isinstance(store, cst.AssignTarget | cst.AugAssign | cst.For)
+                    targets += m.findall(store.target, m.Name())
         else:
             return None
         return {name.value for name in targets if isinstance(name, cst.Name)}
@@ -637,14 +643,17 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
         index = self.index_of.get(id(node))
         if index is not None:
             self.current.append(index)
-        own = self._own_names(node)
+        # A def outside the forward's statements (the forward itself) has no scope here.
+        own = self._own_names(node) if self.current else None
         if own is not None:
             self.scoped.append(own)
+            self.scope_nodes.append(id(node))
         return super().on_visit(node)
 
     def on_leave(self, original_node: cst.CSTNode) -> None:
         super().on_leave(original_node)
-        if isinstance(original_node, cst.BaseComp | cst.DictComp | cst.Lambda):
+        if self.scope_nodes and self.scope_nodes[-1] == id(original_node):
+            self.scope_nodes.pop()
             self.scoped.pop()
         if id(original_node) in self.index_of:
             self.current.pop()
@@ -666,6 +675,34 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
         facts = self._facts()
         if facts is not None and isinstance(node.target, cst.Name):
             facts.reads.append(node.target.value)  # x += y reads x too
+        self._store_into(node.target)
+
+    def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
+        self._store_into(node.target)
+
+    def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
+        self._store_into(node.target)
+
+    def _store_into(self, target: cst.BaseExpression) -> None:
+        """``h[0] = y`` and ``state.k = y`` change the local ``h`` or ``state``: a write of
+        it (the name itself is read as well), so later readers depend on this statement."""
+        facts = self._facts()
+        if facts is None:
+            return
+        for stored in m.findall(target, m.Subscript() | m.Attribute()):
+            if self.get_metadata(ExpressionContextProvider, stored, None) != (
+                ExpressionContext.STORE
+            ):
+                continue
+            base: cst.BaseExpression = stored  # type: ignore[assignment]
+            while isinstance(base, cst.Subscript | cst.Attribute):
+                base = base.value
+            if (
+                isinstance(base, cst.Name)
+                and base.value != "self"
+                and not any(base.value in scope for scope in self.scoped)
+            ):
+                facts.writes.append(base.value)
 
     def visit_Call(self, node: cst.Call) -> None:
         facts = self._facts()
@@ -904,6 +941,37 @@ def _is_trivial(statement: cst.BaseStatement) -> bool:
     )
 
 
+def _names_only(node: cst.BaseExpression) -> bool:
+    """A name, or a tuple or list of names (starred too): an expression that computes
+    nothing."""
+    if isinstance(node, cst.Name):
+        return True
+    if isinstance(node, cst.Tuple | cst.List):
+        return all(
+            _names_only(element.value)
+            for element in node.elements
+            if isinstance(element, cst.Element | cst.StarredElement)
+        )
+    return False
+
+
+def _is_alias(statement: cst.BaseStatement) -> bool:
+    """``skip = x``, ``a, b = pair``, ``pair = (x, y)``, ``f = lambda t: t + x`` or a nested
+    ``def``: a statement that only names values (see ``Op.alias``)."""
+    if isinstance(statement, cst.FunctionDef):
+        return True
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return False
+    small = statement.body[0]
+    if isinstance(small, cst.Assign):
+        targets = all(_names_only(target.target) for target in small.targets)
+        return targets and (_names_only(small.value) or isinstance(small.value, cst.Lambda))
+    if isinstance(small, cst.AnnAssign) and small.value is not None:
+        value = small.value
+        return _names_only(small.target) and (_names_only(value) or isinstance(value, cst.Lambda))
+    return False
+
+
 def _is_pipe_split(statement: cst.BaseStatement, facts: StatementFacts) -> bool:
     """A bare ``pipe_split()`` statement."""
     return (
@@ -1134,7 +1202,8 @@ def build_op_graph(
             label = site.label(statement) if site.label is not None else None
             base = label if label is not None else _statement_id(facts, line, {})
             op_id = _unique(base, line, start.column, taken)
-            ops.append(Op(op_id, _calls(facts, {}), reads, writes, location, index))
+            alias = _is_alias(statement)
+            ops.append(Op(op_id, _calls(facts, {}), reads, writes, location, index, alias=alias))
             if PIN_SYNC.search(comment):
                 pinned.add(op_id)
             if FORBID_SYNC.search(comment):
@@ -1197,7 +1266,10 @@ def build_op_graph(
         )
         op_id = _unique(f"{keyword}@L{line}", line, start.column, taken)
         end = positions[statement].end.line + offset
-        ops.append(Op(op_id, _calls(facts, {}), reads, writes, location, index, region=reason))
+        alias = _is_alias(statement)
+        ops.append(
+            Op(op_id, _calls(facts, {}), reads, writes, location, index, region=reason, alias=alias)
+        )
         regions.append(Region(location, end, reason))
         if FORBID_SYNC.search(comment):
             forbidden.add(op_id)
@@ -1302,19 +1374,26 @@ def _lines_before(module: cst.Module, statement: cst.BaseStatement) -> int:
 def _dataflow(
     ops: Sequence[Op], inputs: Sequence[str], sink_reads: Sequence[str]
 ) -> tuple[tuple[tuple[str, str], ...], list[tuple[str, ...]]]:
-    """Def-use edges between ops, and the live names after each op."""
-    producer: dict[str, str] = {name: INPUT for name in inputs}
+    """Def-use edges between ops, and the live names after each op.
+
+    An edge joins the op that made a value to each op that uses it, however many names
+    it went by in between: an alias op (``skip = x``) hands on its reads' producers
+    rather than being one itself, as a traced graph sees it.
+    """
+    producers: dict[str, tuple[str, ...]] = {name: (INPUT,) for name in inputs}
     edges: dict[tuple[str, str], None] = {}
     for op in ops:
+        made: dict[str, None] = {}
         for name in op.reads:
-            source = producer.get(name)
-            if source is not None and source != op.id:
-                edges[(source, op.id)] = None
+            for source in producers.get(name, ()):
+                if source != op.id:
+                    edges[(source, op.id)] = None
+                made[source] = None
         for name in op.writes:
-            producer[name] = op.id
+            producers[name] = tuple(made) if op.alias and made else (op.id,)
     for name in sink_reads:
-        if name in producer:
-            edges[(producer[name], OUTPUT)] = None
+        for source in producers.get(name, ()):
+            edges[(source, OUTPUT)] = None
     # Live after op j: defined at or before j (or an input) and read after j before
     # being overwritten. A region may or may not run its assignments, so only
     # plain statements and loop iterations kill the names they write.

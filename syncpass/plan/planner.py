@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,7 +38,7 @@ from syncpass.plan.optimizer import (
     score_cuts,
     solve,
 )
-from syncpass.plan.problem import problem_from_costs
+from syncpass.plan.problem import far_reaching_value, problem_from_costs
 from syncpass.plan.schedule import Link, Prediction, StageLoad, simulate
 from syncpass.plan.strategies import BASELINE_RULES, baseline_cuts, plugin_cuts
 
@@ -237,6 +238,14 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
         )
     if faster is not None:
         notes.append(faster.note)
+    if strategy in OPTIMISING_STRATEGIES:
+
+        def step(plan_cuts: tuple[int, ...]) -> float:
+            return predict(costs, problem, plan_cuts, microbatches, request.schedule).step_s
+
+        held_back = _dataflow_note(costs, problem, stages, cuts, step)
+        if held_back is not None:
+            notes.insert(0, held_back)
     score = score_cuts(problem, cuts)
     used, admitting, admitting_step_s = used_tau, None, None
     if faster is not None and faster.threshold is not None:
@@ -445,6 +454,50 @@ def _fewer(problem: Problem, stages: int) -> str:
     return "use fewer stages"
 
 
+#: What to change when a value must reach past the next stage (a mask, a rotary table).
+FAR_VALUE_FIX = (
+    "compute it where it is used (inside the blocks), make it a buffer of the model, or "
+    "use --backend torch_stages, whose stages hand any value on to any later stage"
+)
+
+
+def _far_value(problem: Problem, stages: int, costs: Costs) -> str:
+    """``: for one, <the value> ...; <the fix>``: the value the best plan without the
+    next-stage rule sends furthest, or nothing."""
+    free = dataclasses.replace(problem, last_use=None, memory_limit=math.inf)
+    result = solve(free, stages, math.inf, adaptive=False)
+    far = None if isinstance(result, Infeasible) else far_reaching_value(costs, result.cuts)
+    return "" if far is None else f": for one, {far.describe(costs)}; {FAR_VALUE_FIX}"
+
+
+def _dataflow_note(
+    costs: Costs, problem: Problem, stages: int, cuts: tuple[int, ...], step: Callable[..., float]
+) -> str | None:
+    """A note when the next-stage rule is what holds the plan back: the plan without it
+    (same constraints otherwise) predicts a faster step. It names the value that plan
+    would send too far, and what to change."""
+    if problem.last_use is None:
+        return None
+    free = dataclasses.replace(problem, last_use=None)
+    result = solve(free, stages, math.inf, adaptive=True)
+    if isinstance(result, Infeasible):
+        return None
+    far = far_reaching_value(costs, result.cuts)
+    held, freed = step(cuts), step(result.cuts)
+    if far is None or freed >= held * (1 - _FASTER_BY):
+        return None
+    return (
+        f"the next-stage rule holds this plan back: {far.describe(costs)}, and torch's "
+        f"traced pipelining sends a value only to the next stage; without that, the "
+        f"predicted step would be {seconds(freed)} against {seconds(held)}. To lift it, "
+        f"{FAR_VALUE_FIX}"
+    )
+
+
+#: How much faster a plan must be predicted for a note to point at it.
+_FASTER_BY = 0.02
+
+
 def _infeasible_error(
     result: Infeasible,
     problem: Problem,
@@ -465,7 +518,8 @@ def _infeasible_error(
             f"no {stages}-stage plan keeps every value within the next stage of where it is "
             "made: torch.distributed.pipelining cannot send one stage's output to two later "
             "stages, nor past a stage in between, and values used far from where they are made "
-            f"(skip connections) leave too few such cuts; {_fewer(problem, stages)}"
+            f"(skip connections) leave too few such cuts{_far_value(problem, stages, costs)}; "
+            f"{_fewer(problem, stages)}"
         )
     elif result.constraint == "memory":
         limit = costs.hardware.device_memory_bytes

@@ -3,7 +3,10 @@ communication, admissible and pinned cuts, and how far each value reaches."""
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -100,3 +103,54 @@ def last_use_positions(costs: Costs) -> npt.NDArray[np.int64] | None:
     last_use = np.maximum.accumulate(furthest)
     last_use[0] = 0  # the first stage receives the inputs itself
     return last_use
+
+
+@dataclass(frozen=True)
+class FarValue:
+    """A value that ``cuts`` make cross more than one sync point: made by op ``producer``
+    (or a model input), used by ``consumer`` (or the model's output), ``stages`` stages
+    later. The value torch's traced pipelining cannot send."""
+
+    producer: str
+    consumer: str
+    stages: int
+
+    def describe(self, costs: Costs) -> str:
+        """``the value torch.ones@L55 makes (model.py:55) is used by blocks.5 (model.py:60)``."""
+        sources = {op.id: op.source for op in costs.ops}
+
+        def where(op_id: str) -> str:
+            return f" ({sources[op_id]})" if sources.get(op_id) else ""
+
+        made = (
+            "a model input"
+            if self.producer == INPUT
+            else f"the value {self.producer} makes{where(self.producer)}"
+        )
+        used = (
+            "the model's output"
+            if self.consumer == OUTPUT
+            else f"{self.consumer}{where(self.consumer)}"
+        )
+        return f"{made} is used by {used}, {self.stages} stages later"
+
+
+def far_reaching_value(costs: Costs, cuts: Sequence[int]) -> FarValue | None:
+    """The value that reaches furthest past the next stage under ``cuts`` (cut positions:
+    after op ``j``), from the cost file's def-use edges; ``None`` when every value reaches
+    at most the next stage."""
+    index = costs.op_index
+    n = len(costs.ops)
+    ordered = sorted(cuts)
+
+    def stage(position: int) -> int:  # op at position k (1-based) runs in this stage
+        return bisect.bisect_left(ordered, position)
+
+    furthest: FarValue | None = None
+    for producer, consumer in costs.edges:
+        made = 0 if producer == INPUT else stage(index[producer] + 1)
+        used = stage(n) if consumer == OUTPUT else stage(index[consumer] + 1)
+        apart = used - made
+        if apart > 1 and (furthest is None or apart > furthest.stages):
+            furthest = FarValue(producer, consumer, apart)
+    return furthest

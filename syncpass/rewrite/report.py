@@ -21,6 +21,7 @@ def analysis_to_json(graph: OpGraph) -> dict[str, Any]:
                 "reads": list(op.reads),
                 "writes": list(op.writes),
                 **({"region": op.region} if op.region else {}),
+                **({"alias": True} if op.alias else {}),
             }
             for op in graph.ops
         ],

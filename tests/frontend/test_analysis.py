@@ -57,10 +57,12 @@ def test_submodule_calls_name_their_ops_and_edges_follow_def_use() -> None:
         ("stem", "stmt@L5"),
         ("stem", "body.conv"),
         ("body.conv", "blocks.2"),
-        ("stmt@L5", "blocks.2"),
+        # `skip = h` only names stem's value: blocks.2 uses what stem made.
+        ("stem", "blocks.2"),
         ("blocks.2", "head"),
         ("<input>", "stem"),
     }
+    assert [op.alias for op in graph.ops] == [False, True, False, False, False]
     live = {cut.after: cut.live for cut in graph.cuts}
     assert live == {
         "stem": ("h",),
@@ -68,6 +70,44 @@ def test_submodule_calls_name_their_ops_and_edges_follow_def_use() -> None:
         "body.conv": ("h", "skip"),
         "blocks.2": ("h",),
     }
+
+
+def test_every_way_a_value_goes_by_another_name_leads_back_to_the_op_that_made_it() -> None:
+    graph = graph_of(
+        """
+        class M:
+            def forward(self, x, y):
+                a = self.stem(x)
+                pair = (a, y)
+                b, c = pair
+                scale = lambda t: t * c
+                def shift(t):
+                    return t + b
+                h = self.body(x)
+                h += self.side(y)
+                cache = {}
+                cache["k"] = self.key(h)
+                state = self.state(y)
+                state.last = h
+                return self.head(scale(h), shift(h), cache, state)
+        """
+    )
+    ids = [op.id for op in graph.ops]
+    assert ids == [
+        "stem", "stmt@L5", "stmt@L6", "operator.mul@L7", "def@L8", "body",
+        "side", "stmt@L12", "key", "state", "stmt@L15", "head",
+    ]  # fmt: skip
+    aliases = {op.id for op in graph.ops if op.alias}
+    assert aliases == {"stmt@L5", "stmt@L6", "operator.mul@L7", "def@L8"}
+    assert graph.ops[4].reads == ("b",) and graph.ops[4].writes == ("shift",)
+    into_head = {producer for producer, consumer in graph.edges if consumer == "head"}
+    # The lambda and the nested def carry what they capture (c is y, b is stem's a);
+    # the store into the dict and onto the local object make new versions of them.
+    assert into_head == {"<input>", "stem", "side", "key", "stmt@L15"}
+    # h += ... reads h: it depends on body.
+    assert ("body", "side") in graph.edges
+    # A store into a local reads the container and the value stored.
+    assert ("stmt@L12", "key") in graph.edges and ("side", "stmt@L15") in graph.edges
 
 
 def test_container_loops_are_planned_per_iteration() -> None:

@@ -215,6 +215,28 @@ def test_values_reach_only_the_next_stage() -> None:
     with pytest.raises(InfeasibleError, match="keeps every value within the next stage") as caught:
         make_plan(parse_costs(data), request(3, communication_cost_threshold=math.inf))
     assert caught.value.constraint == "dataflow"
+    # The refusal names a value that the best plan without the rule sends too far.
+    assert "for one, the value op0 makes is used by op5, 2 stages later" in str(caught.value)
+
+
+def test_a_plan_the_next_stage_rule_holds_back_names_the_value() -> None:
+    # A mask made first (op0) and used by every block: the rule packs the blocks together.
+    # Then a norm and a head, which read only the blocks' output.
+    data = cost_dict([0.001, 1, 1, 1, 1, 1, 1, 1, 0.5, 0.5], [0] * 9)
+    data["ops"][0]["source"] = "model.py:12"
+    blocks = [f"op{t}" for t in range(1, 8)]
+    chain = [[a, b] for a, b in zip([*blocks, "op8"], [*blocks[1:], "op8", "op9"], strict=True)]
+    data["edges"] = [["op0", block] for block in blocks] + chain
+    plan = make_plan(parse_costs(data), request(4))
+    held = [note for note in plan.notes if note.startswith("the next-stage rule holds")]
+    assert len(held) == 1 and plan.notes[0] == held[0]
+    assert "the value op0 makes (model.py:12) is used by op" in held[0]
+    assert "make it a buffer of the model" in held[0]
+    # A plan the rule does not change gets no such note.
+    data["edges"] = chain
+    assert not any(
+        "next-stage rule" in note for note in make_plan(parse_costs(data), request(4)).notes
+    )
 
 
 def test_manual_plans_that_skip_a_stage_are_flagged() -> None:

@@ -1,0 +1,76 @@
+"""The traced form's rule, that a value reaches only the next stage, as torch's pipelining
+enforces it: values that go by another name (``skip = x``) are followed, a refusal names
+the value, and a plan the rule holds back says why."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from syncpass.cli import main
+
+DATA = REPO / "tests" / "data"
+
+
+def copied(tmp_path: Path, name: str) -> Path:
+    source = tmp_path / name
+    shutil.copy(DATA / name, source)
+    return source
+
+
+def rewrite(source: Path, out: Path, stages: int, backend: str) -> list[str]:
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", str(stages)]
+    return [*argv, "--backend", backend, "-o", str(out)]
+
+
+@pytest.mark.slow
+def test_an_aliased_skip_connection_is_refused_where_torch_would_fail_and_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = copied(tmp_path, "aliased_skip.py")
+    out = tmp_path / "sync.py"
+    assert main(rewrite(source, out, 4, "torch")) == 2
+    err = capsys.readouterr().err
+    assert not out.exists()
+    assert "no 4-stage plan keeps every value within the next stage" in err
+    line = source.read_text().splitlines().index("        x = self.embed(x)") + 1
+    assert f"the value embed makes ({source}:{line}) is used by operator.add@L" in err
+    assert "use --backend torch_stages" in err and "use at most 3 stage(s)" in err
+
+    # Three stages fit the rule, and torch's pipelining runs them.
+    assert main(rewrite(source, out, 3, "torch")) == 0
+    capsys.readouterr()
+    report = tmp_path / "run.json"
+    argv = ["run", str(out), "--stages", "3", "--verify", "--json-report", str(report)]
+    assert main([*argv, "--backend", "torch"]) == 0, capsys.readouterr().err
+    assert json.loads(report.read_text())["verify"]["ok"] is True
+
+    # The eager form hands the value on to any later stage: four stages verify.
+    assert main(rewrite(source, out, 4, "torch_stages")) == 0
+    capsys.readouterr()
+    argv = ["run", str(out), "--stages", "4", "--verify", "--json-report", str(report)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert json.loads(report.read_text())["verify"]["ok"] is True
+
+
+@pytest.mark.slow
+def test_a_manual_plan_that_breaks_the_rule_is_written_with_a_warning(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = copied(tmp_path, "aliased_skip.py")
+    text = source.read_text().replace(
+        "import torch\n", "import torch\nfrom torch.distributed.pipelining import pipe_split\n", 1
+    )
+    text = text.replace("        skip = x\n", "        skip = x\n        pipe_split()\n", 1)
+    text = text.replace("        x = x + skip\n", "        pipe_split()\n        x = x + skip\n", 1)
+    source.write_text(text)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--strategy", "manual"]
+    assert main([*argv, "--backend", "torch", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "syncpass: warning: the plan breaks a constraint:" in err
+    assert "skip a stage" in err
