@@ -15,10 +15,17 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from syncpass import __version__
 from syncpass.backends.registry import load_backend
-from syncpass.backends.spec import Backend, EstimateRequest, MeasureRequest
+from syncpass.backends.spec import (
+    Backend,
+    Confirm,
+    Confirmation,
+    EstimateRequest,
+    MeasureRequest,
+)
 from syncpass.commands.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
 from syncpass.contracts.config import SCHEDULES, strategy_names
 from syncpass.contracts.costs import Costs, load_costs
@@ -32,6 +39,9 @@ from syncpass.plan.planner import Plan, PlanRequest, compare_baselines, plan_for
 from syncpass.plan.report import render_plan, render_sweep
 from syncpass.plan.retarget import sweep_batch, sweep_to_json
 from syncpass.settings.resolve import Overrides, Settings, resolve_settings
+
+if TYPE_CHECKING:
+    from syncpass.rewrite.driver import RewriteResult
 
 
 def _stages(text: str) -> int | str:
@@ -360,6 +370,25 @@ def _rewrite_costs(
     return settings.retarget(measured)
 
 
+def _confirm(confirm: Confirm, result: RewriteResult, path: str, example: str) -> None:
+    """Split the rewritten model with the engine's own splitter before anything is written."""
+    if len(result.plan.stages) < 2:
+        return
+    print("syncpass: confirming the split with torch's tracer", file=sys.stderr)
+    where = {op.id: str(op.location) for op in result.graph.ops}
+    confirm(
+        Confirmation(
+            text=result.rewritten,
+            path=path,
+            example=example,
+            stages=len(result.plan.stages),
+            sync_points=tuple(
+                (point.after, where.get(point.after, path)) for point in result.plan.sync_points
+            ),
+        )
+    )
+
+
 def _saved_plan(args: argparse.Namespace) -> Plan:
     """The plan file of ``--plan``; the planning flags cannot change a saved plan."""
     given = [
@@ -414,6 +443,8 @@ def _run_rewrite(args: argparse.Namespace) -> int:
             class_name=settings.model,
             max_stages=settings.auto_limit,
         )
+    if backend.confirm is not None and args.plan is None and args.example is not None:
+        _confirm(backend.confirm, result, path, args.example)
     points = len(result.plan.sync_points)
     summary = (
         f"{points} sync point(s), {len(result.plan.stages)} stage(s): bottleneck "

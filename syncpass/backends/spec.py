@@ -81,6 +81,20 @@ class EstimateRequest:
     depth: int = 1
 
 
+@dataclass(frozen=True)
+class Confirmation:
+    """A rewritten model to split with the engine before it is written: ``text`` is the
+    rewritten source of ``path``, ``example`` the user's ``PATH.py:FUNC``, ``stages`` the
+    plan's stage count, ``sync_points`` each planned sync point's op id and ``file:line``
+    in the input."""
+
+    text: str
+    path: str
+    example: str
+    stages: int
+    sync_points: tuple[tuple[str, str], ...]
+
+
 Analyse = Callable[[str, str, KnownOps, "str | None"], ModelSource]
 Insert = Callable[[ModelSource, Sequence["SyncSite"], str], "tuple[cst.Module, tuple[str, ...]]"]
 Remove = Callable[["cst.Module", ModelSource, str], str]
@@ -91,6 +105,7 @@ Run = Callable[["RunRequest"], "RunResult"]
 Lint = Callable[[str, str], "Sequence[Finding]"]
 Predict = Callable[[str, str, "Costs", "RunResult"], "RunPrediction"]
 LoadExample = Callable[[str], Any]
+Confirm = Callable[[Confirmation], None]
 
 
 @dataclass(frozen=True)
@@ -107,6 +122,9 @@ class Backend:
     stage (the rule of torch's tracer). ``refused_kinds`` are the kinds of value
     that are no tensor (:data:`syncpass.contracts.costs.VALUE_KINDS`) its stages
     cannot send: plans put no sync point where one would cross.
+    ``confirm(confirmation)`` splits a rewritten model with the engine's own splitter
+    on the example, raising a :class:`SyncpassError` when the split is not the plan
+    (``rewrite`` then writes nothing).
     """
 
     name: str
@@ -121,6 +139,7 @@ class Backend:
     lint: Lint | None = None
     predict: Predict | None = None
     load_example: LoadExample | None = None
+    confirm: Confirm | None = None
     schedules: tuple[str, ...] = ()
     carries_values: bool = False
     refused_kinds: tuple[str, ...] = ()

@@ -1280,10 +1280,12 @@ def build_op_graph(
             f"{path}:{positions[forward].start.line + offset}",
         )
     edges, live = _dataflow(ops, inputs, sink_reads)
+    # No cut after an alias of its own accord: the cut before it sends the same values
+    # under fewer names, and to torch's tracer a stage of aliases alone is no stage.
     cuts = tuple(
         Cut(after=op.id, live=live[position], pinned=op.id in pinned)
         for position, op in enumerate(ops[:-1])
-        if op.id not in forbidden
+        if op.id not in forbidden and (not op.alias or op.id in pinned)
     )
     return OpGraph(
         path=path,

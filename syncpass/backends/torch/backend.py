@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from syncpass.backends.spec import Backend, EstimateRequest, MeasureRequest
+from syncpass.backends.spec import Backend, Confirmation, EstimateRequest, MeasureRequest
 from syncpass.rewrite.source import KnownOps, ModelSource
 
 if TYPE_CHECKING:
@@ -146,6 +146,12 @@ def _run(request: RunRequest) -> RunResult:
     return launch(request)
 
 
+def _confirm(confirmation: Confirmation) -> None:
+    from syncpass.backends.torch.traceable import confirm_split
+
+    confirm_split(confirmation)
+
+
 def _load_example(spec: str) -> Example:
     from syncpass.backends.torch.example import load_example
 
@@ -166,6 +172,7 @@ BACKEND = Backend(
     predict=_predict,
     schedules=("1f1b", "gpipe"),
     load_example=_load_example,
+    confirm=_confirm,
 )
 
 

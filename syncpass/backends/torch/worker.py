@@ -42,6 +42,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from syncpass.backends.torch import verify
 from syncpass.backends.torch.example import Example, load_example
+from syncpass.backends.torch.traceable import values_past_the_next_stage
 from syncpass.core.errors import SyncpassError
 from syncpass.runtime.contracts import (
     LossCheck,
@@ -618,6 +619,24 @@ def _trace(model: torch.nn.Module, batch: Batch, request: RunRequest) -> Pipe:
         if source is not None and Path(source).resolve() != Path(request.file).resolve():
             message += f" (the example's model is defined in {source}, not in this file)"
         raise SyncpassError(message, request.file)
+    far = values_past_the_next_stage(pipe)
+    if far:
+        # torch would fail in build_stage with "Backward of skip connections not supported
+        # yet", naming neither the value nor the sync point.
+        lines = [
+            number
+            for number, line in enumerate(Path(request.file).read_text().splitlines(), 1)
+            if line.strip().startswith("pipe_split()")
+        ]
+        crossed = min(far[0].made_in + 1, len(lines) - 1)
+        where = f"{request.file}:{lines[crossed]}" if lines else request.file
+        raise SyncpassError(
+            f"{far[0].describe(pipe.num_stages)}, across this sync point: "
+            "torch.distributed.pipelining sends a stage's output only to the next stage. "
+            "Move the sync point, compute the value where it is read, or rewrite with "
+            "--backend torch_stages",
+            where,
+        )
     return pipe
 
 
