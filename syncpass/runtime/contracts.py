@@ -145,6 +145,8 @@ class RunResult:
     model_parameters: int
     unplaced: tuple[ParamCheck, ...] = ()
     own_threads: bool = True
+    # With --verify: why the unsplit forward is random (dropout), when it is; else None.
+    randomness: str | None = None
 
     @property
     def checks(self) -> tuple[ParamCheck, ...]:

@@ -67,6 +67,8 @@ def render_verification(result: RunResult) -> list[str]:
         lines.append(f"  mismatch: {check.name} ({where}): {detail}")
     if len(bad) > MISMATCHES_SHOWN:
         lines.append(f"  ... and {len(bad) - MISMATCHES_SHOWN} more mismatching parameter(s)")
+    if result.randomness is not None and not result.verified:
+        lines.append(f"  note: {result.randomness}")
     for loss in bad_losses:
         lines.append(
             f"  mismatch: loss of micro-batch {loss.microbatch}: pipeline {loss.pipeline:.9g}, "
@@ -162,6 +164,7 @@ def report_document(result: RunResult) -> dict[str, Any]:
         checks = result.checks
         document["verify"] = {
             "ok": result.verified,
+            "randomness": result.randomness,
             "model_parameters": result.model_parameters,
             "parameters_compared": len({c.name for c in checks if c.stage >= 0}),
             "mismatches": sum(not check.ok for check in checks),

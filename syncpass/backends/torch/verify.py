@@ -12,6 +12,7 @@ batch's mean loss.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -82,6 +83,54 @@ def run_reference(
         gradients={name: parameter.grad for name, parameter in named},
         shapes={name: (parameter.shape, parameter.dtype) for name, parameter in named},
     )
+
+
+def randomness(model: nn.Module, args: tuple[Any, ...]) -> str | None:
+    """Why ``model``'s forward on ``args`` draws random numbers, or ``None`` when two runs
+    with different seeds give the same output.
+
+    A split run draws its random numbers (dropout masks, an RNG in forward) in another
+    order than the unsplit model, so its gradients need not match; this says so beside a
+    mismatch. The random state is left as it was.
+    """
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(1)
+        first = _leaves(model(*args))
+        torch.manual_seed(2)
+        second = _leaves(model(*args))
+    same = len(first) == len(second) and all(
+        a.shape == b.shape and torch.equal(a, b) for a, b in zip(first, second, strict=True)
+    )
+    if same:
+        return None
+    dropouts = [
+        name
+        for name, module in model.named_modules()
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0 and module.training
+    ]
+    shown = ", ".join(dropouts[:3]) + (
+        f" and {len(dropouts) - 3} more" if len(dropouts) > 3 else ""
+    )
+    what = f"dropout in {shown}" if dropouts else "random numbers drawn in forward"
+    return (
+        f"the unsplit model's output differs between two runs with different seeds "
+        f"({what}): the split run draws them in another order, so a mismatch may be "
+        "randomness, not the split; verify with dropout off (p=0, or model.eval() in the "
+        "example)"
+    )
+
+
+def _leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors in a model's output (a tensor, a tuple, a dict, a dataclass)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _leaves(item)]
+    if isinstance(value, tuple | list):
+        return [t for item in value for t in _leaves(item)]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [t for f in dataclasses.fields(value) for t in _leaves(getattr(value, f.name))]
+    return []
 
 
 def canonical_names(model: nn.Module) -> dict[str, str]:

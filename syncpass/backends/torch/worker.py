@@ -186,6 +186,7 @@ class StageRun:
     aliases: dict[str, str]
     identity: dict[int, str]
     reference: verify.Reference | None
+    randomness: str | None = None  # rank 0, with --verify: why the forward is random
 
 
 def _run(request: RunRequest, rank: int) -> RunResult | None:
@@ -277,7 +278,7 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
         scale_grads=True,
     )
     parameters = list(stage.submod.parameters())
-    reference = None
+    reference, randomness = None, None
     if reference_model is not None:
         reference = verify.run_reference(
             reference_model,
@@ -286,6 +287,8 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
             example.loss_fn,
             len(batch.arg_chunks),
         )
+        if rank == 0:  # after the reference: its extra forwards change no gradient
+            randomness = verify.randomness(reference_model, batch.arg_chunks[0])
     return StageRun(
         request=request,
         rank=rank,
@@ -302,6 +305,7 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
         aliases=aliases,
         identity=identity,
         reference=reference,
+        randomness=randomness,
     )
 
 
@@ -340,6 +344,7 @@ def _gather(run: StageRun, figures: StageFigures) -> RunResult | None:
         stages=tuple(gathered),
         model_parameters=len(set(run.aliases.values())),
         unplaced=unplaced,
+        randomness=run.randomness,
     )
 
 

@@ -351,3 +351,29 @@ def test_a_value_that_is_a_strided_view_crosses_as_a_contiguous_copy(
     capsys.readouterr()
     document = run_verified(out, "--stages 3", capsys)
     assert document["verify"]["ok"] is True
+
+
+@pytest.mark.slow
+def test_a_mismatch_under_dropout_says_the_draws_may_explain_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "masked_gpt.py"
+    text = MODEL.read_text()
+    text = text.replace(
+        "        self.ln_f = nn.LayerNorm(WIDTH)\n",
+        "        self.ln_f = nn.LayerNorm(WIDTH)\n        self.drop = nn.Dropout(0.5)\n",
+    )
+    text = text.replace("        x = self.embed(idx)\n", "        x = self.drop(self.embed(idx))\n")
+    source.write_text(text)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "2"]
+    assert main([*argv, "-o", str(out)]) == 0
+    capsys.readouterr()
+    report = tmp_path / "run.json"
+    argv = ["run", str(out), "--stages", "2", "--verify", "--json-report", str(report)]
+    assert main(argv) != 0
+    out_text = capsys.readouterr().out
+    verify = json.loads(report.read_text())["verify"]
+    assert verify["ok"] is False
+    assert "dropout in drop" in verify["randomness"]
+    assert "note: the unsplit model's output differs between two runs" in out_text
