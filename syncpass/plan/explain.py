@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -97,9 +98,18 @@ def explain_sync_points(
                 moves.append(("later", int(after[0])))
             for word, position in moves:
                 moved = tuple(sorted((*cuts[:index], position, *cuts[index + 1 :])))
+                labels = {position: "this sync point, moved there,"}
+                if index > 0:
+                    labels[cuts[index - 1]] = (
+                        f"the previous sync point (after {op_ids[cuts[index - 1] - 1]})"
+                    )
+                if index + 1 < len(cuts):
+                    labels[cuts[index + 1]] = (
+                        f"the next sync point (after {op_ids[cuts[index + 1] - 1]})"
+                    )
                 parts.append(
                     f"one cut {word} (after {costs.ops[position - 1].id}) "
-                    + _compare(problem, moved, score, threshold, op_ids)
+                    + _compare(problem, moved, score, threshold, op_ids, labels)
                 )
             if not moves:
                 parts.append("no other admissible cut lies between its neighbours")
@@ -113,10 +123,18 @@ def _compare(
     score: PlanScore,
     threshold: float,
     op_ids: Sequence[str],
+    labels: dict[int, str],
 ) -> str:
+    """What moving one sync point (the plan becoming ``moved``) would do. A broken
+    constraint names the sync point it is about as ``labels`` say (this one, moved; the
+    previous; the next), so that the sentence never seems to be about another one."""
     broken = broken_constraints(problem, moved, threshold, op_ids)
     if broken:
-        return "would break a constraint: " + broken[0]
+        sentence = broken[0]
+        for position, label in labels.items():
+            named = re.escape(f"the sync point after {op_ids[position - 1]}")
+            sentence = re.sub(rf"{named}(?= )", label, sentence)
+        return "would break a constraint: " + sentence
     other = score_cuts(problem, moved)
     change = other.bottleneck - score.bottleneck
     if not math.isclose(other.bottleneck, score.bottleneck, rel_tol=1e-12, abs_tol=0.0):

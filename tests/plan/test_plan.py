@@ -427,3 +427,22 @@ def test_devices_round_trip_through_the_cost_file() -> None:
     costs = parse_costs(data)
     assert costs.hardware.devices == 8
     assert parse_costs(costs_to_json(costs)).hardware.devices == 8
+
+
+def test_a_sync_points_explanation_says_which_sync_point_a_move_would_break() -> None:
+    config = {"strategy": "fixed", "min_sync_interval": 1, "communication_cost_threshold": 0.06}
+    data = cost_dict([1] * 6, [0.1, 0.1, 0.04, 0.1, 0.1], config=config)
+    plan = make_plan(parse_costs(data), request(3, **config))
+    assert [point.after for point in plan.sync_points] == ["op1", "op3"]
+    first, second = (point.reason for point in plan.sync_points)
+    # Moved one cut earlier, the sync point itself would cost too much.
+    assert (
+        "one cut earlier (after op0) would break a constraint: this sync point, moved there, "
+        "costs 10% of the compute of the stage it closes" in first
+    )
+    # Moved one cut later, the stage the next one closes shrinks: that one is named as such.
+    assert (
+        "one cut later (after op2) would break a constraint: the next sync point (after op3) "
+        "costs 10%" in first
+    )
+    assert "the sync point after" not in first + second
