@@ -39,11 +39,12 @@ def broken_constraints(
                 f"stage {index} holds {end - start} op(s), fewer than min_sync_interval "
                 f"{problem.min_ops}"
             )
-        if problem.last_use is not None and start > 0 and end < problem.num_ops:
+        if problem.last_use is not None and end < problem.num_ops:
             furthest = int(problem.last_use[start])
             if furthest > end:
+                made = "a model input" if start == 0 else f"a value made before stage {index}"
                 broken.append(
-                    f"a value made before stage {index} is still used after it (by "
+                    f"{made} is still used after stage {index} (by "
                     f"{op_ids[furthest - 1]}): it would have to skip a stage"
                 )
         memory = problem.stage_memory(start, end)

@@ -68,11 +68,12 @@ class Problem:
     ``cut_comm[j]`` is the communication of the cut at position ``j``
     (``0`` at ``0`` and ``n``). ``admissible[j]`` says a cut may sit at ``j``;
     ``pinned[j]`` that it must. ``last_use[i]``, when given, is the last position
-    whose op uses a value produced at or before position ``i`` (for ``i >= 1``
-    the forward's inputs count too, since the first stage hands them on;
-    ``last_use[0]`` is ``0``): a stage ``(i, j]`` with ``j < n`` is then only legal
-    when ``last_use[i] <= j``, so every value reaches at most the next stage. torch.distributed.pipelining needs this: it cannot send one stage
-    output to two later stages, nor reliably past a stage in between.
+    whose op uses a value produced at or before position ``i``, the forward's
+    inputs counting as produced at ``0``: a stage ``(i, j]`` with ``j < n`` is then
+    only legal when ``last_use[i] <= j``, so every value reaches at most the next
+    stage, and the inputs only the first. torch.distributed.pipelining needs this:
+    it cannot send one stage output to two later stages, nor reliably past a stage
+    in between, and hands the model's inputs to the first stage alone.
     """
 
     op_compute: FloatArray

@@ -100,9 +100,9 @@ def last_use_positions(costs: Costs) -> npt.NDArray[np.int64] | None:
         source = 0 if producer == INPUT else index[producer] + 1
         target = n if consumer == OUTPUT else index[consumer] + 1
         furthest[source] = max(furthest[source], target)
-    last_use = np.maximum.accumulate(furthest)
-    last_use[0] = 0  # the first stage receives the inputs itself
-    return last_use
+    # The inputs count from position 0: torch's pipelining hands the model's inputs to
+    # the first stage only, so every op that reads one runs there.
+    return np.maximum.accumulate(furthest)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ def legal_plans(problem: Problem, stages: int) -> list[tuple[tuple[int, ...], fl
             continue
         # A value may only reach the next stage (torch pipelines).
         if problem.last_use is not None and any(
-            start > 0 and end < n and problem.last_use[start] > end for start, end in stage_pairs
+            end < n and problem.last_use[start] > end for start, end in stage_pairs
         ):
             continue
         computes = [float(sum(problem.op_compute[start:end])) for start, end in stage_pairs]
@@ -107,9 +107,7 @@ def last_uses(draw: st.DrawFn, n: int) -> npt.NDArray[np.int64] | None:
     if draw(st.booleans()):
         return None
     furthest = [draw(st.integers(p, n)) for p in range(n + 1)]
-    last_use = np.maximum.accumulate(np.array(furthest, dtype=np.int64))
-    last_use[0] = 0
-    return last_use
+    return np.maximum.accumulate(np.array(furthest, dtype=np.int64))
 
 
 @st.composite

@@ -78,7 +78,7 @@ def _measure_for_stages(request: MeasureRequest) -> Costs:
     expanded = source.expanded.code
 
     def refine(graph: OpGraph, model: object, args: tuple[object, ...]) -> OpGraph:
-        check_branches(model, len(args), source, path, request.model)
+        check_branches(model, tuple(args), source, path, request.model)
         return sent_across_cuts(graph, expanded, path)
 
     deeper = dataclasses.replace(request, text=expanded, depth=max(request.depth, SEQUENTIAL_DEPTH))

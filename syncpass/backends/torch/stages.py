@@ -116,17 +116,27 @@ def expand_text(text: str, path: str, class_name: str | None) -> str:
 
 
 def check_branches(
-    model: object, inputs: int, source: ExpandedSource, path: str, class_name: str | None
+    model: object,
+    inputs: tuple[object, ...],
+    source: ExpandedSource,
+    path: str,
+    class_name: str | None,
 ) -> None:
     """What the decided branches of ``source``'s model assumed, checked on the built
-    ``model`` and the example's ``inputs`` (how many positional ones it passes): an
-    attribute other than ``__init__`` sets it, or a parameter whose default was assumed
-    that the example passes, is an error at the ``if``."""
+    ``model`` and the example's positional ``inputs``: an attribute other than
+    ``__init__`` sets it, or a parameter whose default was assumed that the example
+    passes with another value (``None`` for a ``None`` default is the default), is an
+    error at the ``if``."""
     for branch in source.branches.get(class_name or type(model).__name__, ()):
         taken = "no" if branch.taken == "none" else f"the {branch.taken}"
         where = f"{path}:{branch.line}" if branch.line else path
         for default in branch.defaults:
-            if default.position is not None and default.position < inputs:
+            if default.position is not None and default.position < len(inputs):
+                given = inputs[default.position]
+                if given is default.value or (
+                    type(given) is type(default.value) and given == default.value
+                ):
+                    continue
                 raise SyncpassError(
                     f"the stages run {taken} branch of `if {branch.test}:`, decided with "
                     f"{default.name} = {default.value!r} (its default), but the example passes "

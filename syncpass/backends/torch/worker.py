@@ -655,6 +655,9 @@ def _step(run: StageRun, timed: bool) -> list[torch.Tensor]:
     if timed and run.optimizer is not None:
         run.optimizer.zero_grad(set_to_none=True)
     inputs = run.batch.args if run.stage.is_first else ()
+    if run.pipe is not None:
+        # The traced graph has no input for a None argument (torch.export keeps it constant).
+        inputs = tuple(value for value in inputs if value is not None)
     if run.stage.is_last:
         run.schedule.step(*inputs, target=run.batch.target, losses=losses)
     else:

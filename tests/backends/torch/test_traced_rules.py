@@ -88,3 +88,28 @@ def test_a_manual_plan_that_breaks_the_rule_is_refused_or_written_with_a_warning
     second = [n for n, text in enumerate(lines, 1) if text.strip() == "pipe_split()"][1]
     assert f"{out}:{second}: rank 0: stage 0's output 'embed' is read by stage 1 and stage 2" in err
     assert "Backward of skip connections" not in err
+
+
+@pytest.mark.slow
+def test_an_input_read_late_and_a_none_argument_split_in_both_forms(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = copied(tmp_path, "late_input.py")
+    out = tmp_path / "sync.py"
+    report = tmp_path / "run.json"
+    # The eager stages hand tgt on to the stage that reads it; the None mask is the default.
+    assert main(rewrite(source, out, 3, "torch_stages")) == 0
+    capsys.readouterr()
+    argv = ["run", str(out), "--stages", "3", "--verify", "--json-report", str(report)]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert json.loads(report.read_text())["verify"]["ok"] is True
+    # torch's pipelining hands the inputs to the first stage only: the reader must be there.
+    out.unlink()
+    assert main(rewrite(source, out, 3, "torch")) == 2
+    err = capsys.readouterr().err
+    assert "a model input is used by dec" in err and not out.exists()
+    assert main(rewrite(source, out, 2, "torch")) == 0
+    capsys.readouterr()
+    argv = ["run", str(out), "--stages", "2", "--verify", "--json-report", str(report)]
+    assert main([*argv, "--backend", "torch"]) == 0, capsys.readouterr().err
+    assert json.loads(report.read_text())["verify"]["ok"] is True
