@@ -1,0 +1,90 @@
+"""Every plan `rewrite` writes runs: each bundled torch example and each torch test model,
+at 2, 3 and 4 stages, in both torch forms, is profiled once, rewritten, checked with torch's
+own tracer as `rewrite --example` checks it (the traced form), and run split over gloo with
+`--verify`. A plan may be refused (exit 2, naming file:line); one that is written must run
+and match the unsplit model: no pipelining error reaches `run`."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from syncpass.backends.registry import load_backend
+from syncpass.backends.spec import Confirmation
+from syncpass.cli import main
+from syncpass.core.errors import SyncpassError
+
+MODELS = [
+    *(
+        REPO / "examples" / f"{name}.py"
+        for name in ("resnet", "transformer_lm", "unet", "uneven_mlp")
+    ),
+    *(
+        REPO / "tests" / "data" / f"{name}.py"
+        for name in (
+            "aliased_skip",
+            "late_input",
+            "masked_gpt",
+            "module_dict_layers",
+            "pair_layers",
+            "zipped_layers",
+        )
+    ),
+]
+LOCATED = re.compile(r"syncpass: error: \S+\.py(:\d+)?: ")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["torch_stages", "torch"])
+@pytest.mark.parametrize("model", MODELS, ids=lambda path: path.stem)
+def test_every_plan_rewrite_writes_runs_and_verifies(
+    model: Path, backend: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / model.name
+    shutil.copy(model, source)
+    example = f"{source}:example"
+    costs = tmp_path / "costs.json"
+    argv = ["profile", str(source), "--example", example, "--backend", backend]
+    assert main([*argv, "--repeats", "1", "--warmup", "0", "-o", str(costs)]) == 0
+    capsys.readouterr()
+    untraceable = any(
+        "cannot trace this model" in note for note in json.loads(costs.read_text()).get("notes", [])
+    )
+    spec = load_backend(backend)
+    written = 0
+    for stages in (2, 3, 4):
+        out = tmp_path / f"sync_{stages}.py"
+        report = tmp_path / f"plan_{stages}.json"
+        argv = ["rewrite", str(source), "--costs", str(costs), "--stages", str(stages)]
+        status = main([*argv, "--backend", backend, "-o", str(out), "--report", str(report)])
+        err = capsys.readouterr().err
+        if status != 0:
+            assert status == 2 and LOCATED.search(err), err
+            continue
+        if spec.confirm is not None:
+            # What `rewrite --example` does before writing.
+            plan = json.loads(report.read_text())
+            where = {op["id"]: op["location"] for op in plan["analysis"]["ops"]}
+            points = tuple((p["after"], where[p["after"]]) for p in plan["plan"]["sync_points"])
+            confirmation = Confirmation(out.read_text(), str(source), example, stages, points)
+            try:
+                spec.confirm(confirmation)
+            except SyncpassError as error:
+                assert error.location, error  # names file:line
+                continue
+            assert not untraceable  # a model torch cannot trace is never confirmed
+        argv = ["run", str(out), "--stages", str(stages), "--backend", backend, "--verify"]
+        run_report = tmp_path / f"run_{stages}.json"
+        status = main([*argv, "--steps", "1", "--json-report", str(run_report)])
+        err = capsys.readouterr().err
+        assert status == 0, f"{stages} stages: {err}"
+        assert json.loads(run_report.read_text())["verify"]["ok"] is True
+        written += 1
+    # The eager form plans every one of these models at every stage count asked.
+    if backend == "torch_stages":
+        assert written == 3
