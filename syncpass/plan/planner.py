@@ -26,6 +26,7 @@ from syncpass.contracts.config import (
     strategy_names,
 )
 from syncpass.contracts.costs import Costs
+from syncpass.contracts.graph import INPUT
 from syncpass.core.errors import InfeasibleError, SyncpassError
 from syncpass.core.units import num_bytes, percent, seconds
 from syncpass.plan.explain import broken_constraints, explain_sync_points
@@ -38,7 +39,7 @@ from syncpass.plan.optimizer import (
     score_cuts,
     solve,
 )
-from syncpass.plan.problem import far_reaching_value, problem_from_costs
+from syncpass.plan.problem import FarValue, far_reaching_value, problem_from_costs
 from syncpass.plan.schedule import Link, Prediction, StageLoad, simulate
 from syncpass.plan.strategies import BASELINE_RULES, baseline_cuts, plugin_cuts
 
@@ -459,6 +460,16 @@ FAR_VALUE_FIX = (
     "compute it where it is used (inside the blocks), make it a buffer of the model, or "
     "use --backend torch_stages, whose stages hand any value on to any later stage"
 )
+#: What to change when a model input is read after the first stage.
+FAR_INPUT_FIX = (
+    "torch's pipelining hands the model's inputs to the first stage only: read it there, "
+    "or use --backend torch_stages, whose stages hand the inputs on to the stage that "
+    "reads them"
+)
+
+
+def _far_fix(far: FarValue) -> str:
+    return FAR_INPUT_FIX if far.producer == INPUT else FAR_VALUE_FIX
 
 
 def _far_value(problem: Problem, stages: int, costs: Costs) -> str:
@@ -467,7 +478,7 @@ def _far_value(problem: Problem, stages: int, costs: Costs) -> str:
     free = dataclasses.replace(problem, last_use=None, memory_limit=math.inf)
     result = solve(free, stages, math.inf, adaptive=False)
     far = None if isinstance(result, Infeasible) else far_reaching_value(costs, result.cuts)
-    return "" if far is None else f": for one, {far.describe(costs)}; {FAR_VALUE_FIX}"
+    return "" if far is None else f": for one, {far.describe(costs)}; {_far_fix(far)}"
 
 
 def _dataflow_note(
@@ -489,8 +500,8 @@ def _dataflow_note(
     return (
         f"the next-stage rule holds this plan back: {far.describe(costs)}, and torch's "
         f"traced pipelining sends a value only to the next stage; without that, the "
-        f"predicted step would be {seconds(freed)} against {seconds(held)}. To lift it, "
-        f"{FAR_VALUE_FIX}"
+        f"predicted step would be {seconds(freed)} against {seconds(held)}. To lift it: "
+        f"{_far_fix(far)}"
     )
 
 

@@ -108,6 +108,7 @@ def test_an_input_read_late_and_a_none_argument_split_in_both_forms(
     assert main(rewrite(source, out, 3, "torch")) == 2
     err = capsys.readouterr().err
     assert "a model input is used by dec" in err and not out.exists()
+    assert "hands the model's inputs to the first stage only: read it there" in err
     assert main(rewrite(source, out, 2, "torch")) == 0
     capsys.readouterr()
     argv = ["run", str(out), "--stages", "2", "--verify", "--json-report", str(report)]
