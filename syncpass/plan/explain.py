@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
-import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -21,13 +20,22 @@ from syncpass.plan.optimizer import PlanScore, Problem, score_cuts
 
 
 def broken_constraints(
-    problem: Problem, cuts: tuple[int, ...], threshold: float, op_ids: Sequence[str]
+    problem: Problem,
+    cuts: tuple[int, ...],
+    threshold: float,
+    op_ids: Sequence[str],
+    labels: Mapping[int, str] | None = None,
 ) -> list[str]:
     """Each constraint the plan with ``cuts`` breaks, in words (empty when legal).
 
-    ``op_ids[t]`` names op ``t + 1``, so a cut at position ``j`` is "after
-    ``op_ids[j - 1]``".
+    ``op_ids[t]`` names op ``t + 1``, so a cut at position ``j`` is "the sync point
+    after ``op_ids[j - 1]``", or what ``labels`` calls it ("the next sync point ...").
     """
+
+    def sync_point(position: int) -> str:
+        given = (labels or {}).get(position)
+        return given if given is not None else f"the sync point after {op_ids[position - 1]}"
+
     broken = []
     bounds = (0, *cuts, problem.num_ops)
     for position in np.flatnonzero(problem.pinned).tolist():
@@ -57,12 +65,12 @@ def broken_constraints(
             ratio = problem.cut_ratio(start, end)
             if ratio > threshold and math.isinf(ratio):
                 broken.append(
-                    f"the sync point after {op_ids[end - 1]} closes a stage with no compute, "
+                    f"{sync_point(end)} closes a stage with no compute, "
                     f"so its communication exceeds any threshold"
                 )
             elif ratio > threshold:
                 broken.append(
-                    f"the sync point after {op_ids[end - 1]} costs {percent(ratio)} of the "
+                    f"{sync_point(end)} costs {percent(ratio)} of the "
                     f"compute of the stage it closes, over the threshold {percent(threshold)}"
                 )
     return broken
@@ -124,18 +132,14 @@ def _compare(
     score: PlanScore,
     threshold: float,
     op_ids: Sequence[str],
-    labels: dict[int, str],
+    labels: Mapping[int, str],
 ) -> str:
     """What moving one sync point (the plan becoming ``moved``) would do. A broken
     constraint names the sync point it is about as ``labels`` say (this one, moved; the
     previous; the next), so that the sentence never seems to be about another one."""
-    broken = broken_constraints(problem, moved, threshold, op_ids)
+    broken = broken_constraints(problem, moved, threshold, op_ids, labels)
     if broken:
-        sentence = broken[0]
-        for position, label in labels.items():
-            named = re.escape(f"the sync point after {op_ids[position - 1]}")
-            sentence = re.sub(rf"{named}(?= )", label, sentence)
-        return "would break a constraint: " + sentence
+        return "would break a constraint: " + broken[0]
     other = score_cuts(problem, moved)
     change = other.bottleneck - score.bottleneck
     if not math.isclose(other.bottleneck, score.bottleneck, rel_tol=1e-12, abs_tol=0.0):

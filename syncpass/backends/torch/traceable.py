@@ -56,7 +56,7 @@ def tracer_failure(model: torch.nn.Module, args: tuple[Any, ...], file: Path) ->
 
 
 @dataclass(frozen=True)
-class FarValue:
+class StageSkip:
     """A value of the split model that a stage other than the next one reads: ``value``
     is torch's name for it, ``made_in`` the stage that makes it (``-1``: a model input),
     ``used_in`` the stages that read it (the stage count: the model's output)."""
@@ -72,8 +72,13 @@ class FarValue:
         ]
         return f"{made} {self.value!r} is read by {' and '.join(readers)}"
 
+    def crossed(self, sync_points: int) -> int:
+        """The index of the first of ``sync_points`` the value may not cross: the one
+        after the next stage's start (the first, for a model input)."""
+        return min(self.made_in + 1, sync_points - 1)
 
-def values_past_the_next_stage(pipe: Pipe) -> tuple[FarValue, ...]:
+
+def values_past_the_next_stage(pipe: Pipe) -> tuple[StageSkip, ...]:
     """Every value of ``pipe``'s split graph that reaches past the next stage, or more
     than one stage: torch's PipelineStage sends each stage output to one stage, the
     next, and only the first stage takes the model's inputs."""
@@ -105,7 +110,7 @@ def values_past_the_next_stage(pipe: Pipe) -> tuple[FarValue, ...]:
     for (made_in, value), used in readers.items():
         expected = 0 if made_in < 0 else made_in + 1
         if set(used) != {expected}:
-            far.append(FarValue(value, made_in, tuple(sorted(used))))
+            far.append(StageSkip(value, made_in, tuple(sorted(used))))
     return tuple(far)
 
 
@@ -159,9 +164,7 @@ def confirm_split(confirmation: Confirmation) -> None:
     far = values_past_the_next_stage(pipe)
     if far:
         first = far[0]
-        # The sync point after the next one: the first the value may not cross.
-        crossed = min(first.made_in + 1, len(points) - 1)
-        after, location = points[crossed]
+        after, location = points[first.crossed(len(points))]
         raise SyncpassError(
             f"torch's tracer confirms no such plan: {first.describe(confirmation.stages)}, "
             f"across the sync point after {after}; torch.distributed.pipelining sends a stage's "

@@ -95,9 +95,9 @@ def randomness(model: nn.Module, args: tuple[Any, ...]) -> str | None:
     """
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(1)
-        first = _leaves(model(*args))
+        first = output_tensors(model(*args))
         torch.manual_seed(2)
-        second = _leaves(model(*args))
+        second = output_tensors(model(*args))
     same = len(first) == len(second) and all(
         a.shape == b.shape and torch.equal(a, b) for a, b in zip(first, second, strict=True)
     )
@@ -120,16 +120,17 @@ def randomness(model: nn.Module, args: tuple[Any, ...]) -> str | None:
     )
 
 
-def _leaves(value: Any) -> list[torch.Tensor]:
-    """The tensors in a model's output (a tensor, a tuple, a dict, a dataclass)."""
+def output_tensors(value: Any) -> list[torch.Tensor]:
+    """The tensors of a model's output: a tensor, a tuple, a dict or a dataclass of them."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, dict):
-        return [t for item in value.values() for t in _leaves(item)]
+        return [t for item in value.values() for t in output_tensors(item)]
     if isinstance(value, tuple | list):
-        return [t for item in value for t in _leaves(item)]
+        return [t for item in value for t in output_tensors(item)]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return [t for f in dataclasses.fields(value) for t in _leaves(getattr(value, f.name))]
+        fields = dataclasses.fields(value)
+        return [t for f in fields for t in output_tensors(getattr(value, f.name))]
     return []
 
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
-import dataclasses
 import inspect
 import io
 import logging
@@ -527,17 +526,9 @@ class StructuredOutput:
 
 
 def _tensors_in(value: Any, detach: bool = True) -> list[torch.Tensor]:
-    """The tensors of a model's output: a tensor, a tuple, a dict or a dataclass of them."""
-    if isinstance(value, torch.Tensor):
-        return [value.detach() if detach else value]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors_in(item, detach)]
-    if isinstance(value, (tuple, list)):
-        return [t for item in value for t in _tensors_in(item, detach)]
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = dataclasses.fields(value)
-        return [t for f in fields for t in _tensors_in(getattr(value, f.name), detach)]
-    return []
+    """The tensors of a model's output (:func:`verify.output_tensors`), detached or not."""
+    found = verify.output_tensors(value)
+    return [tensor.detach() for tensor in found] if detach else found
 
 
 def _check_sends(stage_module: torch.nn.Module, index: int) -> None:
@@ -633,8 +624,7 @@ def _trace(model: torch.nn.Module, batch: Batch, request: RunRequest) -> Pipe:
             for number, line in enumerate(Path(request.file).read_text().splitlines(), 1)
             if line.strip().startswith("pipe_split()")
         ]
-        crossed = min(far[0].made_in + 1, len(lines) - 1)
-        where = f"{request.file}:{lines[crossed]}" if lines else request.file
+        where = f"{request.file}:{lines[far[0].crossed(len(lines))]}" if lines else request.file
         raise SyncpassError(
             f"{far[0].describe(pipe.num_stages)}, across this sync point: "
             "torch.distributed.pipelining sends a stage's output only to the next stage. "
