@@ -21,8 +21,6 @@ from syncpass import __version__
 from syncpass.backends.registry import load_backend
 from syncpass.backends.spec import (
     Backend,
-    Confirm,
-    Confirmation,
     EstimateRequest,
     MeasureRequest,
 )
@@ -41,7 +39,7 @@ from syncpass.plan.retarget import sweep_batch, sweep_to_json
 from syncpass.settings.resolve import Overrides, Settings, resolve_settings
 
 if TYPE_CHECKING:
-    from syncpass.rewrite.driver import RewriteResult
+    pass
 
 
 def _stages(text: str) -> int | str:
@@ -370,25 +368,6 @@ def _rewrite_costs(
     return settings.retarget(measured)
 
 
-def _confirm(confirm: Confirm, result: RewriteResult, path: str, example: str) -> None:
-    """Split the rewritten model with the engine's own splitter before anything is written."""
-    if len(result.plan.stages) < 2:
-        return
-    print("syncpass: confirming the split with torch's tracer", file=sys.stderr)
-    where = {op.id: str(op.location) for op in result.graph.ops}
-    confirm(
-        Confirmation(
-            text=result.rewritten,
-            path=path,
-            example=example,
-            stages=len(result.plan.stages),
-            sync_points=tuple(
-                (point.after, where.get(point.after, path)) for point in result.plan.sync_points
-            ),
-        )
-    )
-
-
 def _saved_plan(args: argparse.Namespace) -> Plan:
     """The plan file of ``--plan``; the planning flags cannot change a saved plan."""
     given = [
@@ -415,6 +394,7 @@ def _saved_plan(args: argparse.Namespace) -> Plan:
 
 
 def _run_rewrite(args: argparse.Namespace) -> int:
+    from syncpass.commands.confirm import confirmed_rewrite
     from syncpass.frontend.source import read_model_text
     from syncpass.rewrite.driver import rewrite_text
     from syncpass.rewrite.report import analysis_to_json
@@ -443,8 +423,11 @@ def _run_rewrite(args: argparse.Namespace) -> int:
             class_name=settings.model,
             max_stages=settings.auto_limit,
         )
+    refusals: tuple[str, ...] = ()
     if backend.confirm is not None and args.plan is None and args.example is not None:
-        _confirm(backend.confirm, result, path, args.example)
+        result, refusals = confirmed_rewrite(
+            backend, backend.confirm, result, costs, settings, path, args.example
+        )
     points = len(result.plan.sync_points)
     summary = (
         f"{points} sync point(s), {len(result.plan.stages)} stage(s): bottleneck "
@@ -460,7 +443,7 @@ def _run_rewrite(args: argparse.Namespace) -> int:
         )
     for branch in result.graph.branches:
         print(f"syncpass: note: the stages run {branch}", file=sys.stderr)
-    for note in result.plan.notes:  # why the plan is what it is: raises, rules, limits
+    for note in [*refusals, *result.plan.notes]:  # why the plan is what it is
         print(f"syncpass: note: {note}", file=sys.stderr)
     for violation in result.plan.violations:  # a manual or saved plan, written as asked
         print(f"syncpass: warning: the plan breaks a constraint: {violation}", file=sys.stderr)

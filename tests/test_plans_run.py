@@ -29,6 +29,7 @@ MODELS = [
         for name in (
             "aliased_skip",
             "late_input",
+            "lookup_output",
             "masked_gpt",
             "module_dict_layers",
             "pair_layers",

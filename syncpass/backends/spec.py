@@ -105,6 +105,8 @@ Run = Callable[["RunRequest"], "RunResult"]
 Lint = Callable[[str, str], "Sequence[Finding]"]
 Predict = Callable[[str, str, "Costs", "RunResult"], "RunPrediction"]
 LoadExample = Callable[[str], Any]
+#: Raises :class:`SyncpassError` when the engine cannot split the rewritten model as planned,
+#: :class:`SplitRefused` when one sync point is the reason.
 Confirm = Callable[[Confirmation], None]
 
 

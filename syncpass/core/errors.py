@@ -41,3 +41,16 @@ class InfeasibleError(SyncpassError):
 
 class NoModelError(SyncpassError):
     """The file holds no model the backend can read (a pipeline over many files skips it)."""
+
+
+class SplitRefused(SyncpassError):
+    """The engine's splitter refuses the plan because of one sync point (``after``, its op
+    id): a value it makes crosses that sync point to more than the next stage. Planning
+    again without that cut may give a plan the engine takes."""
+
+    def __init__(self, message: str, location: str, after: str) -> None:
+        super().__init__(message, location)
+        self.after = after
+
+    def __reduce__(self) -> tuple[type[SyncpassError], tuple[str, ...]]:
+        return (type(self), (self.message, self.location, self.after))

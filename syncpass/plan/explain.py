@@ -47,10 +47,15 @@ def broken_constraints(
                 f"stage {index} holds {end - start} op(s), fewer than min_sync_interval "
                 f"{problem.min_ops}"
             )
-        if problem.last_use is not None and end < problem.num_ops:
+        if problem.last_use is not None and int(problem.last_use[start]) > end:
             furthest = int(problem.last_use[start])
-            if furthest > end:
-                made = "a model input" if start == 0 else f"a value made before stage {index}"
+            made = "a model input" if start == 0 else f"a value made before stage {index}"
+            if furthest > problem.num_ops:
+                broken.append(
+                    f"{made} is returned by the model, but torch's traced pipelining returns "
+                    "only what the last stage makes"
+                )
+            else:
                 broken.append(
                     f"{made} is still used after stage {index} (by "
                     f"{op_ids[furthest - 1]}): it would have to skip a stage"

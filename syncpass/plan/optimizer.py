@@ -69,11 +69,13 @@ class Problem:
     (``0`` at ``0`` and ``n``). ``admissible[j]`` says a cut may sit at ``j``;
     ``pinned[j]`` that it must. ``last_use[i]``, when given, is the last position
     whose op uses a value produced at or before position ``i``, the forward's
-    inputs counting as produced at ``0``: a stage ``(i, j]`` with ``j < n`` is then
-    only legal when ``last_use[i] <= j``, so every value reaches at most the next
-    stage, and the inputs only the first. torch.distributed.pipelining needs this:
-    it cannot send one stage output to two later stages, nor reliably past a stage
-    in between, and hands the model's inputs to the first stage alone.
+    inputs counting as produced at ``0`` and the model's output as a use at ``n + 1``:
+    a stage ``(i, j]`` is then only legal when ``last_use[i] <= j``, so every value
+    reaches at most the next stage, the inputs only the first, and what the model
+    returns is made in the last. torch.distributed.pipelining needs this: it cannot
+    send one stage output to two later stages, nor reliably past a stage in between,
+    hands the model's inputs to the first stage alone and returns the last stage's
+    outputs.
     """
 
     op_compute: FloatArray
@@ -107,8 +109,8 @@ class Problem:
         if self.last_use is not None:
             if len(self.last_use) != n + 1 or np.any(np.diff(self.last_use) < 0):
                 raise ValueError("last_use must be a nondecreasing entry per position 0..n")
-            if np.any(self.last_use < self.positions):
-                raise ValueError("last_use[i] must be at least i")
+            if np.any(self.last_use < self.positions) or np.any(self.last_use > n + 1):
+                raise ValueError("last_use[i] must be at least i and at most n + 1")
 
     @property
     def num_ops(self) -> int:
@@ -221,7 +223,6 @@ def stage_windows(problem: Problem, threshold: float) -> tuple[IntArray, IntArra
     if problem.last_use is not None:
         # last_use is sorted: the starts whose values are all used by j are a prefix.
         reach_hi = np.searchsorted(problem.last_use, ends, side="right") - 1
-        reach_hi[n] = n - 1
         hi = np.minimum(hi, reach_hi)
     return lo, hi
 
@@ -640,7 +641,7 @@ class _StageTable:
         self.shape_free = (ends - starts >= problem.min_ops) & (starts >= previous_pin[None, :])
         self.shape_ok = self.shape_free
         if problem.last_use is not None:
-            self.shape_ok = self.shape_free & ((problem.last_use[:, None] <= ends) | (ends == n))
+            self.shape_ok = self.shape_free & (problem.last_use[:, None] <= ends)
         self.memory = memory_q[None, :] - memory_q[:, None]
         # Same arithmetic as Problem.stage_time and the threshold windows.
         self.time = compute + (comm[:, None] + comm[None, :])

@@ -98,10 +98,12 @@ def last_use_positions(costs: Costs) -> npt.NDArray[np.int64] | None:
     furthest = np.arange(n + 1, dtype=np.int64)  # by producer position; inputs at 0
     for producer, consumer in costs.edges:
         source = 0 if producer == INPUT else index[producer] + 1
-        target = n if consumer == OUTPUT else index[consumer] + 1
+        target = index[consumer] + 1 if consumer != OUTPUT else n if source == 0 else n + 1
         furthest[source] = max(furthest[source], target)
     # The inputs count from position 0: torch's pipelining hands the model's inputs to
-    # the first stage only, so every op that reads one runs there.
+    # the first stage only, so every op that reads one runs there. The output counts as
+    # past the last op (n + 1): torch returns what the last stage makes, so every value
+    # the model returns is made there (an input it returns leaves one stage: n).
     return np.maximum.accumulate(furthest)
 
 
@@ -149,7 +151,7 @@ def far_reaching_value(costs: Costs, cuts: Sequence[int]) -> FarValue | None:
     furthest: FarValue | None = None
     for producer, consumer in costs.edges:
         made = 0 if producer == INPUT else stage(index[producer] + 1)
-        used = stage(n) if consumer == OUTPUT else stage(index[consumer] + 1)
+        used = stage(n) + 1 if consumer == OUTPUT else stage(index[consumer] + 1)
         apart = used - made
         if apart > 1 and (furthest is None or apart > furthest.stages):
             furthest = FarValue(producer, consumer, apart)

@@ -91,8 +91,8 @@ def plugin_cuts(
         if dropped:
             wrong = f"cuts {list(cuts)} without the pinned cut(s) {dropped}"
     if wrong is None and problem.last_use is not None:
-        # The optimiser's rule: a stage (i, j] with j < n needs last_use[i] <= j.
-        for start, end in itertools.pairwise((0, *cuts)):
+        # The optimiser's rule: a stage (i, j] needs last_use[i] <= j.
+        for start, end in itertools.pairwise((0, *cuts, problem.num_ops)):
             if int(problem.last_use[start]) > end:
                 wrong = f"cuts {list(cuts)} that send a value past the stage after it"
                 break

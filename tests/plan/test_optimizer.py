@@ -61,7 +61,7 @@ def legal_plans(problem: Problem, stages: int) -> list[tuple[tuple[int, ...], fl
             continue
         # A value may only reach the next stage (torch pipelines).
         if problem.last_use is not None and any(
-            end < n and problem.last_use[start] > end for start, end in stage_pairs
+            problem.last_use[start] > end for start, end in stage_pairs
         ):
             continue
         computes = [float(sum(problem.op_compute[start:end])) for start, end in stage_pairs]
@@ -106,7 +106,7 @@ def last_uses(draw: st.DrawFn, n: int) -> npt.NDArray[np.int64] | None:
     """None, or how far the values made up to each position are used (skip connections)."""
     if draw(st.booleans()):
         return None
-    furthest = [draw(st.integers(p, n)) for p in range(n + 1)]
+    furthest = [draw(st.integers(p, n + 1)) for p in range(n + 1)]  # n + 1: the output
     return np.maximum.accumulate(np.array(furthest, dtype=np.int64))
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from syncpass.core.errors import SyncpassError
+from syncpass.core.errors import SplitRefused, SyncpassError
 
 if TYPE_CHECKING:
     from torch.distributed.pipelining import Pipe
@@ -165,13 +165,14 @@ def confirm_split(confirmation: Confirmation) -> None:
     if far:
         first = far[0]
         after, location = points[first.crossed(len(points))]
-        raise SyncpassError(
+        raise SplitRefused(
             f"torch's tracer confirms no such plan: {first.describe(confirmation.stages)}, "
             f"across the sync point after {after}; torch.distributed.pipelining sends a stage's "
             "output only to the next stage, so `syncpass run` would fail. Nothing was "
             "written; compute the value where it is read (inside the blocks), make it a "
             "buffer, move the sync point, or use --backend torch_stages",
             location,
+            after,
         )
 
 

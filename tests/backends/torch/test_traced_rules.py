@@ -114,3 +114,45 @@ def test_an_input_read_late_and_a_none_argument_split_in_both_forms(
     argv = ["run", str(out), "--stages", "2", "--verify", "--json-report", str(report)]
     assert main([*argv, "--backend", "torch"]) == 0, capsys.readouterr().err
     assert json.loads(report.read_text())["verify"]["ok"] is True
+
+
+@pytest.mark.slow
+def test_a_sync_point_the_tracer_refuses_is_planned_again_without_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The model returns a plain lookup into the encoder's output (HF BertModel's
+    # `encoder_outputs.last_hidden_state`): the analysis sees the lookup as an op of the last
+    # stage, torch's tracer sees the encoder's output read by the model's output.
+    source = copied(tmp_path, "lookup_output.py")
+    out = tmp_path / "sync.py"
+    report = tmp_path / "plan.json"
+    assert main([*rewrite(source, out, 2, "torch"), "--report", str(report)]) == 0
+    err = capsys.readouterr().err
+    line = source.read_text().splitlines().index("        encoder_outputs = self.encoder(h)")
+    assert (
+        f"note: torch's tracer refused the sync point after encoder ({source}:{line + 1}: "
+        "stage 0's output 'encoder' is read by stage 1 and the model's output"
+    ) in err
+    assert "planned again without it" in err
+    points = [point["after"] for point in json.loads(report.read_text())["plan"]["sync_points"]]
+    assert points and "encoder" not in points
+
+    run_report = tmp_path / "run.json"
+    argv = ["run", str(out), "--stages", "2", "--verify", "--json-report", str(run_report)]
+    assert main([*argv, "--backend", "torch"]) == 0, capsys.readouterr().err
+    assert json.loads(run_report.read_text())["verify"]["ok"] is True
+
+
+@pytest.mark.slow
+def test_a_pinned_sync_point_the_tracer_refuses_is_the_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = copied(tmp_path, "lookup_output.py")
+    text = source.read_text()
+    call = "        encoder_outputs = self.encoder(h)\n"
+    source.write_text(text.replace(call, call.rstrip("\n") + "  # syncpass: sync\n"))
+    out = tmp_path / "sync.py"
+    assert main(rewrite(source, out, 2, "torch")) == 2
+    err = capsys.readouterr().err
+    assert "torch's tracer confirms no such plan" in err and "planned again" not in err
+    assert f"{source}:" in err and not out.exists()
