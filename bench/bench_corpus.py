@@ -175,6 +175,28 @@ def example():
 """
 
 
+#: BertModel returns a dataclass whose ``last_hidden_state`` is a plain lookup into the
+#: encoder's output after the last block, and whose ``pooler_output`` is computed from it:
+#: the loss reads both. Dropout off, as for GPT-2.
+BERT_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    tokens = torch.randint(0, 64, (8, 16))
+
+    def loss(output, labels):
+        pooled = nn.functional.cross_entropy(output.pooler_output, labels)
+        return pooled + output.last_hidden_state.pow(2).mean()
+
+    return BertModel(config), (tokens,), torch.randint(0, 32, (8,)), loss
+"""
+
+
 #: Batch 16 at 64x64: with one image per micro-batch, BatchNorm after the last stage's 1x1
 #: feature maps would see one value per channel.
 RESNET_EXAMPLE = """
@@ -306,6 +328,17 @@ MODELS = (
         "model.layers.",
         6,
         package="transformers.models.llama",
+    ),
+    CorpusModel(
+        "hf_bert",
+        HF_PACKAGES,
+        "transformers/models/bert/modeling_bert.py",
+        BERT_EXAMPLE,
+        (2, 4),
+        "encoder.layer.",
+        6,
+        package="transformers.models.bert",
+        model="BertModel",
     ),
     CorpusModel(
         "tv_resnet",

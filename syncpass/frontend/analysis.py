@@ -942,8 +942,8 @@ def _is_trivial(statement: cst.BaseStatement) -> bool:
 
 
 def _names_only(node: cst.BaseExpression) -> bool:
-    """A name, or a tuple or list of names (starred too): an expression that computes
-    nothing."""
+    """A name, or a tuple or list of names (starred too), or a dict of names under string
+    keys (``**`` too): an expression that computes nothing."""
     if isinstance(node, cst.Name):
         return True
     if isinstance(node, cst.Tuple | cst.List):
@@ -952,12 +952,26 @@ def _names_only(node: cst.BaseExpression) -> bool:
             for element in node.elements
             if isinstance(element, cst.Element | cst.StarredElement)
         )
+    if isinstance(node, cst.Dict):  # {"position_ids": position_ids, **kwargs}; not {}
+        return (
+            bool(node.elements)
+            and all(
+                isinstance(element, cst.StarredDictElement)
+                or (
+                    isinstance(element, cst.DictElement)
+                    and isinstance(element.key, cst.SimpleString)
+                )
+                for element in node.elements
+            )
+            and all(_names_only(element.value) for element in node.elements)
+        )
     return False
 
 
 def _is_alias(statement: cst.BaseStatement) -> bool:
-    """``skip = x``, ``a, b = pair``, ``pair = (x, y)``, ``f = lambda t: t + x`` or a nested
-    ``def``: a statement that only names values (see ``Op.alias``)."""
+    """``skip = x``, ``a, b = pair``, ``pair = (x, y)``, ``kw = {"k": x, **kw}``,
+    ``f = lambda t: t + x`` or a nested ``def``: a statement that only names values (see
+    ``Op.alias``)."""
     if isinstance(statement, cst.FunctionDef):
         return True
     if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:

@@ -346,12 +346,18 @@ def _bind_arguments(
     method: cst.FunctionDef, call: cst.Call
 ) -> list[tuple[str, cst.BaseExpression]] | None:
     """``(parameter, expression)`` for each parameter but ``self`` (a ``**`` one last), or
-    ``None`` if the call cannot be matched (``*args``, unknown keywords, a missing argument,
-    ``**kwargs`` that might fill a parameter the call does not name)."""
+    ``None`` if the call cannot be matched (``*args``, a missing argument, ``**kwargs`` that
+    might fill a parameter the call does not name, a keyword the method does not take).
+
+    A keyword the method does not name goes into its ``**`` parameter, as Python binds it
+    (``self.encoder(x, position_ids=p, **kwargs)`` into ``forward(self, x, **kwargs)``
+    binds ``kwargs`` to ``{"position_ids": p, **kwargs}``)."""
     positional = list(method.params.params[1:])
     params = [*positional, *method.params.kwonly_params]
     names = {param.name.value for param in params}
+    star = method.params.star_kwarg
     bound: dict[str, cst.BaseExpression] = {}
+    extra: list[cst.DictElement] = []
     handed_on: cst.BaseExpression | None = None
     position = 0
     for arg in call.args:
@@ -368,10 +374,14 @@ def _bind_arguments(
             position += 1
         else:
             name = arg.keyword.value
-            if name in bound or name not in names:
+            if name in bound:
                 return None
-            bound[name] = arg.value
-    star = method.params.star_kwarg
+            if name in names:
+                bound[name] = arg.value
+            elif isinstance(star, cst.Param):
+                extra.append(cst.DictElement(cst.SimpleString(f'"{name}"'), arg.value))
+            else:
+                return None
     if handed_on is not None and (not isinstance(star, cst.Param) or set(bound) != names):
         return None
     result = []
@@ -384,7 +394,11 @@ def _bind_arguments(
         else:
             return None
     if isinstance(star, cst.Param):
-        result.append((star.name.value, handed_on if handed_on is not None else cst.Dict([])))
+        rest = [] if handed_on is None else [cst.StarredDictElement(handed_on)]
+        if not extra and handed_on is not None:
+            result.append((star.name.value, handed_on))
+        else:
+            result.append((star.name.value, cst.Dict([*extra, *rest])))
     return result
 
 

@@ -199,6 +199,31 @@ def test_a_submodule_forward_behind_known_decorators_and_kwargs_is_followed() ->
     assert "kwargs = " not in forward  # the same dict, under the same name
 
 
+def test_keywords_a_submodule_forward_does_not_name_go_into_its_star_parameter() -> None:
+    # HF BertModel: self.encoder(x, position_ids=position_ids, **kwargs) into
+    # BertEncoder.forward(self, hidden_states, mask=None, **kwargs), as Python binds it.
+    forward, methods = inline(
+        """
+        class Encoder:
+            def forward(self, hidden_states, mask=None, **kwargs):
+                for layer in self.layer:
+                    hidden_states = layer(hidden_states, mask, **kwargs)
+                return hidden_states
+
+        class Net:
+            def __init__(self, config):
+                self.encoder = Encoder(config)
+
+            def forward(self, x, position_ids=None, **kwargs):
+                h = self.encoder(x, mask=None, position_ids=position_ids, **kwargs)
+                return self.head(h)
+        """
+    )
+    assert methods == ("self.encoder",)
+    assert 'kwargs = {"position_ids": position_ids, **kwargs}' in forward
+    assert "for layer in self.encoder.layer:" in forward
+
+
 def test_unknown_decorators_and_kwargs_that_might_fill_a_parameter_are_not_followed() -> None:
     source = """
         class Net:

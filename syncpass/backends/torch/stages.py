@@ -345,13 +345,33 @@ def _unsent_params(forward: cst.FunctionDef) -> set[str]:
     return names
 
 
-def _replayable(
-    name: str, before: int, ops: Sequence[Op], unsent: set[str], inputs: set[str]
-) -> list[int] | None:
-    """The top-level statements that compute ``name`` again from the unsent parameters alone
-    (its own, then what it reads), or ``None`` when it must be sent."""
-    if name in inputs:
-        return None
+def _unsent_at(before: int, ops: Sequence[Op], unsent: set[str]) -> set[str]:
+    """The unsent parameters that still hold what the caller passed after the first
+    ``before`` ops: a parameter the forward assigns (``output_hidden_states = ... or
+    self.config.output_hidden_states``, ``kwargs = {**kwargs, ...}``) is a local from
+    there on, sent or computed again like any other."""
+    assigned = {name for op in ops[:before] for name in op.writes}
+    return unsent - assigned
+
+
+@dataclass(frozen=True)
+class _Replay:
+    """How a later stage computes a value again instead of receiving it: the top-level
+    ``statements`` that compute it (its own, then what it reads), and what it ``needs``
+    received to run them (what an alias names: ``kwargs = {"position_ids": position_ids,
+    **kwargs}`` needs ``position_ids``)."""
+
+    statements: tuple[int, ...]
+    needs: tuple[str, ...] = ()
+
+
+def _replay(name: str, before: int, ops: Sequence[Op], unsent: set[str]) -> _Replay | None:
+    """How ``name`` is computed again after the first ``before`` ops, or ``None`` when it must
+    be sent (a model input the forward has not assigned, or a value computed from tensors).
+
+    A value computed from the unsent parameters alone is computed again; so is an alias
+    (``Op.alias``: it computes nothing), from what it names, received, when those still
+    hold what they held at the alias."""
     writers = [op for op in ops[:before] if name in op.writes]
     if len(writers) != 1:
         return None
@@ -359,14 +379,54 @@ def _replayable(
     if writer.region is not None or writer.loop is not None:
         return None
     statements = [writer.statement]
+    needs: list[str] = []
+    position = ops.index(writer)
     for read in writer.reads:
-        if read in unsent:
+        if read in _unsent_at(position, ops, unsent):
             continue
-        needed = _replayable(read, ops.index(writer), ops, unsent, inputs)
-        if needed is None:
+        inner = _replay(read, position, ops, unsent)
+        if inner is not None and (writer.alias or not inner.needs):
+            statements.extend(inner.statements)
+            needs.extend(inner.needs)
+        elif writer.alias and not any(read in op.writes for op in ops[position + 1 : before]):
+            needs.append(read)
+        else:
             return None
-        statements.extend(needed)
-    return statements
+    return _Replay(tuple(statements), tuple(dict.fromkeys(needs)))
+
+
+@dataclass(frozen=True)
+class _Crossing:
+    """How the values live at a cut reach the stage after it: parameters it ``declared``
+    again, values it computes again (``replayed``), and what the stage before sends it
+    (``received``: the values no stage can compute again, and what the replays need)."""
+
+    declared: tuple[str, ...]
+    replayed: tuple[tuple[str, _Replay], ...]
+    received: tuple[str, ...]
+
+
+def _crossing(live: Sequence[str], before: int, ops: Sequence[Op], unsent: set[str]) -> _Crossing:
+    declared_here = _unsent_at(before, ops, unsent)
+    declared: list[str] = []
+    replayed: dict[str, _Replay] = {}
+    received: list[str] = []
+    pending = list(live)
+    seen: set[str] = set()
+    while pending:
+        name = pending.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        replay = None if name in declared_here else _replay(name, before, ops, unsent)
+        if name in declared_here:
+            declared.append(name)
+        elif replay is None:
+            received.append(name)
+        else:
+            replayed[name] = replay
+            pending.extend(replay.needs)
+    return _Crossing(tuple(declared), tuple(replayed.items()), tuple(received))
 
 
 def sent_across_cuts(graph: OpGraph, expanded: str, path: str) -> OpGraph:
@@ -377,21 +437,15 @@ def sent_across_cuts(graph: OpGraph, expanded: str, path: str) -> OpGraph:
 
 
 def _sent_at_cuts(graph: OpGraph, forward: cst.FunctionDef) -> tuple[Cut, ...]:
-    """The graph's cuts with what the stages send across each: the live values but the
-    parameters a later stage declares again and the locals it computes again."""
+    """The graph's cuts with what the stages send across each (:func:`_crossing`)."""
     unsent = _unsent_params(forward)
-    inputs = set(graph.inputs)
     positions = {op.id: position + 1 for position, op in enumerate(graph.ops)}
-    cuts = []
-    for cut in graph.cuts:
-        before = positions[cut.after]
-        sent = tuple(
-            name
-            for name in cut.live
-            if name not in unsent and _replayable(name, before, graph.ops, unsent, inputs) is None
+    return tuple(
+        dataclasses.replace(
+            cut, sent=_crossing(cut.live, positions[cut.after], graph.ops, unsent).received
         )
-        cuts.append(dataclasses.replace(cut, sent=sent))
-    return tuple(cuts)
+        for cut in graph.cuts
+    )
 
 
 def _reach(
@@ -423,7 +477,6 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     planned = _planned(source)
     forward = find_forward(planned, graph.model_class, path).forward
     unsent = _unsent_params(forward)
-    inputs = set(graph.inputs)
     methods = method_bodies(planned, graph.model_class)
     pieces, warnings = split_forward(planned, graph.model_class, ordered, path)
     if warnings or len(pieces) != len(bounds) - 1:
@@ -438,26 +491,40 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     for number, (site, position) in enumerate(zip(ordered, positions, strict=True), start=1):
         reads = set(mentioned_names(pieces[number]))
         kinds = dict(site.kinds)
-        sent, declared, again, nothing, numbers = [], [], [], [], []
-        for name in site.values:
-            if name in unsent:
-                if name in reads:
-                    declared.append(name)
-                continue
-            replay = _replayable(name, position, graph.ops, unsent, inputs)
+        sent: list[str] = []
+        declared: list[str] = []
+        again: list[int] = []
+        nothing: list[str] = []
+        numbers: list[tuple[str, str]] = []
+        crossing = _crossing(site.values, position, graph.ops, unsent)
+        for name, replay in crossing.replayed:
+            if name not in reads:
+                continue  # a later stage that reads it computes it itself
+            again.extend(replay.statements)
+            reads.update(replay.needs)
+            declared.extend(
+                read
+                for index in replay.statements
+                for op in graph.ops
+                if op.statement == index
+                for read in op.reads
+                if read in unsent
+            )
+        declared.extend(name for name in crossing.declared if name in reads)
+        for name in crossing.received:
             kind = kinds.get(name)
-            if replay is None and kind == "none":
+            if kind == "none":
                 if name in reads:  # None when profiled: nothing to send, the stage says so
                     nothing.append(name)
-            elif replay is None and kind is not None and tensor_count(kind) is not None:
+            elif kind is not None and tensor_count(kind) is not None:
                 sent.append(name)
                 numbers.append((name, kind))
-            elif replay is None and kind in PACKED_KINDS:
+            elif kind in PACKED_KINDS:
                 assert kind is not None
                 _need_torch(source.module, name, graph.ops[position - 1])
                 sent.append(name)
                 numbers.append((name, kind))
-            elif replay is None and kind == "other":
+            elif kind == "other":
                 op = graph.ops[position - 1]
                 raise SyncpassError(
                     f"{name} crosses the sync point after {op.id} but was not a tensor when "
@@ -465,18 +532,8 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
                     f"tensors; compute {name} again after the sync point, or from tensors",
                     str(op.location),
                 )
-            elif replay is None:
+            else:
                 sent.append(name)
-            elif name in reads:  # else a later stage that reads it computes it itself
-                again.extend(replay)
-                declared.extend(
-                    read
-                    for index in replay
-                    for op in graph.ops
-                    if op.statement == index
-                    for read in op.reads
-                    if read in unsent
-                )
         takes.append(tuple(sent))
         defaults.append(tuple(dict.fromkeys(declared)))
         replays.append(tuple(sorted(set(again))))
