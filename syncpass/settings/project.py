@@ -18,7 +18,10 @@ pre-commit hook)::
     stages = 8                             # overrides the stages above
     model = "GPT"                          # the class, when the file has several
 
-Paths are relative to the folder of the file that names them. A file found by
+Paths are relative to the folder of the file that names them, and must resolve
+(symlinks followed) inside the project: the folder of the ``pyproject.toml``, or for a
+TOML file of its own the nearest folder above it with a ``pyproject.toml`` or ``.git``
+(a config file never makes syncpass read or write elsewhere). A file found by
 :func:`find_project_config` is the nearest ``pyproject.toml`` with a
 ``[tool.syncpass]`` table, walking up from where a command starts (as ruff
 does). Unknown keys are errors that list the valid ones and name the file,
@@ -245,7 +248,7 @@ def _read_hardware(value: Any, where: _Locator) -> str | None:
             f"hardware must be a profile name or a .toml file, got {value!r}", location
         )
     if value.endswith(".toml") or "/" in value:
-        path = where.folder / value
+        path = _inside_project(value, where, "hardware", None, "hardware")
         if not path.is_file():
             raise SyncpassError(f"no hardware profile file {path}", location)
         return str(path)
@@ -281,7 +284,7 @@ def _read_models(value: Any, where: _Locator) -> tuple[ModelEntry, ...]:
                 raise SyncpassError(
                     f"{key} in {name} must be a path, got {item[key]!r}", where.line(index, key)
                 )
-            paths.append(where.folder / item[key])
+            paths.append(_inside_project(item[key], where, f"{key} in {name}", index, key))
         model = item.get("model")
         if model is not None and (not isinstance(model, str) or not model.isidentifier()):
             raise SyncpassError(
@@ -301,6 +304,41 @@ def _read_models(value: Any, where: _Locator) -> tuple[ModelEntry, ...]:
         except ValueError as error:
             raise SyncpassError(f"{name}: {error}", header) from None
     return tuple(entries)
+
+
+def _project_root(config: Path) -> Path:
+    """The project a config file belongs to, symlinks resolved: a ``pyproject.toml``'s own
+    folder; for a TOML file of its own (``--config ci/sync.toml``), the nearest folder at or
+    above it that holds a ``pyproject.toml`` or ``.git``, else its own folder."""
+    folder = config.resolve().parent
+    if config.name == "pyproject.toml":
+        return folder
+    for candidate in (folder, *folder.parents):
+        if (candidate / "pyproject.toml").is_file() or (candidate / ".git").exists():
+            return candidate
+    return folder
+
+
+def _inside_project(value: str, where: _Locator, name: str, entry: int | None, key: str) -> Path:
+    """``value``, relative to the config file's folder, when it resolves inside the project
+    (:func:`_project_root`); else an error naming the key: a config file may make syncpass read and write its project's files only
+    (``check --fix`` writes ``generated``), never ``/etc/...`` or ``../..`` outside it,
+    symlinks followed."""
+    root = where.root
+    path = where.folder / value
+    try:
+        resolved = path.resolve()
+    except (OSError, RuntimeError) as error:  # a symlink loop
+        raise SyncpassError(
+            f"{name}: cannot resolve {value!r}: {error}", where.line(entry, key)
+        ) from None
+    if not resolved.is_relative_to(root):
+        raise SyncpassError(
+            f"{name} must name a file inside the project ({root}), got {value!r}, which "
+            f"resolves to {resolved}; syncpass reads and writes only the project's own files",
+            where.line(entry, key),
+        )
+    return path
 
 
 def _relative(path: Path) -> Path:
@@ -324,6 +362,7 @@ class _Locator:
     def __init__(self, path: Path, text: str, table: str) -> None:
         self.path = _relative(path)
         self.folder = path.parent
+        self.root = _project_root(path)
         self.lines = text.splitlines()
         self.table = table  # "tool.syncpass", or "" for a file of its own
         self.prefix = f"{table}." if table else ""

@@ -221,6 +221,22 @@ def test_bad_input_exits_2_naming_the_file(
     assert not (project / "models" / "net_pipeline.py").exists()
 
 
+@pytest.mark.parametrize("generated", ["/etc/hostname", "../outside.py"])
+def test_fix_never_writes_outside_the_project(
+    project: Path, capsys: pytest.CaptureFixture[str], generated: str
+) -> None:
+    outside = (project / generated).resolve()
+    before = outside.read_bytes() if outside.exists() else None
+    text = (project / "pyproject.toml").read_text()
+    (project / "pyproject.toml").write_text(text.replace("models/net_pipeline.py", generated))
+    assert check("--fix") == 2
+    err = capsys.readouterr().err
+    assert (
+        "pyproject.toml:9: generated in [[tool.syncpass.models]] entry 1 must name a file " in err
+    )
+    assert (outside.read_bytes() if outside.exists() else None) == before
+
+
 def test_no_configuration_and_no_files_is_an_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -234,6 +250,7 @@ def test_an_explicit_config_file_and_flags(
     project: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     (project / "pyproject.toml").unlink()
+    (project / ".git").mkdir()  # the project the config's paths stay inside
     (project / "ci").mkdir()
     (project / "ci" / "sync.toml").write_text(
         'stages = 2\n[[models]]\nsource = "../models/net.py"\ngenerated = "../models/net_pipeline.py"\n'

@@ -76,6 +76,7 @@ def test_settings_the_file_sets_go_over_the_cost_files_and_no_others(tmp_path: P
 
 
 def test_a_toml_file_of_its_own_has_the_keys_at_the_top(tmp_path: Path) -> None:
+    write(tmp_path / "pyproject.toml", "")  # the project its paths stay inside
     path = write(
         tmp_path / "conf" / "sync.toml",
         'stages = 2\ncommunication_cost_threshold = inf\n\n[[models]]\nsource = "../m.py"\n'
@@ -140,6 +141,23 @@ def test_nothing_found_gives_the_defaults(tmp_path: Path) -> None:
             "source and generated are the same file",
         ),
         ("[tool.syncpass]\nmodels = 3\n", ":2", "models must be an array of tables"),
+        (
+            "[[tool.syncpass.models]]\nsource = 'a.py'\ngenerated = '/etc/hostname'\n"
+            "costs = 'c.json'\n",
+            ":3",
+            "generated in [[tool.syncpass.models]] entry 1 must name a file inside the project",
+        ),
+        (
+            "[[tool.syncpass.models]]\nsource = '../../a.py'\ngenerated = 'b.py'\n"
+            "costs = 'c.json'\n",
+            ":2",
+            "source in [[tool.syncpass.models]] entry 1 must name a file inside the project",
+        ),
+        (
+            "[tool.syncpass]\nhardware = '../hw.toml'\n",
+            ":2",
+            "hardware must name a file inside the project",
+        ),
         ("[tool.syncpass\n", "", "not valid TOML"),
     ],
 )
@@ -197,3 +215,19 @@ def test_plan_reports_an_unknown_key_and_exits_2(
     assert main(["plan", "--costs", str(costs), "--config", str(config)]) == 2
     err = capsys.readouterr().err
     assert "sync.toml:1: unknown setting 'stage'" in err and "valid settings are" in err
+
+
+def test_a_config_path_through_a_symlink_out_of_the_project_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    project = tmp_path / "project"
+    outside = write(tmp_path / "elsewhere" / "site.pth", "import os\n")
+    write(project / "model.py", "")
+    (project / "build").symlink_to(outside.parent, target_is_directory=True)
+    text = "[[tool.syncpass.models]]\nsource = 'model.py'\ngenerated = 'build/site.pth'\n"
+    write(project / "pyproject.toml", text + "costs = 'c.json'\n")
+    monkeypatch.chdir(project)
+    with pytest.raises(SyncpassError) as caught:
+        load_project_config(Path("pyproject.toml"))
+    assert caught.value.location == "pyproject.toml:3"
+    assert f"which resolves to {outside}" in caught.value.message
