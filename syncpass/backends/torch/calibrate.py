@@ -314,6 +314,8 @@ def _measure(request: CalibrateRequest, rank: int) -> Measurements | None:
     import torch
     import torch.distributed as dist
 
+    from syncpass.backends.torch.rendezvous import join_local_group
+
     torch.set_num_threads(request.threads)
     if request.backend == "nccl":
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -326,13 +328,13 @@ def _measure(request: CalibrateRequest, rank: int) -> Measurements | None:
         torch.cuda.set_device(device)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(
+    join_local_group(
         request.backend,
-        init_method=f"tcp://127.0.0.1:{request.port}",
-        rank=rank,
-        world_size=request.procs,
-        timeout=timedelta(seconds=request.timeout_s),
-        device_id=device if device.type == "cuda" else None,
+        request.port,
+        rank,
+        request.procs,
+        timedelta(seconds=request.timeout_s),
+        device,
     )
 
     def sync() -> None:

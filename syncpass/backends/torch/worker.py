@@ -41,6 +41,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from syncpass.backends.torch import verify
 from syncpass.backends.torch.example import Example, load_example
+from syncpass.backends.torch.rendezvous import join_local_group
 from syncpass.backends.torch.traceable import values_past_the_next_stage
 from syncpass.core.errors import SyncpassError
 from syncpass.runtime.contracts import (
@@ -241,13 +242,8 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
     stage_modules = eager_stages(model, request)
     pipe = None if stage_modules else _trace(model, batch, request)
 
-    dist.init_process_group(
-        backend,
-        init_method=f"tcp://127.0.0.1:{request.port}",
-        rank=rank,
-        world_size=request.stages,
-        timeout=timedelta(seconds=request.timeout_s),
-        device_id=device if device.type == "cuda" else None,
+    join_local_group(
+        backend, request.port, rank, request.stages, timedelta(seconds=request.timeout_s), device
     )
     stage: _PipelineStageBase
     loss_fn = example.loss_fn
