@@ -29,7 +29,7 @@ from syncpass.contracts.config import SCHEDULES, strategy_names
 from syncpass.contracts.costs import Costs, load_costs
 from syncpass.contracts.hardware import profile_names
 from syncpass.core.errors import SyncpassError
-from syncpass.core.fileio import write_atomically
+from syncpass.core.fileio import refuse_clobbering, write_atomically
 from syncpass.core.plugins import backend_names
 from syncpass.core.units import seconds
 from syncpass.plan.planfile import dumps_plan, load_plan, plan_to_json
@@ -275,6 +275,7 @@ def _overrides(args: argparse.Namespace) -> Overrides:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    refuse_clobbering({"-o": args.output}, {"the cost file": args.costs})
     settings = resolve_settings(args.costs, _overrides(args))
     costs = settings.retarget(load_costs(args.costs))
     backend = load_backend(settings.backend)
@@ -404,6 +405,10 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     path = "<stdin>" if args.file == "-" else args.file
     if args.in_place and args.file == "-":
         raise SyncpassError("--in-place needs a file, not stdin")
+    refuse_clobbering(
+        {"-o": args.output, "--report": args.report},
+        {"the input file": args.file, "the cost file": args.costs, "the plan file": args.plan},
+    )
     settings = resolve_settings(
         Path.cwd() if args.file == "-" else Path(args.file), _overrides(args)
     )

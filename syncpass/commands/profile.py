@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from syncpass.commands.cliargs import EXIT_OK, count, positive_int
 from syncpass.core.errors import SyncpassError
-from syncpass.core.fileio import write_atomically
+from syncpass.core.fileio import refuse_clobbering, write_atomically
 from syncpass.core.plugins import DEFAULT_BACKEND, backend_names
 
 if TYPE_CHECKING:
@@ -156,6 +156,7 @@ def profile_command(args: argparse.Namespace) -> int:
     from syncpass.frontend.source import read_model_text
 
     file: Path = args.file
+    refuse_clobbering({"-o": args.output}, {"the model file": file})
     text = read_model_text(file)
     if args.meta and args.static:
         raise SyncpassError("--meta and --static are two ways of not running the model; choose one")

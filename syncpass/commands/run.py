@@ -20,7 +20,7 @@ from syncpass.backends.registry import load_backend
 from syncpass.commands.cliargs import EXIT_FOUND, EXIT_OK, positive_float, positive_int
 from syncpass.contracts.hardware import cpu_devices
 from syncpass.core.errors import SyncpassError
-from syncpass.core.fileio import write_atomically
+from syncpass.core.fileio import refuse_clobbering, write_atomically
 from syncpass.core.plugins import DEFAULT_BACKEND, backend_names
 from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
 from syncpass.runtime.example import example_for_file
@@ -152,6 +152,10 @@ def checked_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
             "no such file (FILE is the model source with its sync points)", str(file)
         )
     report: Path | None = args.json_report
+    refuse_clobbering(
+        {"--json-report": report},
+        {"the model file": file, "the cost file": getattr(args, "costs", None)},
+    )
     if report is not None and not report.parent.is_dir():
         raise SyncpassError("the folder for --json-report does not exist", str(report))
     timeline: Path | None = getattr(args, "timeline", None)

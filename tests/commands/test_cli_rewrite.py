@@ -172,6 +172,37 @@ def test_unwritable_targets_exit_2(
     assert "--diff prints the change instead of writing it" in capsys.readouterr().err
 
 
+def test_outputs_never_replace_what_the_command_reads(
+    model: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, costs = model
+    link = tmp_path / "link.py"
+    link.symlink_to(source)
+    read_only = tmp_path / "locked.py"
+    read_only.write_text("# mine\n")
+    read_only.chmod(0o444)
+    before = {path: path.read_bytes() for path in (source, costs, read_only)}
+    planning = ["--costs", str(costs), "--stages", "3"]
+    cases = [
+        (["rewrite", str(source), *planning, "-o", str(source)], "-o names the input file"),
+        (["rewrite", str(source), *planning, "-o", str(link)], "-o names the input file"),
+        (["rewrite", str(source), *planning, "-o", str(costs)], "-o names the cost file"),
+        (["rewrite", str(source), *planning, "--report", str(source)], "--report names the"),
+        (["rewrite", str(source), *planning, "-o", str(read_only)], "is read-only"),
+        (["plan", *planning, "-o", str(costs)], "-o names the cost file"),
+        (["profile", str(source), "--example", f"{source}:x", "-o", str(link)], "-o names the"),
+    ]
+    for argv, message in cases:
+        backend = ["--backend", "torch"] if argv[0] == "rewrite" else []
+        assert main([*argv, *backend]) == 2, argv
+        err = capsys.readouterr().err
+        assert "syncpass: error: " in err and message in err, (argv, err)
+        assert {path: path.read_bytes() for path in before} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["model.py", "model.costs.json", "link.py", "locked.py"]
+    )
+
+
 def test_a_cost_file_survives_edits_above_the_forward(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -57,4 +57,3 @@ def join_local_group(
         timeout=timeout,
         device_id=device if device is not None and device.type == "cuda" else None,
     )
-
