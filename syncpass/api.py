@@ -33,7 +33,7 @@ import libcst as cst
 from syncpass.backends.registry import load_backend
 from syncpass.contracts.config import SyncConfig, sync_config_from_mapping
 from syncpass.contracts.costs import Costs, load_costs
-from syncpass.core.errors import SyncpassError
+from syncpass.core.errors import SyncpassError, unexpected_error
 from syncpass.core.plugins import DEFAULT_BACKEND
 from syncpass.plan.planner import Plan, PlanRequest
 from syncpass.rewrite.driver import rewrite_text
@@ -101,6 +101,8 @@ def rewrite_source(
         return _failed(code, error)
     except ValueError as error:  # a request out of range (stages < 1, unknown schedule)
         return _failed(code, SyncpassError(str(error), path))
+    except Exception as error:  # the API never raises: a crash is a failure too
+        return _failed(code, unexpected_error(error, path))
     return ApiResult(result.rewritten, module, result.plan, result.warnings, None, result.changed)
 
 
@@ -147,6 +149,6 @@ def _config(given: SyncConfig | Mapping[str, Any] | None, base: SyncConfig) -> S
 def _failed(code: str, error: SyncpassError) -> ApiResult:
     try:
         module = cst.parse_module(code)
-    except cst.ParserSyntaxError:
+    except Exception:  # unparseable, or too deep to parse
         module = cst.Module(body=[])
     return ApiResult(code, module, None, (), error)

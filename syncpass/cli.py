@@ -24,11 +24,18 @@ from syncpass.backends.spec import (
     EstimateRequest,
     MeasureRequest,
 )
-from syncpass.commands.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
+from syncpass.commands.cliargs import (
+    EXIT_ERROR,
+    EXIT_FOUND,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    positive_int,
+    threshold,
+)
 from syncpass.contracts.config import SCHEDULES, strategy_names
 from syncpass.contracts.costs import Costs, load_costs
 from syncpass.contracts.hardware import profile_names
-from syncpass.core.errors import SyncpassError
+from syncpass.core.errors import SyncpassError, unexpected_error
 from syncpass.core.fileio import refuse_clobbering, write_atomically
 from syncpass.core.plugins import backend_names
 from syncpass.core.units import seconds
@@ -492,11 +499,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         status: int = args.handler(args)
+        sys.stdout.flush()  # a full device fails here, not after the exit status is set
     except SyncpassError as error:
         print(f"syncpass: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     except BrokenPipeError:  # e.g. `syncpass plan ... | head`
         return EXIT_OK
+    except KeyboardInterrupt:
+        print("syncpass: interrupted; nothing was written", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as error:  # the file system (a full device under stdout), not a bug
+        where = error.filename or "standard output"
+        print(f"syncpass: error: {where}: cannot write: {error.strerror or error}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as error:  # a crash is an error (2), never a finding (1)
+        where = str(getattr(args, "file", None) or "")
+        print(f"syncpass: error: {unexpected_error(error, where)}", file=sys.stderr)
+        return EXIT_ERROR
     return status
 
 

@@ -86,19 +86,33 @@ def _site_order(site: SyncSite) -> tuple[int, int]:
 def add_import(module: cst.Module, context: CodemodContext, item: ImportItem) -> cst.Module:
     """Add ``item`` where AddImportsVisitor puts it, looking only at the module's leading imports.
 
-    A model file of thousands of lines is not walked again for one import.
+    A model file of thousands of lines is not walked again for one import. The visitor
+    sees only the last run of imports among the leading simple statements, so the import
+    goes after it: shown a docstring or code above the imports (``VERSION = 2`` above
+    ``import torch``), it would put the import above that code and space the code down,
+    which removing the import could not undo.
     """
+
+    def is_import(statement: cst.BaseStatement) -> bool:
+        return isinstance(statement, cst.SimpleStatementLine) and any(
+            isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body
+        )
+
     cut = 0
     for index, statement in enumerate(module.body):
-        if isinstance(statement, cst.SimpleStatementLine):
-            if any(isinstance(small, (cst.Import, cst.ImportFrom)) for small in statement.body):
-                cut = index + 1
-        else:
+        if not isinstance(statement, cst.SimpleStatementLine):
             break
-    head = module.with_changes(body=module.body[:cut])
+        if is_import(statement):
+            cut = index + 1
+    start = cut
+    while start > 0 and is_import(module.body[start - 1]):
+        start -= 1
+    head = module.with_changes(body=module.body[start:cut])
     visitor = AddImportsVisitor(context, [item])
     new_head = head.visit(visitor)
-    return module.with_changes(header=new_head.header, body=(*new_head.body, *module.body[cut:]))
+    return module.with_changes(
+        header=new_head.header, body=(*module.body[:start], *new_head.body, *module.body[cut:])
+    )
 
 
 class InsertSyncPointsCommand(VisitorBasedCodemodCommand):

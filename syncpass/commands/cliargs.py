@@ -9,6 +9,7 @@ import math
 EXIT_OK = 0
 EXIT_FOUND = 1  # --check found work to do; --verify found a mismatch
 EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 
 
 def positive_int(text: str) -> int:

@@ -54,3 +54,34 @@ class SplitRefused(SyncpassError):
 
     def __reduce__(self) -> tuple[type[SyncpassError], tuple[str, ...]]:
         return (type(self), (self.message, self.location, self.after))
+
+
+#: Where a crash of syncpass itself is to be reported.
+REPORT_HINT = "this is a bug in syncpass: please report it with the command and the input"
+
+
+def unexpected_error(error: BaseException, location: str = "") -> SyncpassError:
+    """A :class:`SyncpassError` for an exception syncpass did not expect, so every entry
+    point reports it as an error (exit 2), never as a traceback or a finding: too deep an
+    input and too large a one say so; anything else is an internal error with where it
+    was raised and :data:`REPORT_HINT`."""
+    if isinstance(error, RecursionError):
+        return SyncpassError(
+            "the input is nested too deeply for syncpass to follow (Python's recursion "
+            "limit); split the expression or the structure into smaller ones",
+            location,
+        )
+    if isinstance(error, MemoryError):
+        return SyncpassError("the input needs more memory than this machine has", location)
+    frame = error.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    raised = ""
+    if frame is not None:
+        code = frame.tb_frame.f_code
+        raised = (
+            f" (raised in {code.co_name}, {code.co_filename.rsplit('/', 1)[-1]}:{frame.tb_lineno})"
+        )
+    return SyncpassError(
+        f"internal error: {type(error).__name__}: {error}{raised}; {REPORT_HINT}", location
+    )

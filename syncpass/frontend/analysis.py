@@ -918,10 +918,8 @@ def _exposed_reads(body: cst.BaseSuite) -> list[str]:
 def _comment_of(statement: cst.BaseStatement) -> str:
     if isinstance(statement, cst.SimpleStatementLine):
         comment = statement.trailing_whitespace.comment
-    elif isinstance(statement, cst.BaseCompoundStatement) and isinstance(
-        statement.body, cst.IndentedBlock
-    ):
-        comment = statement.body.header.comment
+    elif isinstance(body := getattr(statement, "body", None), cst.IndentedBlock):
+        comment = body.header.comment  # a compound statement's (a match has cases, no body)
     else:
         comment = None
     return comment.value if comment is not None else ""
@@ -1006,6 +1004,8 @@ _REGION_REASONS = {
     cst.While: "a while loop: its trip count can depend on the data",
     cst.With: "a with block: a sync point inside would cross its context",
     cst.Try: "a try statement",
+    cst.TryStar: "a try statement",
+    cst.Match: "a match statement: which case runs can depend on the data",
     cst.For: "a loop over something other than a layer container of known length",
     cst.FunctionDef: "a nested function definition",
     cst.ClassDef: "a nested class definition",

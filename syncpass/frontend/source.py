@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
@@ -27,6 +28,36 @@ def decode_source(data: bytes, name: str) -> str:
         ) from None
 
 
+BOM = "\ufeff"
+
+
+@dataclass(frozen=True)
+class SourceForm:
+    """What a source's bytes carry that libcst does not give back, taken off before the
+    pass and put back on what it writes, so an unchanged file comes back byte for byte:
+    a UTF-8 byte-order mark, and CR-only line endings (classic Mac OS)."""
+
+    bom: bool = False
+    cr_only: bool = False
+
+    @classmethod
+    def of(cls, text: str) -> tuple[SourceForm, str]:
+        """The form of ``text``, and ``text`` without it (a BOM off, ``\\r`` as ``\\n``)."""
+        bom = text.startswith(BOM)
+        if bom:
+            text = text[len(BOM) :]
+        cr_only = "\r" in text and "\n" not in text
+        if cr_only:
+            text = text.replace("\r", "\n")
+        return cls(bom, cr_only), text
+
+    def restore(self, text: str) -> str:
+        """``text`` in this form again."""
+        if self.cr_only:
+            text = text.replace("\n", "\r")
+        return BOM + text if self.bom else text
+
+
 def read_model_text(path: str | Path) -> str:
     """The text of a model source file, or ``-`` for stdin, with errors that name it."""
     if str(path) == "-":
@@ -47,10 +78,11 @@ def parse_source(text: str, name: str) -> cst.Module:
 
     Python's own parser words syntax errors best and places them exactly, so
     when libcst refuses the text, the message and line come from ``ast``
-    where it agrees the text is invalid.
+    where it agrees the text is invalid; text libcst reads but the running
+    interpreter does not is refused too.
     """
     try:
-        return cst.parse_module(text)
+        module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
         try:
             ast.parse(text)
@@ -66,6 +98,19 @@ def parse_source(text: str, name: str) -> cst.Module:
             f"syntax libcst cannot read, at column {error.raw_column + 1}: {message}",
             f"{name}:{error.raw_line}",
         ) from None
+    # libcst reads newer Python than the interpreter that runs the model may (3.12's
+    # `type X = ...` under 3.11, more than 200 nested parentheses): as black does, the
+    # running interpreter's own parser has the last word.
+    try:
+        ast.parse(text.removeprefix(BOM))
+    except SyntaxError as python_error:
+        raise SyncpassError(
+            f"syntax error at column {python_error.offset or 1}: {python_error.msg} (Python "
+            f"{sys.version_info.major}.{sys.version_info.minor}, which runs the model, "
+            "cannot read it)",
+            f"{name}:{python_error.lineno or 1}",
+        ) from None
+    return module
 
 
 def read_source(path: str | Path) -> tuple[str, cst.Module]:

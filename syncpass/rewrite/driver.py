@@ -28,6 +28,7 @@ from syncpass.contracts.graph import OpGraph
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
 from syncpass.frontend.match import match_costs, steer_by_source
+from syncpass.frontend.source import SourceForm
 from syncpass.plan.planner import Plan, PlanRequest, plan_for
 from syncpass.rewrite.source import KnownOps, ModelSource, SyncWriter
 from syncpass.transformers.common import SyncSite
@@ -161,7 +162,27 @@ def rewrite_text(
 ) -> RewriteResult:
     """Plan the model in ``text`` from ``costs`` (or apply the saved ``plan``) and write its
     sync points with ``backend``. Raises :class:`SyncpassError` for bad input; writes nothing.
+
+    A byte-order mark and CR-only line endings are taken off before the pass and put
+    back on its output (:class:`SourceForm`).
     """
+    form, plain = SourceForm.of(text)
+    result = _rewrite_plain(plain, path, backend, request, costs, class_name, max_stages, plan)
+    if plain == text:
+        return result
+    return dataclasses.replace(result, original=text, rewritten=form.restore(result.rewritten))
+
+
+def _rewrite_plain(
+    text: str,
+    path: str,
+    backend: SyncWriter,
+    request: PlanRequest | None,
+    costs: Costs | None,
+    class_name: str | None,
+    max_stages: int | None,
+    plan: Plan | None,
+) -> RewriteResult:
     if plan is not None:
         known = KnownOps(plan.model, tuple(op for stage in plan.stages for op in stage.ops))
         source = backend.analyse(text, path, known, class_name)

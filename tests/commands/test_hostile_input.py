@@ -1,0 +1,145 @@
+"""Unusual and hostile input, as a fuzz campaign found it: each is exit 2 naming file:line
+and the reason, or it works; never a traceback, never exit 1 (which a pre-commit hook
+reads as "stale file"), never the input changed, never a file written on error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from syncpass.cli import main
+
+MODEL = """\
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+        self.c = nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.a(x)
+        x = self.b(x)
+        x = self.c(x)
+        return x
+"""
+
+MATCH = """\
+        match self.mode:
+            case "a":
+                x = self.b(x)
+            case _:
+                x = x * 2
+"""
+
+
+def rewrite(source: Path, stages: int, *extra: str) -> list[str]:
+    out = source.with_name(f"{source.stem}_sync.py")
+    return [
+        "rewrite",
+        str(source),
+        "--input-shape",
+        "4x8",
+        "--stages",
+        str(stages),
+        "-o",
+        str(out),
+        *extra,
+    ]
+
+
+def written(source: Path) -> Path:
+    return source.with_name(f"{source.stem}_sync.py")
+
+
+@pytest.mark.parametrize(
+    ("name", "data"),
+    [
+        ("bom", b"\xef\xbb\xbf" + MODEL.encode()),
+        ("cr_only", MODEL.replace("\n", "\r").encode()),
+        ("crlf", MODEL.replace("\n", "\r\n").encode()),
+        ("code_before_imports", b'"""A model."""\nVERSION = 2\n' + MODEL.encode()),
+    ],
+    ids=["bom", "cr_only", "crlf", "code_before_imports"],
+)
+@pytest.mark.parametrize("backend", ["torch_stages", "torch"])
+def test_valid_python_in_any_form_comes_back_byte_for_byte_at_one_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], name: str, data: bytes, backend: str
+) -> None:
+    source = tmp_path / f"{name}.py"
+    source.write_bytes(data)
+    assert main([*rewrite(source, 1), "--backend", backend]) == 0, capsys.readouterr().err
+    assert written(source).read_bytes() == data
+    # Split, the output keeps the form: the mark, the line endings, and it parses.
+    assert main([*rewrite(source, 2), "--backend", backend]) == 0, capsys.readouterr().err
+    out = written(source).read_bytes()
+    assert out.startswith(b"\xef\xbb\xbf") == data.startswith(b"\xef\xbb\xbf")
+    if name == "cr_only":
+        assert b"\n" not in out and out.count(b"\r") > data.count(b"\r")
+    compile(out, str(source), "exec")
+    assert source.read_bytes() == data
+
+
+def test_a_match_statement_in_forward_is_a_region(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "matching.py"
+    text = MODEL.replace("        x = self.b(x)\n", MATCH).replace(
+        "        super().__init__()\n", "        super().__init__()\n        self.mode = 'a'\n"
+    )
+    source.write_text(text)
+    assert main(rewrite(source, 2)) == 0
+    err = capsys.readouterr().err
+    assert f"no sync point inside {source}:15-19: a match statement" in err
+    assert "match self.mode:" in written(source).read_text()
+
+
+@pytest.mark.parametrize(
+    ("change", "line", "message"),
+    [
+        (("class Net", "type Width = int\n\n\nclass Net"), 5, "syntax error at column"),
+        (("self.c(x)", "self.c(" + "(" * 250 + "x" + ")" * 250 + ")"), 15, "too many nested"),
+        (("x = self.a(x)", "x = self.a([" * 300 + "x" + "])" * 300), 13, "too many nested"),
+    ],
+)
+def test_python_this_interpreter_cannot_read_is_a_syntax_error(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    change: tuple[str, str],
+    line: int,
+    message: str,
+) -> None:
+    source = tmp_path / "newer.py"
+    source.write_text(MODEL.replace(*change))
+    if sys.version_info >= (3, 12) and "type Width" in change[1]:
+        pytest.skip("3.12 reads `type` statements")
+    for stages in (1, 2):
+        assert main(rewrite(source, stages)) == 2
+        err = capsys.readouterr().err
+        assert f"syncpass: error: {source}:{line}: " in err and message in err, err
+        assert not written(source).exists()
+
+
+def test_an_expression_too_deep_to_follow_is_an_error_not_a_traceback(tmp_path: Path) -> None:
+    source = tmp_path / "terms.py"
+    source.write_text(MODEL.replace("self.c(x)", "self.c(x" + " + x" * 3000 + ")"))
+    done = subprocess.run(
+        [sys.executable, "-m", "syncpass", *rewrite(source, 2)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=120,
+    )
+    assert done.returncode in (0, 2), done.stderr
+    assert "Traceback" not in done.stderr
+    if done.returncode == 2:
+        assert f"syncpass: error: {source}: " in done.stderr
+        assert "nested too deeply" in done.stderr
+        assert not written(source).exists()
