@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 from syncpass.backends.registry import load_backend
 from syncpass.commands.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_int, threshold
 from syncpass.contracts.config import strategy_names
-from syncpass.core.errors import SyncpassError
+from syncpass.core.errors import SyncpassError, unexpected_error
 from syncpass.core.fileio import write_atomically
 from syncpass.settings.project import (
     ModelEntry,
@@ -122,6 +122,8 @@ def run_check(request: CheckRequest) -> CheckResult:
                 outcomes.append(_check_entry(item.project, entry, request))
             except SyncpassError as error:
                 errors.append(error)
+            except Exception as error:  # a crash on one entry is its error; go on
+                errors.append(unexpected_error(error, shown(entry.source)))
         lint = load_backend(item.project.backend).lint if request.lint else None
         if lint is None:  # --no-lint, or a backend without a lint
             continue
@@ -134,6 +136,8 @@ def run_check(request: CheckRequest) -> CheckResult:
                 linted.append(path)
             except SyncpassError as error:
                 errors.append(error)
+            except Exception as error:  # a crash on one file is its error; go on
+                errors.append(unexpected_error(error, shown(path)))
     return CheckResult(tuple(outcomes), tuple(findings), tuple(errors), tuple(linted))
 
 

@@ -65,13 +65,18 @@ def unexpected_error(error: BaseException, location: str = "") -> SyncpassError:
     point reports it as an error (exit 2), never as a traceback or a finding: too deep an
     input and too large a one say so; anything else is an internal error with where it
     was raised and :data:`REPORT_HINT`."""
-    if isinstance(error, RecursionError):
+    causes: list[BaseException] = []
+    cause: BaseException | None = error
+    while cause is not None and len(causes) < 20:  # a crash while handling one: its cause
+        causes.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    if any(isinstance(cause, RecursionError) for cause in causes):
         return SyncpassError(
             "the input is nested too deeply for syncpass to follow (Python's recursion "
             "limit); split the expression or the structure into smaller ones",
             location,
         )
-    if isinstance(error, MemoryError):
+    if any(isinstance(cause, MemoryError) for cause in causes):
         return SyncpassError("the input needs more memory than this machine has", location)
     frame = error.__traceback__
     while frame is not None and frame.tb_next is not None:
@@ -82,6 +87,12 @@ def unexpected_error(error: BaseException, location: str = "") -> SyncpassError:
         raised = (
             f" (raised in {code.co_name}, {code.co_filename.rsplit('/', 1)[-1]}:{frame.tb_lineno})"
         )
+    try:
+        said = str(error)
+    except Exception:  # a message that cannot be made (too deep a tree to print)
+        said = "(no message)"
+    if len(said) > 300:
+        said = said[:300] + "..."
     return SyncpassError(
-        f"internal error: {type(error).__name__}: {error}{raised}; {REPORT_HINT}", location
+        f"internal error: {type(error).__name__}: {said}{raised}; {REPORT_HINT}", location
     )

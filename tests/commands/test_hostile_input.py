@@ -143,3 +143,85 @@ def test_an_expression_too_deep_to_follow_is_an_error_not_a_traceback(tmp_path: 
         assert f"syncpass: error: {source}: " in done.stderr
         assert "nested too deeply" in done.stderr
         assert not written(source).exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("change"),
+    [
+        (
+            "def __init__(self):",
+            "def __init__(self, act=functools.partial(nn.GELU, approximate='tanh')):",
+        ),
+        ("def forward(self, x):", "def forward(self, *args):\n        x = args[0]"),
+        (
+            "class Net",
+            "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n\n\nDEPTH = fib(35)\n\n\nclass Net",
+        ),
+        (
+            "self.a = nn.Linear(8, 8)",
+            "self.s = 'a' * 100000 * 100000\n        self.a = nn.Linear(8, 8)",
+        ),
+        ("self.a = nn.Linear(8, 8)", "self.k = 99999**99999\n        self.a = nn.Linear(8, 8)"),
+        (
+            "self.a = nn.Linear(8, 8)",
+            "self.s = [[[i * j for i in range(99)] for j in range(99)] for k in range(99)]\n"
+            "        self.a = nn.Linear(8, 8)",
+        ),
+    ],
+    ids=[
+        "partial_default",
+        "star_args",
+        "fib_constant",
+        "huge_string",
+        "huge_power",
+        "comprehension",
+    ],
+)
+def test_the_static_estimate_stays_within_its_budget_and_sizes_what_it_can(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], change: tuple[str, str]
+) -> None:
+    source = tmp_path / "odd.py"
+    source.write_text("import functools\n" + MODEL.replace(*change))
+    assert main(rewrite(source, 2)) == 0, capsys.readouterr().err
+    assert "syncpass: wrote" in capsys.readouterr().err
+
+
+def test_check_reports_a_crash_on_one_file_as_an_error_and_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    deep = tmp_path / "deep.py"
+    deep.write_text(MODEL.replace("self.c(x)", "self.c(x" + " + x" * 500 + ")"))
+    fine = tmp_path / "fine.py"
+    fine.write_text(MODEL)
+    assert main(["check", str(deep), str(fine)]) == 2
+    err = capsys.readouterr().err
+    assert f"syncpass: error: {deep}: the input is nested too deeply" in err
+    assert "Traceback" not in err and "1 linted file(s)" in err
+
+
+def test_a_config_nested_too_deeply_is_an_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "pyproject.toml").write_text("[tool.syncpass]\nstages = " + "[" * 2000 + "]" * 2000)
+    (tmp_path / "m.py").write_text(MODEL)
+    monkeypatch.chdir(tmp_path)
+    assert main(["check", "m.py"]) == 2
+    assert "syncpass: error: " in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
+def test_a_full_standard_output_is_an_error(tmp_path: Path) -> None:
+    source = tmp_path / "model.py"
+    source.write_text(MODEL)
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(
+            [sys.executable, "-m", "syncpass", *rewrite(source, 2)[:-2]],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    assert done.returncode == 2, done.stderr
+    assert "cannot write: No space left on device" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -101,7 +101,14 @@ def estimate_costs(
     model_def = find_forward(module, class_name or _root_model_class(module), path)
     name = model_def.class_name
     interp = Interpreter(module, path, training)
-    model = interp.instantiate(model_def.classdef, [], {}, f"{name}()")
+    try:
+        model = interp.instantiate(model_def.classdef, [], {}, f"{name}()")
+    except Unsized as error:
+        raise SyncpassError(
+            f"cannot build {name}() from its source: its constructor {error.reason}; "
+            "profile it with --example (or --meta) instead",
+            path,
+        ) from None
 
     sizes: dict[str, int] = {}
     for container in loop_containers(module, name, path):

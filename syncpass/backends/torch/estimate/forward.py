@@ -137,6 +137,7 @@ class ForwardRun:
     def run_op(self, op: Op, statement: cst.BaseStatement) -> OpFigures:
         interp = self.interp
         interp.counter = Counter()
+        interp.steps = 0  # each op has its own budget
         reason: str | None = None
         if self.finished:
             reason = "runs after the forward has returned"

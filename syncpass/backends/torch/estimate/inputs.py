@@ -136,7 +136,7 @@ def bind_inputs(
     )
     frame: dict[str, object] = {"self": model, "__self__": model}
     frame["__class__"] = ClassRef(model.classdef)
-    for name, shape, kind in zip(bound, shapes, kinds, strict=True):
+    for name, shape, kind in zip(bound, shapes[: len(bound)], kinds, strict=True):
         frame[name] = Tensor(tuple(shape), kind)
     if isinstance(star, cst.Param):  # forward(self, *inputs): the rest, as floats
         frame[star.name.value] = tuple(Tensor(tuple(shape)) for shape in shapes[len(bound) :])

@@ -71,6 +71,10 @@ _RECURSION_LIMIT = 40
 _PYTHON_ERRORS = (ArithmeticError, LookupError, TypeError, ValueError, RecursionError)
 #: Longest loop or list the interpreter builds, and largest exponent it computes.
 _MAX_ITEMS = 100_000
+#: Most expressions one unit of work evaluates (a module constant, the model's
+#: construction, one op of the forward): past it, that unit is unsized, so a few lines of
+#: constants (``fib(35)``, nested comprehensions) cannot run for minutes.
+MAX_STEPS = 1_000_000
 #: Methods of a module that register an attribute: the keyword of the value.
 _REGISTERS = {"register_buffer": "tensor", "register_parameter": "param", "add_module": "module"}
 _INSTANCE_METHODS = frozenset({*_REGISTERS, "parameters", "modules", "children"})
@@ -86,6 +90,7 @@ class Interpreter:
         self.imports = ImportAliases.of(module, set())
         self.counter = Counter()
         self.depth = 0
+        self.steps = 0  # expressions evaluated in this unit of work (see MAX_STEPS)
         self._positions: Mapping[cst.CSTNode, CodeRange] | None = None
         self.globals: dict[str, object] = {}
         self.classes: dict[str, cst.ClassDef] = {}
@@ -109,6 +114,7 @@ class Interpreter:
             if isinstance(small, cst.Assign)
             else [small.target]
         )
+        self.steps = 0
         try:
             value = self.eval(small.value, {})
         except Unsized as error:
@@ -315,6 +321,9 @@ class Interpreter:
     # --- expressions -------------------------------------------------------------------------
 
     def eval(self, node: cst.BaseExpression, frame: dict[str, object]) -> object:
+        self.steps += 1
+        if self.steps > MAX_STEPS:
+            raise Unsized(f"takes more than {MAX_STEPS:,} steps to follow")
         if isinstance(node, cst.Name):
             return self.lookup(node.value, frame)
         if isinstance(node, cst.Integer):
@@ -690,7 +699,7 @@ class Interpreter:
             elif key in kwargs:
                 frame[key] = kwargs.pop(key)
             elif param.default is not None:
-                frame[key] = self.eval(param.default, {})
+                frame[key] = self._default(param.default)
             else:
                 frame[key] = Opaque(f"{name}() was called without its argument {key!r}")
         extra = args[len(positional) :]
@@ -703,11 +712,19 @@ class Interpreter:
             if key in kwargs:
                 frame[key] = kwargs.pop(key)
             elif param.default is not None:
-                frame[key] = self.eval(param.default, {})
+                frame[key] = self._default(param.default)
             else:
                 frame[key] = Opaque(f"{name}() was called without its argument {key!r}")
         if params.star_kwarg is not None:
             frame[params.star_kwarg.name.value] = dict(kwargs)
+
+    def _default(self, default: cst.BaseExpression) -> object:
+        """A parameter's default, or an unknown value when it cannot be evaluated
+        (``functools.partial(nn.GELU, ...)``, an enum member): unsized only where used."""
+        try:
+            return self.eval(default, {})
+        except Unsized as error:
+            return Opaque(error.reason)
 
     def instantiate(
         self, classdef: cst.ClassDef, args: list[object], kwargs: dict[str, object], text: str
@@ -972,10 +989,16 @@ class Interpreter:
 def _too_large(name: str, left: object, right: object) -> bool:
     """A power, shift or sequence repetition that would take long or fill memory."""
     big = any(isinstance(side, int) and abs(side) > _MAX_ITEMS for side in (left, right))
+    if name == "Power" and isinstance(left, int) and isinstance(right, int):
+        return big or abs(left).bit_length() * right > 64 * _MAX_ITEMS  # the result's bits
     if name in ("Power", "LeftShift"):
         return big
-    sequence = any(isinstance(side, (str, list, tuple)) for side in (left, right))
-    return name == "Multiply" and big and sequence
+    if name != "Multiply":
+        return False
+    for sequence, times in ((left, right), (right, left)):
+        if isinstance(sequence, (str, list, tuple)) and isinstance(times, int):
+            return big or len(sequence) * times > _MAX_ITEMS
+    return False
 
 
 def _is_dataclass(classdef: cst.ClassDef) -> bool:
