@@ -29,6 +29,7 @@ from syncpass.commands.cliargs import (
     EXIT_FOUND,
     EXIT_INTERRUPTED,
     EXIT_OK,
+    add_example_timeout,
     positive_int,
     threshold,
 )
@@ -43,6 +44,8 @@ from syncpass.plan.planfile import dumps_plan, load_plan, plan_to_json
 from syncpass.plan.planner import Plan, PlanRequest, compare_baselines, plan_for
 from syncpass.plan.report import render_plan, render_sweep
 from syncpass.plan.retarget import sweep_batch, sweep_to_json
+from syncpass.runtime.example import example_location
+from syncpass.runtime.guard import call_guarded
 from syncpass.settings.resolve import Overrides, Settings, resolve_settings
 
 if TYPE_CHECKING:
@@ -243,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         "jax.device_put transfers in a JAX function or a Flax module's __call__ "
         "(docs/jax.md); others: installed packages' (docs/plugin.md)",
     )
+    add_example_timeout(rewrite)
     rewrite.set_defaults(handler=_run_rewrite)
 
     # Imported here, not at the top: `plan` must start without them (they add
@@ -364,14 +368,19 @@ def _rewrite_costs(
     if args.file == "-":
         raise SyncpassError("--example needs the model file itself, not stdin")
     measure = backend.need("measure", "give its cost file with --costs")
-    measured = measure(
+    measured = call_guarded(
+        measure,
         MeasureRequest(
             file=Path(args.file),
             text=text,
             example=args.example,
             model=settings.model,
             depth=args.depth,
-        )
+        ),
+        what="the example",
+        timeout_s=args.timeout,
+        preload=backend.preload,
+        location=example_location(args.file, args.example),
     )
     return settings.retarget(measured)
 
@@ -438,7 +447,7 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     refusals: tuple[str, ...] = ()
     if backend.confirm is not None and args.plan is None and args.example is not None:
         result, refusals = confirmed_rewrite(
-            backend, backend.confirm, result, costs, settings, path, args.example
+            backend, backend.confirm, result, costs, settings, path, args.example, args.timeout
         )
     points = len(result.plan.sync_points)
     summary = (

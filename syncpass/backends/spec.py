@@ -145,6 +145,9 @@ class Backend:
     schedules: tuple[str, ...] = ()
     carries_values: bool = False
     refused_kinds: tuple[str, ...] = ()
+    #: Modules the process that runs the user's example imports ahead of time (a fork
+    #: server's preload, :func:`syncpass.runtime.guard.call_guarded`).
+    preload: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.isidentifier():

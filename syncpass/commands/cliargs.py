@@ -12,6 +12,20 @@ EXIT_ERROR = 2
 EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 
 
+def add_example_timeout(parser: argparse.ArgumentParser) -> None:
+    """``--timeout S``: how long the user's example may run (:mod:`syncpass.runtime.guard`)."""
+    from syncpass.runtime.guard import DEFAULT_TIMEOUT_S
+
+    parser.add_argument(
+        "--timeout",
+        type=positive_float,
+        default=DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help="with --example: stop the example's process and fail after S seconds (default "
+        f"{DEFAULT_TIMEOUT_S:g}); it runs in a process of its own",
+    )
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a whole number >= 1."""
     return _whole(text, minimum=1)

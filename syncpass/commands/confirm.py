@@ -19,19 +19,30 @@ from syncpass.backends.spec import Backend, Confirm, Confirmation
 from syncpass.contracts.costs import Costs
 from syncpass.core.errors import InfeasibleError, SplitRefused, SyncpassError
 from syncpass.rewrite.driver import RewriteResult, rewrite_text
+from syncpass.runtime.example import example_location
+from syncpass.runtime.guard import call_guarded
 from syncpass.settings.resolve import Settings
 
 #: How many sync points the engine's splitter may refuse before ``rewrite`` gives up.
 MAX_REFUSALS = 4
 
 
-def confirm_split(confirm: Confirm, result: RewriteResult, path: str, example: str) -> None:
-    """Split the rewritten model with the engine's own splitter; raises when it cannot."""
+def confirm_split(
+    backend: Backend,
+    confirm: Confirm,
+    result: RewriteResult,
+    path: str,
+    example: str,
+    timeout_s: float,
+) -> None:
+    """Split the rewritten model with the engine's own splitter (on the example, in a
+    process of its own); raises when it cannot."""
     if len(result.plan.stages) < 2:
         return
     print("syncpass: confirming the split with torch's tracer", file=sys.stderr)
     where = {op.id: str(op.location) for op in result.graph.ops}
-    confirm(
+    call_guarded(
+        confirm,
         Confirmation(
             text=result.rewritten,
             path=path,
@@ -40,7 +51,11 @@ def confirm_split(confirm: Confirm, result: RewriteResult, path: str, example: s
             sync_points=tuple(
                 (point.after, where.get(point.after, path)) for point in result.plan.sync_points
             ),
-        )
+        ),
+        what="the example (split by torch's tracer)",
+        timeout_s=timeout_s,
+        preload=backend.preload,
+        location=example_location(path, example),
     )
 
 
@@ -52,13 +67,14 @@ def confirmed_rewrite(
     settings: Settings,
     path: str,
     example: str,
+    timeout_s: float,
 ) -> tuple[RewriteResult, tuple[str, ...]]:
     """The rewrite once the engine's splitter takes it, and a note per sync point it
     refused. When planning again fails too, the error is the first refusal, then why."""
     refused: list[SplitRefused] = []
     while True:
         try:
-            confirm_split(confirm, result, path, example)
+            confirm_split(backend, confirm, result, path, example, timeout_s)
             break
         except SplitRefused as refusal:
             pinned = {point.after for point in result.plan.sync_points if point.pinned}

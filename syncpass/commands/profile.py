@@ -17,10 +17,12 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from syncpass.commands.cliargs import EXIT_OK, count, positive_int
+from syncpass.commands.cliargs import EXIT_OK, add_example_timeout, count, positive_int
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import refuse_clobbering, write_atomically
 from syncpass.core.plugins import DEFAULT_BACKEND, backend_names
+from syncpass.runtime.example import example_location
+from syncpass.runtime.guard import call_guarded
 
 if TYPE_CHECKING:
     from syncpass.contracts.costs import Costs
@@ -132,6 +134,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         help="with --static: the hardware profile whose FLOP/s turns FLOPs into time "
         "(default cpu-gloo-loopback)",
     )
+    add_example_timeout(profile)
     profile.set_defaults(handler=profile_command)
     return profile  # type: ignore[no-any-return]
 
@@ -184,7 +187,8 @@ def profile_command(args: argparse.Namespace) -> int:
         )
     else:
         measure = backend.need("measure", "give its cost file to plan and rewrite instead")
-        costs = measure(
+        costs = call_guarded(
+            measure,
             MeasureRequest(
                 file=file,
                 text=text,
@@ -195,7 +199,11 @@ def profile_command(args: argparse.Namespace) -> int:
                 threads=args.threads,
                 depth=args.depth,
                 meta=args.hardware if args.meta else None,
-            )
+            ),
+            what="the example",
+            timeout_s=args.timeout,
+            preload=backend.preload,
+            location=example_location(file, args.example),
         )
     document = json.dumps(costs_to_json(costs), indent=2) + "\n"
     if args.output == "-":

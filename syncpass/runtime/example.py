@@ -169,3 +169,10 @@ def example_for_file(file: str | Path, example: str) -> str:
         return f"{file}:{example}"
     split_spec(example)  # fails early, with the expected forms, on a malformed spec
     return example
+
+
+def example_location(file: str | Path, example: str) -> str:
+    """Where an ``--example`` is, for messages: its file (or module)."""
+    if ":" not in example and not is_path(example):
+        return str(file)
+    return example.rpartition(":")[0] or str(file)

@@ -225,3 +225,62 @@ def test_a_full_standard_output_is_an_error(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert "cannot write: No space left on device" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+EXAMPLE = """\
+import ctypes
+import sys
+import time
+
+import torch
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 8)
+
+    def forward(self, x):
+        x = self.a(x)
+        return self.b(x)
+
+
+def example():
+    BODY
+    return Net(), (torch.randn(4, 8),)
+"""
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("sys.exit(0)", "the example called sys.exit(0) (status 0) instead of returning"),
+        ("sys.exit(3)", "the example called sys.exit(3) (status 3) instead of returning"),
+        ("raise KeyboardInterrupt", "the user's code raised KeyboardInterrupt"),
+        ("ctypes.string_at(0)", "the example died from SIGSEGV (a crash in native code)"),
+        ("time.sleep(600)", "the example did not finish within 1 s (--timeout)"),
+    ],
+    ids=["exit_0", "exit_3", "keyboard_interrupt", "segfault", "never_returns"],
+)
+def test_an_example_that_misbehaves_is_an_error_and_nothing_is_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, message: str
+) -> None:
+    for command in ("rewrite", "profile"):
+        check_example_failure(tmp_path, capsys, body, message, command)
+
+
+def check_example_failure(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], body: str, message: str, command: str
+) -> None:
+    source = tmp_path / "model.py"
+    source.write_text(EXAMPLE.replace("BODY", body))
+    out = tmp_path / "out"
+    argv = [command, str(source), "--example", f"{source}:example", "--timeout", "1"]
+    argv += ["--stages", "2", "-o", str(out)] if command == "rewrite" else ["-o", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"syncpass: error: {source}: {message}" in err, err
+    assert "nothing was written" in err
+    assert not out.exists()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from syncpass.backends.spec import Backend, Confirmation, EstimateRequest, MeasureRequest
+from syncpass.backends.torch.run import PRELOAD
 from syncpass.rewrite.source import KnownOps, ModelSource
 
 if TYPE_CHECKING:
@@ -173,6 +174,7 @@ BACKEND = Backend(
     schedules=("1f1b", "gpipe"),
     load_example=_load_example,
     confirm=_confirm,
+    preload=tuple(PRELOAD),
 )
 
 
@@ -197,4 +199,5 @@ STAGES_BACKEND = Backend(
     load_example=_load_example,
     carries_values=True,
     refused_kinds=("other",),  # PipelineStage sends tensors; numbers and tuples are packed
+    preload=tuple(PRELOAD),
 )

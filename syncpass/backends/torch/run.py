@@ -31,8 +31,13 @@ from syncpass.runtime.contracts import RunRequest, RunResult, WorkerDone, Worker
 ResultT = TypeVar("ResultT")
 
 # The worker module imports torch and torch.distributed.pipelining; aot_autograd is what
-# the first trace would otherwise import in every stage.
-PRELOAD = ["syncpass.backends.torch.worker", "torch._functorch.aot_autograd"]
+# the first trace would otherwise import in every stage; the profiler is what a guarded
+# example run (profile, rewrite --example) imports. Every fork server user gives this list.
+PRELOAD = [
+    "syncpass.backends.torch.worker",
+    "torch._functorch.aot_autograd",
+    "syncpass.backends.torch.profile",
+]
 POLL_S = 0.1
 # After the first failure, how long to wait for the other ranks' reports
 # (they usually fail at once with a lost connection) before stopping them.
