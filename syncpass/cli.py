@@ -41,7 +41,13 @@ from syncpass.core.fileio import refuse_clobbering, write_atomically
 from syncpass.core.plugins import backend_names
 from syncpass.core.units import seconds
 from syncpass.plan.planfile import dumps_plan, load_plan, plan_to_json
-from syncpass.plan.planner import Plan, PlanRequest, compare_baselines, plan_for
+from syncpass.plan.planner import (
+    Plan,
+    PlanRequest,
+    auto_stage_limit,
+    compare_baselines,
+    plan_for,
+)
 from syncpass.plan.report import render_plan, render_sweep
 from syncpass.plan.retarget import sweep_batch, sweep_to_json
 from syncpass.runtime.example import example_location
@@ -313,10 +319,11 @@ def _run_plan(args: argparse.Namespace) -> int:
     if args.json:
         sys.stdout.write(document)
     else:
-        if auto:
+        if auto and settings.auto_limit is not None:
+            tried = auto_stage_limit(costs, settings.auto_limit)
             sys.stdout.write(
                 f"--stages auto: {len(plan.stages)} stage(s) give the least predicted step time "
-                f"(tried 1..{args.max_stages})\n"
+                f"(tried 1..{tried})\n"
             )
         sys.stdout.write(render_plan(plan, baselines))
     return EXIT_OK

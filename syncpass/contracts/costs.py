@@ -12,7 +12,6 @@ This module imports neither torch nor libcst.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from syncpass.contracts.config import (
 )
 from syncpass.contracts.graph import INPUT, OUTPUT
 from syncpass.core.errors import SyncpassError
+from syncpass.core.jsonio import read_json
 
 COST_FILE_VERSION = 1
 
@@ -62,21 +62,17 @@ class Hardware:
             raise ValueError(f"devices must be a whole number >= 1, got {self.devices!r}")
         if not (_is_number(self.alpha_s) and self.alpha_s >= 0):
             raise ValueError(f"alpha_s must be a number >= 0 seconds, got {self.alpha_s!r}")
-        if not (_is_number(self.beta_bytes_per_s) and self.beta_bytes_per_s > 0):
+        if not _is_positive(self.beta_bytes_per_s):
             raise ValueError(
                 f"beta_bytes_per_s must be a bandwidth > 0 bytes/s, got {self.beta_bytes_per_s!r}"
             )
-        if self.device_memory_bytes is not None and not (
-            _is_number(self.device_memory_bytes) and self.device_memory_bytes > 0
-        ):
+        if self.device_memory_bytes is not None and not _is_positive(self.device_memory_bytes):
             raise ValueError(
                 "device_memory_bytes must be > 0 bytes, or absent for no limit, "
                 f"got {self.device_memory_bytes!r}"
             )
 
-        if self.flops_per_s is not None and not (
-            _is_number(self.flops_per_s) and self.flops_per_s > 0
-        ):
+        if self.flops_per_s is not None and not _is_positive(self.flops_per_s):
             raise ValueError(f"flops_per_s must be > 0, got {self.flops_per_s!r}")
         if not (_is_number(self.stage_overhead_s) and self.stage_overhead_s >= 0):
             raise ValueError(
@@ -271,22 +267,7 @@ class Costs:
 
 def load_costs(path: str | Path) -> Costs:
     """Read and validate a cost file; errors name the file and JSON path."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SyncpassError("no such cost file", str(path)) from None
-    except OSError as error:
-        raise SyncpassError(f"cannot read the cost file: {error.strerror}", str(path)) from None
-    except UnicodeDecodeError:
-        raise SyncpassError("not a text file (expected JSON)", str(path)) from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise SyncpassError(
-            f"not valid JSON: {error.msg} at line {error.lineno} column {error.colno}", str(path)
-        ) from None
-    return parse_costs(data, str(path))
+    return parse_costs(read_json(path, "cost file"), str(path))
 
 
 def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
@@ -575,8 +556,25 @@ def _cut_to_json(cut: CutCost) -> dict[str, Any]:
     return data
 
 
+#: The largest magnitude, and the least positive value, a figure of a cost file or
+#: hardware profile may have: sums and ratios of such figures stay finite floats (a
+#: compute time of 1e308 s or a bandwidth of 5e-324 bytes/s would overflow them).
+MAX_MAGNITUDE = 1e30
+MIN_POSITIVE = 1e-30
+
+
 def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    """A finite number of at most :data:`MAX_MAGNITUDE` (not a bool, not NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    if isinstance(value, int):
+        return abs(value) <= MAX_MAGNITUDE
+    return math.isfinite(value) and abs(value) <= MAX_MAGNITUDE
+
+
+def _is_positive(value: object) -> bool:
+    """A number of :func:`_is_number` that is at least :data:`MIN_POSITIVE`."""
+    return _is_number(value) and value >= MIN_POSITIVE  # type: ignore[operator]
 
 
 class _Reader:
@@ -623,10 +621,14 @@ class _Reader:
         if key not in data and default is not None:
             return default
         value = self.required(data, path, key)
-        if not _is_number(value) or not math.isfinite(value):
-            raise self.error(f"{path}.{key}", f"must be a finite number, got {value!r}")
-        if value < minimum or (strict and value == minimum):
-            bound = f"> {minimum:g}" if strict else f">= {minimum:g}"
+        if not _is_number(value):
+            raise self.error(
+                f"{path}.{key}",
+                f"must be a finite number of magnitude at most {MAX_MAGNITUDE:g}, got {value!r}",
+            )
+        least = max(minimum, MIN_POSITIVE) if strict else minimum
+        if value < least or (strict and value == minimum):
+            bound = f"> {minimum:g} (at least {least:g})" if strict else f">= {minimum:g}"
             raise self.error(f"{path}.{key}", f"must be {bound}, got {value!r}")
         return float(value) if isinstance(value, float) else value
 

@@ -76,41 +76,35 @@ def read_model_text(path: str | Path) -> str:
 def parse_source(text: str, name: str) -> cst.Module:
     """Parse ``text``; a syntax error names ``name:line`` and what is wrong.
 
-    Python's own parser words syntax errors best and places them exactly, so
-    when libcst refuses the text, the message and line come from ``ast``
-    where it agrees the text is invalid; text libcst reads but the running
-    interpreter does not is refused too.
+    The running interpreter's own parser reads the text first, as black does: it words
+    syntax errors best and places them exactly, it refuses what libcst would read but the
+    interpreter that runs the model cannot (3.12's ``type X = ...`` under 3.11, more than
+    200 nested brackets), and it is fast, so libcst never sees a pathological input
+    (a thousand nested lists). Text it reads and libcst does not is refused too.
     """
     try:
-        module = cst.parse_module(text)
+        ast.parse(text.removeprefix(BOM))
+    except SyntaxError as python_error:
+        raise SyncpassError(
+            f"syntax error at column {python_error.offset or 1}: {python_error.msg} (Python "
+            f"{sys.version_info.major}.{sys.version_info.minor})",
+            f"{name}:{python_error.lineno or 1}",
+        ) from None
+    except (RecursionError, MemoryError):
+        raise SyncpassError(
+            "the source is nested too deeply for Python's parser; split the expression into "
+            "smaller ones",
+            name,
+        ) from None
+    try:
+        return cst.parse_module(text)
     except cst.ParserSyntaxError as error:
-        try:
-            ast.parse(text)
-        except SyntaxError as python_error:
-            line = python_error.lineno or error.raw_line
-            column = python_error.offset or error.raw_column + 1
-            raise SyncpassError(
-                f"syntax error at column {column}: {python_error.msg}", f"{name}:{line}"
-            ) from None
         first_line = error.message.splitlines()[0] if error.message else "invalid syntax"
         message = re.sub(r"^parser error: error at \d+:\d+: ", "", first_line)
         raise SyncpassError(
             f"syntax libcst cannot read, at column {error.raw_column + 1}: {message}",
             f"{name}:{error.raw_line}",
         ) from None
-    # libcst reads newer Python than the interpreter that runs the model may (3.12's
-    # `type X = ...` under 3.11, more than 200 nested parentheses): as black does, the
-    # running interpreter's own parser has the last word.
-    try:
-        ast.parse(text.removeprefix(BOM))
-    except SyntaxError as python_error:
-        raise SyncpassError(
-            f"syntax error at column {python_error.offset or 1}: {python_error.msg} (Python "
-            f"{sys.version_info.major}.{sys.version_info.minor}, which runs the model, "
-            "cannot read it)",
-            f"{name}:{python_error.lineno or 1}",
-        ) from None
-    return module
 
 
 def read_source(path: str | Path) -> tuple[str, cst.Module]:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from syncpass.core.errors import SyncpassError
+from syncpass.core.jsonio import read_json
 from syncpass.plan.planner import Plan, StagePlan, SyncPoint, Threshold
 
 PLAN_FILE_VERSION = 1
@@ -96,14 +97,7 @@ def dumps_plan(plan: Plan, baselines: tuple[Plan, ...] = ()) -> str:
 
 def load_plan(path: str | Path) -> Plan:
     """Read a plan file; errors name the file and the JSON path at fault."""
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise SyncpassError("no such plan file", str(path)) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise SyncpassError(f"cannot read the plan file: {error}", str(path)) from None
-    return parse_plan(data, str(path))
+    return parse_plan(read_json(path, "plan file"), str(path))
 
 
 def parse_plan(data: Any, origin: str = "<plan>") -> Plan:

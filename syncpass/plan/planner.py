@@ -355,12 +355,21 @@ def plan_for(
     return make_plan(costs, request, origin)
 
 
+def auto_stage_limit(costs: Costs, max_stages: int) -> int:
+    """The most stages ``--stages auto`` tries: ``max_stages``, but no more than the model
+    has ops or the hardware devices (see :func:`best_stage_count`)."""
+    devices = costs.hardware.devices
+    limit = min(max_stages, len(costs.ops))
+    return limit if devices is None else min(limit, devices)
+
+
 def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin: str = "") -> Plan:
     """The plan with the least predicted step time over 1..``max_stages`` stages, and no
     more stages than the hardware has devices (``hardware.devices``, when known): more
-    stages than devices would share them, which the prediction does not model."""
+    stages than devices would share them, which the prediction does not model, and no more
+    than the model has ops: a stage holds at least one."""
     devices = costs.hardware.devices
-    limit = max_stages if devices is None else min(max_stages, devices)
+    limit = auto_stage_limit(costs, max_stages)
     best: Plan | None = None
     last_error: SyncpassError | None = None
     for stages in range(1, limit + 1):
@@ -375,10 +384,12 @@ def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin
         assert last_error is not None
         raise last_error
     if limit < max_stages:
-        note = (
-            f"--stages auto tried 1 to {limit} stage(s), not {max_stages}: the hardware has "
-            f"{devices} device(s)"
+        why = (
+            f"the hardware has {devices} device(s)"
+            if devices is not None and devices == limit
+            else f"the model has {len(costs.ops)} op(s)"
         )
+        note = f"--stages auto tried 1 to {limit} stage(s), not {max_stages}: {why}"
         best = dataclasses.replace(best, notes=(*best.notes, note))
     return best
 

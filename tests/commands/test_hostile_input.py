@@ -277,7 +277,8 @@ def check_example_failure(
     source = tmp_path / "model.py"
     source.write_text(EXAMPLE.replace("BODY", body))
     out = tmp_path / "out"
-    argv = [command, str(source), "--example", f"{source}:example", "--timeout", "1"]
+    timeout = "1" if "time.sleep" in body else "120"  # the others end at once
+    argv = [command, str(source), "--example", f"{source}:example", "--timeout", timeout]
     argv += ["--stages", "2", "-o", str(out)] if command == "rewrite" else ["-o", str(out)]
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -108,6 +108,14 @@ def _broken(change: Any) -> dict[str, Any]:
             "$.hardware.stage_overhead_s",
             "must be >= 0",
         ),
+        # Finite and bounded: sums and ratios of the figures must stay finite floats.
+        (lambda d: d["ops"][0].update(compute_s=1e308), "$.ops[0].compute_s", "at most 1e+30"),
+        (lambda d: d["ops"][0].update(compute_s=10**400), "$.ops[0].compute_s", "at most 1e+30"),
+        (
+            lambda d: d["hardware"].update(beta_bytes_per_s=5e-324),
+            "$.hardware.beta_bytes_per_s",
+            "at least 1e-30",
+        ),
     ],
 )
 def test_bad_fields_are_named_by_json_path(change: Any, where: str, what: str) -> None:
@@ -126,7 +134,16 @@ def test_out_of_order_cuts_are_refused() -> None:
 
 @pytest.mark.parametrize(
     ("text", "what"),
-    [("{", "not valid JSON"), ("", "not valid JSON"), ("\udcff", "not a text file")],
+    [
+        ("{", "not valid JSON"),
+        ("", "not valid JSON"),
+        ("\udcff", "not a text file"),
+        ('{"version": ' + "9" * 401 + "}", "an integer of 401 digits"),
+        ('{"version": ' + "9" * 5001 + "}", "an integer of 5001 digits"),
+        ('{"version": NaN}', "NaN, which is no number JSON allows"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ],
+    ids=["truncated", "empty", "binary", "401_digits", "5001_digits", "nan", "deep"],
 )
 def test_unreadable_files(tmp_path: Path, text: str, what: str) -> None:
     path = tmp_path / "bad.json"

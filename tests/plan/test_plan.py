@@ -18,9 +18,11 @@ from syncpass.plan.optimizer import WALK_OPS, Infeasible, Problem, _pair_values,
 from syncpass.plan.planfile import parse_plan, plan_to_json
 from syncpass.plan.planner import (
     PlanRequest,
+    auto_stage_limit,
     best_stage_count,
     compare_baselines,
     make_plan,
+    plan_for,
     predict,
 )
 from syncpass.plan.problem import problem_from_costs
@@ -446,3 +448,11 @@ def test_a_sync_points_explanation_says_which_sync_point_a_move_would_break() ->
         "costs 10%" in first
     )
     assert "the sync point after" not in first + second
+
+
+def test_stages_auto_tries_no_more_stages_than_the_model_has_ops() -> None:
+    costs = parse_costs(cost_dict([1.0, 2.0, 3.0, 1.0, 2.0, 1.0], [1024] * 5))
+    limit = auto_stage_limit(costs, 1_000_000)
+    assert limit == 6
+    plan = plan_for(costs, PlanRequest(stages=None, config=costs.config), "c.json", 1_000_000)
+    assert "--stages auto tried 1 to 6 stage(s), not 1000000: the model has 6 op(s)" in plan.notes
