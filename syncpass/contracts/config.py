@@ -129,6 +129,8 @@ def read_config_table(path: Path) -> tuple[Mapping[str, Any], str, str]:
         raise SyncpassError(f"cannot read the config file: {error.strerror}", str(path)) from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as error:
         raise SyncpassError(f"not valid TOML: {error}", str(path)) from None
+    except RecursionError:  # tomllib recurses per nested array or table
+        raise SyncpassError("the TOML is nested too deeply to read", str(path)) from None
     table: Any = data
     name = ""
     if "tool" in data or "project" in data:  # a pyproject.toml: read its own table

@@ -207,7 +207,8 @@ def test_a_config_nested_too_deeply_is_an_error(
     (tmp_path / "m.py").write_text(MODEL)
     monkeypatch.chdir(tmp_path)
     assert main(["check", "m.py"]) == 2
-    assert "syncpass: error: " in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert f"syncpass: error: {tmp_path / 'pyproject.toml'}: the TOML is nested too deeply" in err
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full")
