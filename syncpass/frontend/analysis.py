@@ -1395,6 +1395,12 @@ def _dataflow(
     An edge joins the op that made a value to each op that uses it, however many names
     it went by in between: an alias op (``skip = x``) hands on its reads' producers
     rather than being one itself, as a traced graph sees it.
+
+    An alias whose names are never read again still reads its values: the eager stages
+    run every statement verbatim and need them. torch's tracer drops such a statement,
+    so the traced form is charged a little more than it sends there (and a value read
+    only by it counts as used); for every other statement the live sets are what the
+    tracer sends (``tests/backends/torch/test_live_sets.py``).
     """
     producers: dict[str, tuple[str, ...]] = {name: (INPUT,) for name in inputs}
     edges: dict[tuple[str, str], None] = {}

@@ -56,7 +56,7 @@ def call_guarded(
         target=_child, args=(hook, request, results), name="syncpass-example"
     )
     try:
-        child.start()
+        _start(child, what)
         result = _wait(child, results, what, timeout_s)
     except SyncpassError as error:
         _stop(child, grace_s=0.0)
@@ -96,6 +96,17 @@ class _Forwarded(io.TextIOBase):
     def write(self, text: str) -> int:
         self.results.put(("stderr", text))
         return len(text)
+
+
+def _start(child: Any, what: str) -> None:
+    try:
+        child.start()
+    except RuntimeError as error:  # multiprocessing's bootstrapping check
+        raise SyncpassError(
+            f"cannot start the process that runs {what}: Python is still importing the "
+            'script that calls syncpass; put the call under `if __name__ == "__main__":` '
+            f"({str(error).strip().splitlines()[0]})"
+        ) from None
 
 
 def _child(hook: Callable[[Any], Any], request: Any, results: Any) -> None:
