@@ -60,9 +60,9 @@ def call_guarded(
         result = _wait(child, results, what, timeout_s)
     except SyncpassError as error:
         _stop(child, grace_s=0.0)
-        if error.location or not location:
-            raise
-        raise SyncpassError(error.message, location) from None
+        if not error.location:
+            error.location = location  # the same error (an InfeasibleError stays one)
+        raise
     except BaseException:  # Ctrl-C: the child goes first
         _stop(child, grace_s=0.0)
         raise
