@@ -525,8 +525,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("syncpass: interrupted; nothing was written", file=sys.stderr)
         return EXIT_INTERRUPTED
     except OSError as error:  # the file system (a full device under stdout), not a bug
-        where = error.filename or "standard output"
-        print(f"syncpass: error: {where}: cannot write: {error.strerror or error}", file=sys.stderr)
+        if error.filename:
+            said = f"{error.filename}: {error.strerror or error}"
+        else:  # what is left unnamed is the stream the command writes to
+            said = f"standard output: cannot write: {error.strerror or error}"
+        print(f"syncpass: error: {said}", file=sys.stderr)
         return EXIT_ERROR
     except Exception as error:  # a crash is an error (2), never a finding (1)
         where = str(getattr(args, "file", None) or "")
