@@ -14,18 +14,16 @@ imports torch or jax.
 
 from __future__ import annotations
 
-import contextlib
 import io
-import multiprocessing
 import queue
 import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from multiprocessing.context import BaseContext
 from typing import Any, TypeVar
 
 from syncpass.core.errors import SyncpassError, unexpected_error
+from syncpass.runtime.processes import process_context, stop_processes
 
 RequestT = TypeVar("RequestT")
 ResultT = TypeVar("ResultT")
@@ -50,7 +48,7 @@ def call_guarded(
     what went wrong there (``what`` says what ran: "the example"; ``location`` is where
     it is, for errors that cannot say where). ``hook`` and ``request`` must pickle (a
     module-level function, frozen dataclasses)."""
-    context = _context(preload)
+    context = process_context(preload)
     results = context.Queue()
     child = context.Process(  # type: ignore[attr-defined]
         target=_child, args=(hook, request, results), name="syncpass-example"
@@ -59,28 +57,19 @@ def call_guarded(
         _start(child, what)
         result = _wait(child, results, what, timeout_s)
     except SyncpassError as error:
-        _stop(child, grace_s=0.0)
+        stop_processes([child], grace_s=0.0)
         if not error.location:
             error.location = location  # the same error (an InfeasibleError stays one)
         raise
     except BaseException:  # Ctrl-C: the child goes first
-        _stop(child, grace_s=0.0)
+        stop_processes([child], grace_s=0.0)
         raise
     else:
-        _stop(child, grace_s=JOIN_S)
+        stop_processes([child], grace_s=JOIN_S)
     finally:
         results.close()
         results.cancel_join_thread()
     return result  # type: ignore[no-any-return]
-
-
-def _context(preload: Sequence[str]) -> BaseContext:
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("forkserver")
-        if preload:  # takes effect when the fork server starts: the first call's list
-            context.set_forkserver_preload(list(preload))
-        return context
-    return multiprocessing.get_context("spawn")
 
 
 class _Forwarded(io.TextIOBase):
@@ -180,17 +169,3 @@ def _death(exitcode: int, what: str) -> str:
         crash = " (a crash in native code)" if name in ("SIGSEGV", "SIGBUS", "SIGILL") else ""
         return f"{what} died from {name}{crash}; nothing was written"
     return f"{what} ended its process with status {exitcode} before reporting; nothing was written"
-
-
-def _stop(child: Any, grace_s: float) -> None:
-    """Wait up to ``grace_s`` for the child to end; terminate, then kill, it."""
-    if child.pid is None:
-        return
-    child.join(timeout=grace_s)
-    if child.is_alive():
-        child.terminate()
-        child.join(timeout=2.0)
-    if child.is_alive():
-        child.kill()
-        with contextlib.suppress(Exception):
-            child.join(timeout=1.0)

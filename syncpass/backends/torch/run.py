@@ -14,19 +14,17 @@ rank.
 
 from __future__ import annotations
 
-import contextlib
-import multiprocessing
 import queue
 import socket
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from multiprocessing.context import BaseContext
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
 from syncpass.core.errors import SyncpassError
 from syncpass.runtime.contracts import RunRequest, RunResult, WorkerDone, WorkerFailed
+from syncpass.runtime.processes import process_context, stop_processes
 
 ResultT = TypeVar("ResultT")
 
@@ -51,15 +49,6 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
-
-
-def _context() -> BaseContext:
-    if "forkserver" in multiprocessing.get_all_start_methods():
-        context = multiprocessing.get_context("forkserver")
-        # Takes effect when the fork server starts, i.e. on the first run in this process.
-        context.set_forkserver_preload(PRELOAD)
-        return context
-    return multiprocessing.get_context("spawn")
 
 
 def _worker_entry(request: RunRequest, rank: int, messages: Any) -> None:
@@ -96,7 +85,7 @@ def run_local(
 ) -> ResultT:
     """Start ``count`` processes running ``entry(request, rank, messages)``, gather what
     ``collect`` reads from their queue, and stop them all, whatever happens."""
-    context = _context()
+    context = process_context(PRELOAD)
     messages = context.Queue()
     processes: list[BaseProcess] = [
         context.Process(  # type: ignore[attr-defined]
@@ -112,10 +101,10 @@ def run_local(
             process.start()
         result = collect(processes, messages)
     except BaseException:
-        _stop(processes, grace_s=0.0)
+        stop_processes(processes, grace_s=0.0)
         raise
     else:
-        _stop(processes, grace_s=JOIN_S)
+        stop_processes(processes, grace_s=JOIN_S)
     finally:
         messages.close()
         messages.cancel_join_thread()
@@ -217,23 +206,3 @@ def _failure(failures: dict[int, WorkerFailed], world: int) -> SyncpassError:
     else:
         suffix = f" ({len(others)} other rank(s) of {world} failed too)"
     return SyncpassError(f"rank {first.rank}: {first.message}{suffix}", first.location)
-
-
-def _stop(processes: list[BaseProcess], grace_s: float) -> None:
-    """Wait up to ``grace_s`` for the processes to end; terminate, then kill, the rest."""
-    deadline = time.monotonic() + grace_s
-    for process in processes:
-        if process.pid is None:
-            continue
-        process.join(timeout=max(0.0, deadline - time.monotonic()))
-    for process in processes:
-        if process.pid is not None and process.is_alive():
-            process.terminate()
-    for process in processes:
-        if process.pid is None:
-            continue
-        process.join(timeout=1.0)
-        if process.is_alive():
-            process.kill()
-            with contextlib.suppress(Exception):
-                process.join(timeout=1.0)
