@@ -102,7 +102,7 @@ def confirmed_rewrite(
             raise _replanned(refused, error) from None
     notes = tuple(
         f"torch's tracer refused the sync point after {refusal.after} ({refusal.location}: "
-        f"{refusal.message.partition(': ')[2].partition(';')[0]}); planned again without it"
+        f"{refusal.reason}); planned again without it"
         for refusal in refused
     )
     return result, notes

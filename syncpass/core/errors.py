@@ -45,15 +45,17 @@ class NoModelError(SyncpassError):
 
 class SplitRefused(SyncpassError):
     """The engine's splitter refuses the plan because of one sync point (``after``, its op
-    id): a value it makes crosses that sync point to more than the next stage. Planning
-    again without that cut may give a plan the engine takes."""
+    id): a value it makes crosses that sync point to more than the next stage (``reason``
+    says which, in a few words). Planning again without that cut may give a plan the
+    engine takes."""
 
-    def __init__(self, message: str, location: str, after: str) -> None:
+    def __init__(self, message: str, location: str, after: str, reason: str) -> None:
         super().__init__(message, location)
         self.after = after
+        self.reason = reason
 
     def __reduce__(self) -> tuple[type[SyncpassError], tuple[str, ...]]:
-        return (type(self), (self.message, self.location, self.after))
+        return (type(self), (self.message, self.location, self.after, self.reason))
 
 
 #: Where a crash of syncpass itself is to be reported.

@@ -165,14 +165,15 @@ def confirm_split(confirmation: Confirmation) -> None:
     if far:
         first = far[0]
         after, location = points[first.crossed(len(points))]
+        reason = f"{first.describe(confirmation.stages)}, across the sync point after {after}"
         raise SplitRefused(
-            f"torch's tracer confirms no such plan: {first.describe(confirmation.stages)}, "
-            f"across the sync point after {after}; torch.distributed.pipelining sends a stage's "
+            f"torch's tracer confirms no such plan: {reason}; torch.distributed.pipelining sends a stage's "
             "output only to the next stage, so `syncpass run` would fail. Nothing was "
             "written; compute the value where it is read (inside the blocks), make it a "
             "buffer, move the sync point, or use --backend torch_stages",
             location,
             after,
+            reason,
         )
 
 
