@@ -15,7 +15,6 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from syncpass import __version__
 from syncpass.backends.registry import load_backend
@@ -53,9 +52,6 @@ from syncpass.plan.retarget import sweep_batch, sweep_to_json
 from syncpass.runtime.example import example_location
 from syncpass.runtime.guard import call_guarded
 from syncpass.settings.resolve import Overrides, Settings, resolve_settings
-
-if TYPE_CHECKING:
-    pass
 
 
 def _stages(text: str) -> int | str:
