@@ -77,6 +77,7 @@ class SyncSite:
     stage: int = 0
     written: bool = False
     kinds: tuple[tuple[str, str], ...] = ()  # live values that were not tensors when profiled
+    recomputed: tuple[str, ...] = ()  # live values the stage after computes again, not receives
 
 
 def _site_order(site: SyncSite) -> tuple[int, int]:

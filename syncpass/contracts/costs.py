@@ -152,6 +152,43 @@ def known_kind(kind: str) -> bool:
 
 
 @dataclass(frozen=True)
+class CutValue:
+    """One value that crosses a cut, or that the stage after could receive instead.
+
+    ``bytes`` are its tensors' bytes for the cost file's batch; ``grad`` says a
+    gradient comes back for it in the backward. ``recompute`` are the ops whose
+    statements compute it again (empty: it can only be sent); ``needs`` the values
+    they read that the stage after must then receive. ``sent`` is false for a
+    value that crosses only when a value computed again needs it (a size read by
+    a rotary table's slice).
+    """
+
+    name: str
+    bytes: float
+    grad: bool = True
+    recompute: tuple[str, ...] = ()
+    needs: tuple[str, ...] = ()
+    sent: bool = True
+
+    def __post_init__(self) -> None:
+        if not (_is_number(self.bytes) and self.bytes >= 0):
+            raise ValueError(f"value {self.name!r}: bytes must be a number >= 0")
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """What one cut costs as the plan crosses it: the bytes sent forward, the gradient
+    bytes sent back, and the forward compute of the values the stage after computes
+    again (``recomputed``) instead of receiving them."""
+
+    forward_bytes: float
+    backward_bytes: float
+    recompute_s: float = 0.0
+    recomputed: tuple[str, ...] = ()
+    backward: bool = True  # whether a gradient transfer comes back at all
+
+
+@dataclass(frozen=True)
 class CutCost:
     """An admissible sync point: a cut right after op ``after``.
 
@@ -160,13 +197,16 @@ class CutCost:
     user's own sync points: every strategy keeps them, and ``manual`` uses
     only them. ``kinds`` names the live values that were not tensors when
     profiled, with what they were (:data:`VALUE_KINDS`): a stage cannot send
-    them as they are.
+    them as they are. ``values``, when the profile measured them one by one,
+    are what crosses value by value (:class:`CutValue`): which need a gradient
+    back, and which the stage after could compute again instead.
     """
 
     after: str
     live_bytes: float
     pinned: bool = False
     kinds: tuple[tuple[str, str], ...] = ()
+    values: tuple[CutValue, ...] = ()
 
     def __post_init__(self) -> None:
         if not (_is_number(self.live_bytes) and self.live_bytes >= 0):
@@ -176,6 +216,16 @@ class CutCost:
                 raise ValueError(
                     f"cut after {self.after!r}: {name} has kind {kind!r}; "
                     f"known: {', '.join(VALUE_KINDS)}"
+                )
+        names = [value.name for value in self.values]
+        if len(set(names)) != len(names):
+            raise ValueError(f"cut after {self.after!r}: a value is listed twice")
+        for value in self.values:
+            unknown = [need for need in value.needs if need not in names]
+            if unknown:
+                raise ValueError(
+                    f"cut after {self.after!r}: {value.name} needs {unknown[0]!r}, "
+                    "which is not one of the cut's values"
                 )
 
 
@@ -227,6 +277,13 @@ class Costs:
                     f"cut after {cut.after!r} is out of order or repeated; list cuts in op order"
                 )
             last = index
+            for value in cut.values:
+                for op in value.recompute:
+                    if position.get(op, index + 1) > index:
+                        raise ValueError(
+                            f"cut after {cut.after!r}: {value.name} is computed again by "
+                            f"{op!r}, which names no op up to the cut"
+                        )
 
         for producer, consumer in self.edges:
             if producer != INPUT and producer not in position:
@@ -240,9 +297,65 @@ class Costs:
         return {op.id: index for index, op in enumerate(self.ops)}
 
     @cached_property
+    def crossing_at(self) -> dict[int, Crossing]:
+        """How the plan crosses each admissible cut, by position (the cut after op ``t`` is
+        ``t + 1``): :meth:`crossing`."""
+        return {self.op_index[cut.after] + 1: self.crossing(cut) for cut in self.cuts}
+
+    @cached_property
     def live_bytes_at(self) -> dict[int, float]:
-        """Bytes crossing each admissible cut, by position (the cut after op ``t`` is ``t + 1``)."""
-        return {self.op_index[cut.after] + 1: cut.live_bytes for cut in self.cuts}
+        """Bytes sent forward across each admissible cut, by position."""
+        return {position: crossing.forward_bytes for position, crossing in self.crossing_at.items()}
+
+    def crossing(self, cut: CutCost) -> Crossing:
+        """Send or compute again: how the stages cross ``cut``.
+
+        A value the stage after can compute again (:attr:`CutValue.recompute`), that
+        needs no gradient and whose ops hold no weights, is computed again when that
+        costs less than sending it:
+        the forward time of its ops (a whole step's, at the cost file's batch) plus
+        sending what it needs that would not cross anyway, against sending it once
+        (no gradient comes back for it). Values are taken in the cut's order; one
+        that a value computed again needs is sent. Without ``values`` everything
+        live is sent, and a gradient of the same size comes back.
+        """
+        if not cut.values:
+            return Crossing(cut.live_bytes, cut.live_bytes)
+        beta = self.hardware.beta_bytes_per_s
+        by_name = {value.name: value for value in cut.values}
+        sent = {value.name for value in cut.values if value.sent}
+        chosen: list[str] = []
+        needed: set[str] = set()
+        replayed_ops: set[str] = set()
+        recompute_s = 0.0
+        for value in cut.values:
+            if not value.recompute or value.grad or not value.sent or value.name in needed:
+                continue
+            if any(self.ops[self.op_index[op]].param_bytes for op in value.recompute):
+                continue  # the stage after would hold those weights too
+            extra = [name for name in value.needs if name not in sent]
+            if any(name in chosen or by_name[name].grad for name in value.needs):
+                continue
+            new_ops = [op for op in value.recompute if op not in replayed_ops]
+            replay_s = sum(self.ops[self.op_index[op]].compute_s for op in new_ops)
+            receive_s = sum(by_name[name].bytes for name in extra) / beta
+            if replay_s + receive_s >= value.bytes / beta:
+                continue
+            chosen.append(value.name)
+            sent.discard(value.name)
+            sent.update(extra)
+            needed.update(value.needs)
+            replayed_ops.update(new_ops)
+            recompute_s += replay_s
+        return Crossing(
+            forward_bytes=sum(value.bytes for value in cut.values if value.name in sent),
+            backward_bytes=sum(
+                value.bytes for value in cut.values if value.name in sent and value.grad
+            ),
+            recompute_s=recompute_s,
+            recomputed=tuple(chosen),
+            backward=any(value.grad for value in cut.values if value.name in sent),
+        )
 
     def op_compute_s(self, op: OpCost, microbatches: int = 1) -> float:
         """Compute one op costs per step of ``microbatches`` micro-batches: forward,
@@ -252,10 +365,16 @@ class Costs:
 
     def cut_comm_s(self, cut: CutCost, microbatches: int = 1) -> float:
         """Communication of one cut per step: one transfer per micro-batch (each pays
-        the latency), both directions when training."""
+        the latency), and when training one back for the gradients (none when nothing
+        sent needs one); plus the compute of what the stage after computes again
+        instead of receiving it (:meth:`crossing`), charged to the cut."""
         hardware = self.hardware
-        one_way = microbatches * hardware.alpha_s + cut.live_bytes / hardware.beta_bytes_per_s
-        return 2.0 * one_way if self.training else one_way
+        crossing = self.crossing(cut)
+        latency = microbatches * hardware.alpha_s
+        total = latency + crossing.forward_bytes / hardware.beta_bytes_per_s
+        if self.training and crossing.backward:
+            total += latency + crossing.backward_bytes / hardware.beta_bytes_per_s
+        return total + crossing.recompute_s
 
     def op_memory_bytes(self, op: OpCost) -> float:
         """Device memory one op's stage needs for it."""
@@ -400,7 +519,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
     for index, item in enumerate(cuts_data):
         where = f"$.cuts[{index}]"
         cut = reader.mapping(item, where)
-        reader.no_unknown(cut, where, ("after", "live_bytes", "pinned", "kinds"))
+        reader.no_unknown(cut, where, ("after", "live_bytes", "pinned", "kinds", "values"))
         after = reader.string(cut, where, "after")
         if after not in seen:
             raise reader.error(f"{where}.after", f"unknown op id {after!r}; it must name an op")
@@ -431,6 +550,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
                 live_bytes=reader.number(cut, where, "live_bytes", minimum=0),
                 pinned=pinned,
                 kinds=tuple(sorted((str(name), kind) for name, kind in kinds.items())),
+                values=_cut_values(reader, cut, where, seen, after),
             )
         )
 
@@ -553,7 +673,66 @@ def _cut_to_json(cut: CutCost) -> dict[str, Any]:
         data["pinned"] = True
     if cut.kinds:
         data["kinds"] = dict(cut.kinds)
+    if cut.values:
+        data["values"] = [_value_to_json(value) for value in cut.values]
     return data
+
+
+def _value_to_json(value: CutValue) -> dict[str, Any]:
+    data: dict[str, Any] = {"name": value.name, "bytes": value.bytes, "grad": value.grad}
+    if value.recompute:
+        data["recompute"] = list(value.recompute)
+    if value.needs:
+        data["needs"] = list(value.needs)
+    if not value.sent:
+        data["sent"] = False
+    return data
+
+
+def _cut_values(
+    reader: _Reader, cut: Mapping[str, Any], where: str, ops: Mapping[str, int], after: str
+) -> tuple[CutValue, ...]:
+    """``$.cuts[i].values``: each value's name, bytes, whether a gradient comes back, the
+    ops (at or before the cut) that compute it again and what they need."""
+    values: list[CutValue] = []
+    items = reader.sequence(cut.get("values", []), f"{where}.values")
+    names = [item.get("name") if isinstance(item, dict) else None for item in items]
+    for index, item in enumerate(items):
+        at = f"{where}.values[{index}]"
+        value = reader.mapping(item, at)
+        reader.no_unknown(value, at, ("name", "bytes", "grad", "recompute", "needs", "sent"))
+        name = reader.string(value, at, "name")
+        if name in names[:index]:
+            raise reader.error(f"{at}.name", f"{name!r} is listed twice")
+        lists = {}
+        for key in ("recompute", "needs"):
+            entries = reader.sequence(value.get(key, []), f"{at}.{key}")
+            if not all(isinstance(entry, str) and entry for entry in entries):
+                raise reader.error(f"{at}.{key}", "must be a list of non-empty strings")
+            lists[key] = tuple(entries)
+        for op in lists["recompute"]:
+            if op not in ops or ops[op] > ops[after]:
+                raise reader.error(f"{at}.recompute", f"{op!r} names no op up to {after!r}")
+        for need in lists["needs"]:
+            if need not in names:
+                raise reader.error(f"{at}.needs", f"{need!r} is not one of the cut's values")
+        flags = {}
+        for key in ("grad", "sent"):
+            flag = value.get(key, True)
+            if not isinstance(flag, bool):
+                raise reader.error(f"{at}.{key}", "must be true or false")
+            flags[key] = flag
+        values.append(
+            CutValue(
+                name=name,
+                bytes=reader.number(value, at, "bytes", minimum=0),
+                grad=flags["grad"],
+                recompute=lists["recompute"],
+                needs=lists["needs"],
+                sent=flags["sent"],
+            )
+        )
+    return tuple(values)
 
 
 #: The largest magnitude, and the least positive value, a figure of a cost file or

@@ -74,19 +74,36 @@ class Op:
 
 
 @dataclass(frozen=True)
+class Replayable:
+    """A value sent across a cut that the stage after could compute again instead.
+
+    ``ops`` are the ops whose statements compute it (its own first), run again
+    at the start of the stage; ``needs`` what they read that the stage must then
+    receive (a size, a tensor sent anyway). Whether it is sent or computed again
+    is the plan's choice, by cost (:meth:`syncpass.contracts.costs.Costs.crossing`).
+    """
+
+    name: str
+    ops: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Cut:
     """An admissible sync point after op ``after``; ``live`` crosses it.
 
     ``sent`` is what the backend's stages send across it when that is less than
     ``live`` (the rest each later stage declares or computes again itself);
     ``None``: all of ``live``. The profile measures the bytes and kinds of
-    ``sent``.
+    ``sent``. ``replayable`` are values of ``sent`` the stage after could
+    compute again instead of receiving them (:class:`Replayable`).
     """
 
     after: str
     live: tuple[str, ...]
     pinned: bool = False  # the user wrote "# syncpass: sync" there
     sent: tuple[str, ...] | None = None
+    replayable: tuple[Replayable, ...] = ()
 
     @property
     def crossing(self) -> tuple[str, ...]:

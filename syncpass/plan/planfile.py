@@ -56,6 +56,7 @@ def plan_to_json(plan: Plan, baselines: tuple[Plan, ...] = ()) -> dict[str, Any]
                 "pinned": point.pinned,
                 "reason": point.reason,
                 **({"kinds": dict(point.kinds)} if point.kinds else {}),
+                **({"recomputed": list(point.recomputed)} if point.recomputed else {}),
             }
             for point in plan.sync_points
         ],
@@ -139,6 +140,7 @@ def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
                     pinned=point.get("pinned", False),
                     reason=point.get("reason", ""),
                     kinds=tuple(sorted(point.get("kinds", {}).items())),
+                    recomputed=_names(point.get("recomputed", [])),
                 )
                 for point in data["sync_points"]
             ),
@@ -171,6 +173,12 @@ def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
     except (TypeError, ValueError) as error:
         raise fail("$", f"malformed plan: {error}") from None
     return plan
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    if not isinstance(value, list) or not all(isinstance(name, str) for name in value):
+        raise TypeError(f"expected a list of names, got {value!r}")
+    return tuple(value)
 
 
 def _finite_or_none(value: float) -> float | None:

@@ -84,6 +84,7 @@ class SyncPoint:
     pinned: bool
     reason: str
     kinds: tuple[tuple[str, str], ...] = ()  # live values that were not tensors (CutCost.kinds)
+    recomputed: tuple[str, ...] = ()  # what the stage after computes again (Costs.crossing)
 
 
 @dataclass(frozen=True)
@@ -583,9 +584,12 @@ def predict(
     """Simulated step of the plan with ``cuts`` under ``schedule``."""
     bounds = (0, *cuts, problem.num_ops)
     training = costs.training
+    crossing = costs.crossing_at
     loads = tuple(
         StageLoad(
-            forward_s=sum(op.compute_s for op in costs.ops[start:end]),
+            # A stage computes again what it does not receive (Costs.crossing).
+            forward_s=sum(op.compute_s for op in costs.ops[start:end])
+            + (crossing[start].recompute_s if start else 0.0),
             backward_s=sum(op.backward_s for op in costs.ops[start:end]) if training else 0.0,
             forward_fixed_s=sum(op.fixed_s for op in costs.ops[start:end]),
             backward_fixed_s=sum(op.backward_fixed_s for op in costs.ops[start:end])
@@ -595,12 +599,13 @@ def predict(
         )
         for start, end in itertools.pairwise(bounds)
     )
-    live = costs.live_bytes_at
     links = tuple(
         Link(
             alpha_s=costs.hardware.alpha_s,
             beta_bytes_per_s=costs.hardware.beta_bytes_per_s,
-            batch_bytes=live[cut],
+            batch_bytes=crossing[cut].forward_bytes,
+            grad_bytes=crossing[cut].backward_bytes,
+            backward=crossing[cut].backward,
         )
         for cut in cuts
     )
@@ -643,6 +648,7 @@ def _assemble(
             pinned=bool(problem.pinned[cut]),
             reason=reasons[index],
             kinds=kinds_after.get(costs.ops[cut - 1].id, ()),
+            recomputed=costs.crossing_at[cut].recomputed,
         )
         for index, cut in enumerate(cuts)
     )

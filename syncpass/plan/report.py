@@ -97,6 +97,11 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
         lines += ["", "sync points:"]
         for point in plan.sync_points:
             lines.append(f"  after {point.after}: {point.reason}")
+            if point.recomputed:
+                lines.append(
+                    f"    the next stage computes {', '.join(point.recomputed)} again: cheaper "
+                    "than receiving it"
+                )
     else:
         lines += ["", "no sync points: one stage holds the whole model"]
     for note in plan.notes:

@@ -43,7 +43,16 @@ def retarget_batch(costs: Costs, batch_size: int) -> Costs:
         )
         for op in costs.ops
     )
-    cuts = tuple(dataclasses.replace(cut, live_bytes=cut.live_bytes * scale) for cut in costs.cuts)
+    cuts = tuple(
+        dataclasses.replace(
+            cut,
+            live_bytes=cut.live_bytes * scale,
+            values=tuple(
+                dataclasses.replace(value, bytes=value.bytes * scale) for value in cut.values
+            ),
+        )
+        for cut in costs.cuts
+    )
     note = (
         f"re-targeted from batch {costs.batch_size} to {batch_size}: compute and activation "
         f"bytes x{scale:.3g}, parameters, link latency and per-call fixed times unchanged"

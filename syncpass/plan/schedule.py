@@ -63,10 +63,19 @@ class Link:
 
     alpha_s: float
     beta_bytes_per_s: float
-    batch_bytes: float  # what crosses it for the full batch, one way
+    batch_bytes: float  # what crosses it forward for the full batch
+    grad_bytes: float | None = None  # the gradients sent back: ``batch_bytes`` when None
+    backward: bool = True  # whether any gradient comes back across it
 
     def transfer_s(self, microbatches: int) -> float:
         return self.alpha_s + self.batch_bytes / microbatches / self.beta_bytes_per_s
+
+    def backward_transfer_s(self, microbatches: int) -> float:
+        """A micro-batch's gradients sent back (nothing at all when none comes back)."""
+        if not self.backward:
+            return 0.0
+        grad_bytes = self.batch_bytes if self.grad_bytes is None else self.grad_bytes
+        return self.alpha_s + grad_bytes / microbatches / self.beta_bytes_per_s
 
 
 @dataclass(frozen=True)
@@ -137,6 +146,7 @@ def simulate(
     if microbatches < 1:
         raise ValueError("microbatches must be at least 1")
     transfer = [link.transfer_s(microbatches) for link in links]
+    transfer_back = [link.backward_transfer_s(microbatches) for link in links]
     forward_work = [load.forward_microbatch_s(microbatches) for load in loads]
     backward_work = [load.backward_microbatch_s(microbatches) for load in loads]
     orders = [stage_order(schedule, s, stages, microbatches, training) for s in range(stages)]
@@ -153,12 +163,12 @@ def simulate(
                 kind, m = orders[s][position[s]]
                 recv = transfer[s - 1] if kind == "F" and s > 0 else 0.0
                 if kind == "B" and s < stages - 1:
-                    recv = transfer[s]
+                    recv = transfer_back[s]
                 send = 0.0
                 if kind == "F" and s < stages - 1:
                     send = transfer[s]
                 elif kind == "B" and s > 0:
-                    send = transfer[s - 1]
+                    send = transfer_back[s - 1]
                 if kind == "F":
                     dependency = ("F", s - 1, m) if s > 0 else None
                     work = forward_work[s]

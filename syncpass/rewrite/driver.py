@@ -107,6 +107,7 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
                 stage=number,
                 written=point.after in graph.written,  # the user's own pipe_split() is there
                 kinds=point.kinds,
+                recomputed=point.recomputed,
             )
         )
     return sites

@@ -46,6 +46,17 @@ def test_one_microbatch_pays_every_transfer_on_the_critical_path() -> None:
     assert [stage.sync_s for stage in prediction.stages] == [2.0, 2.0]
 
 
+def test_gradients_sent_back_are_their_own_bytes_and_none_cost_nothing() -> None:
+    loads = (StageLoad(1.0, 2.0), StageLoad(3.0, 5.0))
+    # 1.0 s forward (0.5 + 1 byte), 0.75 s back (0.5 + half a byte of gradients).
+    half = Link(alpha_s=0.5, beta_bytes_per_s=2.0, batch_bytes=1.0, grad_bytes=0.5)
+    assert simulate(loads, (half,), 1, "1f1b", training=True).step_s == pytest.approx(12.75)
+    none = Link(alpha_s=0.5, beta_bytes_per_s=2.0, batch_bytes=1.0, grad_bytes=0.0, backward=False)
+    prediction = simulate(loads, (none,), 1, "1f1b", training=True)
+    assert prediction.step_s == pytest.approx(12.0)
+    assert [stage.sync_s for stage in prediction.stages] == [1.0, 1.0]
+
+
 def test_latency_is_paid_per_microbatch_and_bytes_are_split() -> None:
     link = Link(alpha_s=1.0, beta_bytes_per_s=1.0, batch_bytes=8.0)
     assert link.transfer_s(1) == 9.0

@@ -58,8 +58,8 @@ from syncpass.backends.torch.analysis import (
     sequential_calls,
 )
 from syncpass.backends.torch.rewrite import strip_sync_points
-from syncpass.contracts.costs import Costs, CutCost, Hardware, OpCost
-from syncpass.contracts.graph import OpGraph
+from syncpass.contracts.costs import Costs, CutCost, CutValue, Hardware, OpCost
+from syncpass.contracts.graph import Cut, OpGraph
 from syncpass.contracts.hardware import cpu_devices, load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend import find_forward, parse_source
@@ -497,9 +497,21 @@ class _Probe:
         self.rebind = rebind
         # The names whose bytes each cut's live_bytes are (measured in the measuring step).
         self.cut_live = {self._position(cut.after): cut.crossing for cut in graph.cuts}
+        # Where the backend said what it sends: each value measured on its own, with what
+        # a value computed again would need received (Cut.replayable).
+        self.cut_values = {
+            self._position(cut.after): tuple(
+                dict.fromkeys(
+                    [*cut.crossing, *(need for item in cut.replayable for need in item.needs)]
+                )
+            )
+            for cut in graph.cuts
+            if cut.sent is not None
+        }
         self.sync = sync
         self.counter: FlopCounterMode | None = None
         self.measure_bytes = False
+        self.watch_random = True  # not on fake tensors, whose random draws cannot be seen
         self.reset()
 
     def _position(self, op_id: str) -> int:
@@ -513,6 +525,10 @@ class _Probe:
         self.forward_flops = 0  # the total when the forward returned
         self.live_bytes: dict[int, int] = {}
         self.kinds: dict[int, dict[str, str]] = {}  # live values that are not tensors
+        # Per value crossing a cut: its bytes and whether it carries a gradient.
+        self.values: dict[int, dict[str, tuple[int, bool]]] = {}
+        self.random: set[int] = set()  # ops that drew random numbers
+        self.rng_state: torch.Tensor | None = None
         self.out_bytes: dict[int, int] = {}
         self.last = -1
 
@@ -523,6 +539,8 @@ class _Probe:
 
     def begin(self) -> None:
         self.begun = self.now()
+        if self.measure_bytes and self.watch_random:
+            self.rng_state = torch.random.get_rng_state()
 
     def boundary(
         self, statement: int, index: int | None, values: Mapping[str, object]
@@ -543,11 +561,26 @@ class _Probe:
                 self.live_bytes[position] = tensor_bytes(
                     values[name] for name in self.cut_live[position] if name in values
                 )
+                names = self.cut_values.get(position, self.cut_live[position])
                 self.kinds[position] = {
                     name: value_kind(values[name])
-                    for name in self.cut_live[position]
+                    for name in names
                     if name in values and not isinstance(values[name], torch.Tensor)
                 }
+                if position in self.cut_values:
+                    self.values[position] = {
+                        name: (
+                            tensor_bytes([values[name]]),
+                            any(tensor.requires_grad for tensor in _tensors(values[name])),
+                        )
+                        for name in names
+                        if name in values
+                    }
+            if self.watch_random:
+                state = torch.random.get_rng_state()
+                if self.rng_state is not None and not torch.equal(state, self.rng_state):
+                    self.random.add(position)
+                self.rng_state = state
         replaced = self._route(position, values) if torch.is_grad_enabled() else {}
         self.forward[position] = (entry, self.now())
         return replaced
@@ -894,6 +927,7 @@ def profile_costs(
     batch_size = batch_size_of(args, path)
     sync: Callable[[], None] = torch.cuda.synchronize if _on_gpu(model, args) else _no_sync
     probe = _Probe(graph, boundary_names(graph), sync)
+    probe.watch_random = counted_on is None
     function = _instrument(graph, text, model, probe)
 
     saved_grads = {parameter: parameter.grad for parameter in model.parameters()}
@@ -912,6 +946,7 @@ def profile_costs(
         flops = session.flops()
         live_bytes = dict(probe.live_bytes)
         kinds = dict(probe.kinds)
+        values = _Values(dict(probe.values), frozenset(probe.random), counted_on is not None)
         out_bytes = dict(probe.out_bytes)
         if counted_on is not None:
             warmup, repeats = 0, 0
@@ -940,7 +975,7 @@ def profile_costs(
     params = parameter_bytes(model, graph)
     if counted_on is not None:
         return _counted_costs(
-            graph, counted_on, flops, params, live_bytes, kinds, out_bytes, batch_size
+            graph, counted_on, flops, params, live_bytes, kinds, values, out_bytes, batch_size
         )
     small_size = batch_size_of(small_batch[0], path) if small_batch is not None else batch_size
     if small is not None and small.failure is not None:
@@ -977,7 +1012,7 @@ def profile_costs(
                 backward_fixed_s=backward_fixed_s,
             )
         )
-    cuts = _cut_costs(graph, live_bytes, kinds)
+    cuts = _cut_costs(graph, live_bytes, kinds, values)
     # The compute rate the op times reflect, so that --hardware can scale them.
     forward_flops = sum(op.flops or 0 for op in ops)
     total_forward_s = sum(op.compute_s for op in ops)
@@ -1000,8 +1035,23 @@ def profile_costs(
     )
 
 
+@dataclass(frozen=True)
+class _Values:
+    """What the measuring step saw of the values crossing each cut, one by one (by op
+    position: each value's bytes and whether it carries a gradient), which ops drew
+    random numbers, and whether the step ran on fake tensors (where drawing random
+    numbers cannot be seen)."""
+
+    at: Mapping[int, Mapping[str, tuple[int, bool]]]
+    random: frozenset[int]
+    fake: bool
+
+
 def _cut_costs(
-    graph: OpGraph, live_bytes: Mapping[int, int], kinds: Mapping[int, Mapping[str, str]]
+    graph: OpGraph,
+    live_bytes: Mapping[int, int],
+    kinds: Mapping[int, Mapping[str, str]],
+    values: _Values | None = None,
 ) -> tuple[CutCost, ...]:
     """The graph's cuts with what the measuring step saw live at each (by op position)."""
     positions = {op.id: position for position, op in enumerate(graph.ops)}
@@ -1011,9 +1061,50 @@ def _cut_costs(
             live_bytes=live_bytes.get(positions[cut.after], 0),
             pinned=cut.pinned,
             kinds=tuple(sorted(kinds.get(positions[cut.after], {}).items())),
+            values=_cut_values(cut, positions, kinds.get(positions[cut.after], {}), values),
         )
         for cut in graph.cuts
     )
+
+
+def _cut_values(
+    cut: Cut,
+    positions: Mapping[str, int],
+    kinds: Mapping[str, str],
+    values: _Values | None,
+) -> tuple[CutValue, ...]:
+    """What crosses ``cut`` value by value, where the backend said what it sends
+    (:attr:`Cut.sent`): the values the stage after could compute again
+    (:attr:`Cut.replayable`) keep their ops, unless one of them drew random numbers (it
+    would draw others), a value they need could not be sent (neither a tensor nor a
+    number), or the step ran on fake tensors."""
+    if values is None or cut.sent is None:
+        return ()
+    seen = values.at.get(positions[cut.after])
+    if seen is None:
+        return ()
+    replayable = {item.name: item for item in cut.replayable}
+    found: list[CutValue] = []
+    for name in dict.fromkeys([*cut.crossing, *(n for r in cut.replayable for n in r.needs)]):
+        size, grad = seen.get(name, (0, False))
+        item = replayable.get(name)
+        if item is not None and (
+            values.fake
+            or any(positions[op] in values.random for op in item.ops)
+            or any(kinds.get(need) == "other" or need not in seen for need in item.needs)
+        ):
+            item = None
+        found.append(
+            CutValue(
+                name=name,
+                bytes=size,
+                grad=grad,
+                recompute=() if item is None else item.ops,
+                needs=() if item is None else item.needs,
+                sent=name in cut.crossing,
+            )
+        )
+    return tuple(found)
 
 
 def _counted_costs(
@@ -1023,6 +1114,7 @@ def _counted_costs(
     params: Sequence[int],
     live_bytes: Mapping[int, int],
     kinds: Mapping[int, Mapping[str, str]],
+    values: _Values,
     out_bytes: Mapping[int, int],
     batch_size: int,
 ) -> Costs:
@@ -1041,7 +1133,7 @@ def _counted_costs(
         )
         for position, op in enumerate(graph.ops)
     )
-    cuts = _cut_costs(graph, live_bytes, kinds)
+    cuts = _cut_costs(graph, live_bytes, kinds, values)
     note = (
         f"counted on fake tensors (no data), not measured: FLOPs (torch's FlopCounterMode) at "
         f"{rate:.3g} FLOP/s ({hardware.name or 'the hardware profile'}), backward "

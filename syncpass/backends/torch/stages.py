@@ -48,7 +48,7 @@ import libcst as cst
 
 from syncpass.backends.torch.analysis import analyse as analyse_traced
 from syncpass.backends.torch.rewrite import strip_sync_points as strip_pipe_splits
-from syncpass.contracts.graph import Cut, Op, OpGraph
+from syncpass.contracts.graph import Cut, Op, OpGraph, Replayable
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.analysis import (
     DICT_VIEWS,
@@ -395,6 +395,35 @@ def _replay(name: str, before: int, ops: Sequence[Op], unsent: set[str]) -> _Rep
     return _Replay(tuple(statements), tuple(dict.fromkeys(needs)))
 
 
+def _replayable(name: str, before: int, ops: Sequence[Op], unsent: set[str]) -> _Replay | None:
+    """How the stage after the first ``before`` ops could compute ``name`` again from what
+    it would receive, or ``None``: the statement that computes it (one, outside loops and
+    regions; the last of the first ``upto`` ops to write it), then those of what it reads
+    that constants compute, run again; what else it reads is received (``needs``), when
+    it still holds at the cut what it held when read. Whether it is worth it (it must
+    need no gradient, and cost less than sending it) is the plan's call."""
+    writers = [op for op in ops[:before] if name in op.writes]
+    if len(writers) != 1:
+        return None
+    writer = writers[0]
+    if writer.region is not None or writer.loop is not None:
+        return None
+    position = ops.index(writer)
+    statements = [writer.statement]
+    needs: list[str] = []
+    for read in writer.reads:
+        if read in _unsent_at(position, ops, unsent):
+            continue
+        inner = _replay(read, position, ops, unsent)
+        if inner is not None and not inner.needs:
+            statements.extend(inner.statements)
+        elif any(read in op.writes for op in ops[position + 1 : before]):
+            return None
+        else:
+            needs.append(read)
+    return _Replay(tuple(dict.fromkeys(statements)), tuple(dict.fromkeys(needs)))
+
+
 @dataclass(frozen=True)
 class _Crossing:
     """How the values live at a cut reach the stage after it: parameters it ``declared``
@@ -437,15 +466,24 @@ def sent_across_cuts(graph: OpGraph, expanded: str, path: str) -> OpGraph:
 
 
 def _sent_at_cuts(graph: OpGraph, forward: cst.FunctionDef) -> tuple[Cut, ...]:
-    """The graph's cuts with what the stages send across each (:func:`_crossing`)."""
+    """The graph's cuts with what the stages send across each (:func:`_crossing`), and
+    which of it the stage after could compute again instead (:func:`_replayable`)."""
     unsent = _unsent_params(forward)
     positions = {op.id: position + 1 for position, op in enumerate(graph.ops)}
-    return tuple(
-        dataclasses.replace(
-            cut, sent=_crossing(cut.live, positions[cut.after], graph.ops, unsent).received
-        )
-        for cut in graph.cuts
-    )
+    cuts = []
+    for cut in graph.cuts:
+        before = positions[cut.after]
+        received = _crossing(cut.live, before, graph.ops, unsent).received
+        replayable = []
+        for name in received:
+            replay = _replayable(name, before, graph.ops, unsent)
+            if replay is None or name in replay.needs:
+                continue
+            statements = set(replay.statements)
+            ops = tuple(op.id for op in graph.ops[:before] if op.statement in statements)
+            replayable.append(Replayable(name, ops, replay.needs))
+        cuts.append(dataclasses.replace(cut, sent=received, replayable=tuple(replayable)))
+    return tuple(cuts)
 
 
 def _reach(
@@ -483,25 +521,25 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         raise SyncpassError("; ".join(warnings) or "the forward does not cut at the planned sites")
     statements = list(forward.body.body) if isinstance(forward.body, cst.IndentedBlock) else []
 
-    takes: list[tuple[str, ...]] = [()]
     defaults: list[tuple[str, ...]] = [()]
     replays: list[tuple[int, ...]] = [()]
-    nones: list[tuple[str, ...]] = [()]
-    scalars: list[tuple[tuple[str, str], ...]] = [()]
+    receives: list[list[str]] = [[]]
     for number, (site, position) in enumerate(zip(ordered, positions, strict=True), start=1):
         reads = set(mentioned_names(pieces[number]))
-        kinds = dict(site.kinds)
-        sent: list[str] = []
         declared: list[str] = []
         again: list[int] = []
-        nothing: list[str] = []
-        numbers: list[tuple[str, str]] = []
         crossing = _crossing(site.values, position, graph.ops, unsent)
-        for name, replay in crossing.replayed:
-            if name not in reads:
-                continue  # a later stage that reads it computes it itself
+        replayed = [(name, replay) for name, replay in crossing.replayed if name in reads]
+        # A later stage that reads a value computed from constants computes it itself;
+        # what the plan chose to compute again rather than send, this stage computes.
+        replayed += [
+            (name, _chosen_replay(name, position, graph.ops, unsent)) for name in site.recomputed
+        ]
+        needed: list[str] = []
+        for _name, replay in replayed:
             again.extend(replay.statements)
             reads.update(replay.needs)
+            needed.extend(replay.needs)
             declared.extend(
                 read
                 for index in replay.statements
@@ -511,7 +549,31 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
                 if read in unsent
             )
         declared.extend(name for name in crossing.declared if name in reads)
-        for name in crossing.received:
+        receives.append(
+            list(
+                dict.fromkeys(
+                    [
+                        *(name for name in crossing.received if name not in site.recomputed),
+                        *(name for name in needed if name not in declared),
+                    ]
+                )
+            )
+        )
+        defaults.append(tuple(dict.fromkeys(declared)))
+        replays.append(tuple(sorted(set(again))))
+    _receive_what_is_sent(receives, defaults, replays, bounds, graph.ops)
+
+    all_kinds = {name: kind for site in ordered for name, kind in site.kinds}
+    takes: list[tuple[str, ...]] = [()]
+    nones: list[tuple[str, ...]] = [()]
+    scalars: list[tuple[tuple[str, str], ...]] = [()]
+    for number, (site, position) in enumerate(zip(ordered, positions, strict=True), start=1):
+        reads = set(mentioned_names(pieces[number])) | set(receives[number])
+        kinds = {**all_kinds, **dict(site.kinds)}
+        sent: list[str] = []
+        nothing: list[str] = []
+        numbers: list[tuple[str, str]] = []
+        for name in receives[number]:
             kind = kinds.get(name)
             if kind == "none":
                 if name in reads:  # None when profiled: nothing to send, the stage says so
@@ -535,8 +597,6 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
             else:
                 sent.append(name)
         takes.append(tuple(sent))
-        defaults.append(tuple(dict.fromkeys(declared)))
-        replays.append(tuple(sorted(set(again))))
         nones.append(tuple(nothing))
         scalars.append(tuple(numbers))
 
@@ -576,7 +636,9 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         comment = ""
         if index + 1 < count:
             numbered, _, rest = ordered[index].comment.partition(": ")
-            comment = f"{numbered}: sends {', '.join(sends) or 'nothing'}; {rest}"
+            recomputed = ordered[index].recomputed
+            computes = f"; computes {', '.join(recomputed)} again" if recomputed else ""
+            comment = f"{numbered}: sends {', '.join(sends) or 'nothing'}{computes}; {rest}"
         codes.append(
             StageCode(
                 index=index,
@@ -592,6 +654,43 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
             )
         )
     return codes
+
+
+def _chosen_replay(name: str, before: int, ops: Sequence[Op], unsent: set[str]) -> _Replay:
+    """How the stage after the first ``before`` ops computes ``name`` again, as the plan
+    chose (:attr:`SyncSite.recomputed`); a plan that does not fit the source is refused."""
+    replay = _replayable(name, before, ops, unsent)
+    if replay is None:
+        op = ops[before - 1]
+        raise SyncpassError(
+            f"the plan has the stage after {op.id} compute {name} again, which this source "
+            "cannot do; profile and plan the model again",
+            str(op.location),
+        )
+    return replay
+
+
+def _receive_what_is_sent(
+    receives: list[list[str]],
+    defaults: Sequence[tuple[str, ...]],
+    replays: Sequence[tuple[int, ...]],
+    bounds: Sequence[int],
+    ops: Sequence[Op],
+) -> None:
+    """Make each stage receive what it must send on and does not compute itself: a size
+    that a later stage needs to compute a value again, where the stages in between
+    received that value instead (``receives[k]``: what stage ``k`` receives)."""
+    for index in range(len(receives) - 1, 1, -1):
+        start, end = bounds[index - 1], bounds[index]
+        replayed = set(replays[index - 1])
+        made = {
+            name
+            for position, op in enumerate(ops)
+            if start <= position < end or op.statement in replayed
+            for name in op.writes
+        }
+        has = made | set(receives[index - 1]) | set(defaults[index - 1])
+        receives[index - 1].extend(name for name in receives[index] if name not in has)
 
 
 def _unsliced(paths: Sequence[str], loop_containers: set[str]) -> list[str]:

@@ -377,3 +377,69 @@ def test_a_mismatch_under_dropout_says_the_draws_may_explain_it(
     assert verify["ok"] is False
     assert "dropout in drop" in verify["randomness"]
     assert "note: the unsplit model's output differs between two runs" in out_text
+
+
+ROPE_CACHE = REPO / "tests" / "data" / "rope_cache_gpt.py"
+
+
+@pytest.mark.slow
+def test_a_table_cheaper_to_slice_again_than_to_send_is_sliced_again_by_every_stage(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The causal mask (256 KiB a micro-batch) is sliced out of each stage's own buffer
+    # in microseconds; sending it would take about 90 us on the CPU link. Its size, an
+    # int, crosses instead, and the plan and the sync comments say so.
+    source = tmp_path / "rope_cache_gpt.py"
+    shutil.copy(ROPE_CACHE, source)
+    costs = tmp_path / "rc.costs.json"
+    assert (
+        main(
+            [
+                "profile",
+                str(source),
+                "--example",
+                f"{source}:example",
+                "--backend",
+                "torch_stages",
+                "-o",
+                str(costs),
+            ]
+        )
+        == 0
+    )
+    plan_file = tmp_path / "plan.json"
+    out = tmp_path / "rc4.py"
+    argv = ["rewrite", str(source), "--costs", str(costs), "--stages", "4", "--backend"]
+    status = main([*argv, "torch_stages", "-o", str(out), "--report", str(plan_file)])
+    assert status == 0, capsys.readouterr().err
+    points = json.loads(plan_file.read_text())["plan"]["sync_points"]
+    assert all("mask" in point["recomputed"] for point in points)
+    text = out.read_text()
+    assert text.count("mask = self.bias[:T, :T]") == 5  # the model's own, and every stage's
+    assert text.count("computes mask again") == 3
+    document = run_verified(out, "--stages 4", capsys)
+    assert document["verify"]["ok"] is True
+
+    # A plan that sends the mask across the first sync point and slices it again after
+    # the second: the stage in between receives the size it does not use, to send it on.
+    plan = json.loads(plan_file.read_text())["plan"]
+    plan["sync_points"][0]["recomputed"] = []
+    saved = tmp_path / "mixed.plan.json"
+    saved.write_text(json.dumps(plan))
+    mixed = tmp_path / "mixed.py"
+    status = main(
+        [
+            "rewrite",
+            str(source),
+            "--plan",
+            str(saved),
+            "--backend",
+            "torch_stages",
+            "-o",
+            str(mixed),
+        ]
+    )
+    assert status == 0, capsys.readouterr().err
+    stage1 = mixed.read_text().split("class RopeCacheGPTStage1")[1].split("class ")[0]
+    assert "T = int(T)" in stage1 and "mask = self.bias" not in stage1
+    assert run_verified(mixed, "--stages 4", capsys)["verify"]["ok"] is True
