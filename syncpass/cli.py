@@ -125,6 +125,13 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
         help="plan for this batch size: compute and activation bytes scale from the cost "
         "file's batch, latency does not",
     )
+    parser.add_argument(
+        "--optimizer-shards",
+        type=positive_int,
+        metavar="N",
+        help="plan for N data-parallel replicas of the pipeline that shard the optimizer "
+        "state (ZeRO-1, FSDP's SHARD_GRAD_OP): each stage holds 1/N of it",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -280,6 +287,7 @@ def _overrides(args: argparse.Namespace) -> Overrides:
         pinned=pinned,
         hardware=args.hardware,
         batch_size=args.batch_size,
+        optimizer_shards=args.optimizer_shards,
         model=getattr(args, "model", None),
         backend=getattr(args, "backend", None),
         config=args.config,
@@ -401,6 +409,7 @@ def _saved_plan(args: argparse.Namespace) -> Plan:
             ("--cuts", args.cuts),
             ("--hardware", args.hardware),
             ("--batch-size", args.batch_size),
+            ("--optimizer-shards", args.optimizer_shards),
             ("--depth", args.depth if args.depth != 1 else None),
         )
         if value is not None

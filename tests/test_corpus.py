@@ -115,3 +115,54 @@ def test_real_model_is_counted_on_fake_tensors(
     assert all(op["flops"] > 0 and op["param_bytes"] > 0 for op in layers)
     # Counted, not timed: layers that are alike cost the same.
     assert len({op["flops"] for op in layers}) == model.kinds
+
+
+LLAMA_70B_EXAMPLE = """
+
+def example_70b():
+    config = Config.from_name("Llama-3-70B")
+    tokens = torch.randint(0, config.padded_vocab_size, (8, 4097))
+
+    def loss(logits, targets):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return GPT(config), (tokens[:, :-1],), tokens[:, 1:], loss
+"""
+
+
+@pytest.mark.slow
+def test_a_70b_llama_is_planned_for_8_and_64_devices_from_fake_tensors(
+    packages: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """litgpt's Llama-3-70B config, counted on fake tensors on this small machine: 64
+    stages on 80 GB H100s, and 8 on 141 GB H200s once the optimizer state is sharded over
+    8 data-parallel replicas (without that, the fullest stage would need 151 GiB)."""
+    model = next(model for model in CORPUS.MODELS if model.name == "litgpt")
+    source = CORPUS.prepared(model, packages, tmp_path)
+    source.write_text(source.read_text() + LLAMA_70B_EXAMPLE)
+    reports = {}
+    for hardware in ("ib-400g-h100", "ib-400g-h200"):
+        costs = tmp_path / f"{hardware}.costs.json"
+        argv = ["profile", str(source), "--example", f"{source}:example_70b", "--meta"]
+        status = main([*argv, "--hardware", hardware, "-o", str(costs)])
+        assert status == 0, capsys.readouterr().err
+        ops = json.loads(costs.read_text())["ops"]
+        assert len([op for op in ops if op["id"].startswith("transformer.h.")]) == 80
+        reports[hardware] = costs
+    plan = tmp_path / "plan.json"
+    argv = ["plan", "--costs", str(reports["ib-400g-h100"]), "--stages", "64"]
+    assert main([*argv, "--batch-size", "64", "--backend", "torch_stages", "-o", str(plan)]) == 0
+    stages = json.loads(plan.read_text())["stages"]
+    memory = [stage["memory_bytes"] for stage in stages]
+    assert len(stages) == 64 and max(memory) <= 80e9 and max(memory) > 40 * 2**30
+    capsys.readouterr()
+    argv = ["plan", "--costs", str(reports["ib-400g-h200"]), "--stages", "8"]
+    argv += ["--backend", "torch_stages"]
+    assert main(argv) == 2
+    assert "no 8-stage plan fits in device memory" in capsys.readouterr().err
+    assert main([*argv, "--optimizer-shards", "8", "-o", str(plan)]) == 0
+    report = capsys.readouterr().out
+    assert "memory multiplier 4 -> 2.25" in report
+    stages = json.loads(plan.read_text())["stages"]
+    assert len(stages) == 8
+    assert all(70 * 2**30 < stage["memory_bytes"] <= 141e9 for stage in stages)

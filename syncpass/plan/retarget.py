@@ -1,4 +1,5 @@
-"""Re-target a cost file to another batch size, and see how the plan moves with it.
+"""Re-target a cost file to another batch size (and see how the plan moves with it), or
+to an optimizer state sharded over data-parallel replicas.
 
 Compute time, activation bytes and the bytes crossing each cut scale with the
 batch; parameter bytes, the link latency ``alpha`` and the fixed part of each
@@ -60,6 +61,37 @@ def retarget_batch(costs: Costs, batch_size: int) -> Costs:
     return dataclasses.replace(
         costs, batch_size=batch_size, ops=ops, cuts=cuts, notes=(*costs.notes, note)
     )
+
+
+#: What a stage holds per byte of weights besides its optimizer state, when training:
+#: the weights and their gradients. The rest of ``memory_multiplier`` (two Adam moments,
+#: for the 4 that ``syncpass profile`` writes) is the optimizer's.
+WEIGHTS_AND_GRADIENTS = 2
+
+
+def shard_optimizer_state(costs: Costs, shards: int) -> Costs:
+    """``costs`` with each stage's optimizer state split over ``shards`` data-parallel
+    replicas of the pipeline (ZeRO-1, FSDP's ``SHARD_GRAD_OP``): of the memory multiplier,
+    the weights and gradients stay whole and the rest is divided by ``shards``."""
+    if not 1 <= shards <= 2**20:
+        raise SyncpassError(f"--optimizer-shards must be between 1 and 2**20, got {shards}")
+    if shards == 1:
+        return costs
+    if not costs.training or costs.memory_multiplier <= WEIGHTS_AND_GRADIENTS:
+        raise SyncpassError(
+            f"--optimizer-shards {shards}: the cost file holds no optimizer state to shard "
+            f"(memory_multiplier {costs.memory_multiplier:g}"
+            f"{'' if costs.training else ', not training'}; weights and gradients count "
+            f"{WEIGHTS_AND_GRADIENTS})"
+        )
+    state = costs.memory_multiplier - WEIGHTS_AND_GRADIENTS
+    multiplier = WEIGHTS_AND_GRADIENTS + state / shards
+    note = (
+        f"optimizer state sharded over {shards} data-parallel replicas: memory multiplier "
+        f"{costs.memory_multiplier:g} -> {multiplier:.3g} (weights and gradients whole, "
+        f"{state:g}x of optimizer state / {shards})"
+    )
+    return dataclasses.replace(costs, memory_multiplier=multiplier, notes=(*costs.notes, note))
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ from syncpass.contracts.hardware import load_profile, retarget_hardware
 from syncpass.core.errors import SyncpassError
 from syncpass.core.plugins import DEFAULT_BACKEND
 from syncpass.plan.planner import PlanRequest
-from syncpass.plan.retarget import retarget_batch
+from syncpass.plan.retarget import retarget_batch, shard_optimizer_state
 from syncpass.settings.project import (
     ModelEntry,
     ProjectConfig,
@@ -55,6 +55,7 @@ class Overrides:
     pinned: tuple[str, ...] = ()
     hardware: str | None = None
     batch_size: int | None = None
+    optimizer_shards: int | None = None
     model: str | None = None
     backend: str | None = None
     config: Path | None = None
@@ -124,6 +125,8 @@ class Settings:
             costs = retarget_hardware(costs, load_profile(self.hardware))
         if self.batch_size is not None:
             costs = retarget_batch(costs, self.batch_size)
+        if self.overrides.optimizer_shards is not None:
+            costs = shard_optimizer_state(costs, self.overrides.optimizer_shards)
         return costs
 
 

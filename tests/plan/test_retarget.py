@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import itertools
+import json
 import math
+from pathlib import Path
 
 import pytest
 from costbuilder import cost_dict
 
+from syncpass.cli import main
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import parse_costs
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import PlanRequest, make_plan
-from syncpass.plan.retarget import retarget_batch, sweep_batch
+from syncpass.plan.retarget import retarget_batch, shard_optimizer_state, sweep_batch
 
 
 def test_compute_and_bytes_scale_parameters_and_latency_do_not() -> None:
@@ -67,3 +70,31 @@ def test_the_fixed_part_of_each_op_does_not_scale_with_the_batch() -> None:
     assert bigger.ops[0].backward_s == pytest.approx(1.0 + 1.0 * 4)
     assert (bigger.ops[0].fixed_s, bigger.ops[0].backward_fixed_s) == (0.5, 1.0)
     assert bigger.ops[1].compute_s == pytest.approx(8.0)
+
+
+def test_sharded_optimizer_state_lets_a_plan_fit_that_did_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two ops of 10 bytes of weights; 4x when training (weights, gradients, two Adam
+    # moments) is 40 bytes a stage: over the 30-byte devices. Over 4 replicas, the two
+    # moments take 2/4: 25 bytes.
+    data = cost_dict([1.0, 1.0], [0.0], params=[10, 10], memory=30, training=True, multiplier=4)
+    costs = parse_costs(data)
+    sharded = shard_optimizer_state(costs, 4)
+    assert sharded.memory_multiplier == 2.5
+    assert "sharded over 4 data-parallel replicas" in sharded.notes[-1]
+    assert shard_optimizer_state(costs, 1) is costs
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(data))
+    argv = ["plan", "--costs", str(path), "--stages", "2"]
+    assert main(argv) == 2
+    assert "fits in device memory" in capsys.readouterr().err
+    assert main([*argv, "--optimizer-shards", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "memory multiplier 4 -> 2.5" in out
+
+
+def test_no_optimizer_state_to_shard_is_an_error() -> None:
+    costs = parse_costs(cost_dict([1.0, 1.0], [0.0], training=False, multiplier=1))
+    with pytest.raises(SyncpassError, match="no optimizer state to shard"):
+        shard_optimizer_state(costs, 2)
