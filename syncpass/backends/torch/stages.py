@@ -365,13 +365,19 @@ class _Replay:
     needs: tuple[str, ...] = ()
 
 
-def _replay(name: str, before: int, ops: Sequence[Op], unsent: set[str]) -> _Replay | None:
+def _replay(
+    name: str, before: int, ops: Sequence[Op], unsent: set[str], receiving: bool = False
+) -> _Replay | None:
     """How ``name`` is computed again after the first ``before`` ops, or ``None`` when it must
     be sent (a model input the forward has not assigned, or a value computed from tensors).
 
-    A value computed from the unsent parameters alone is computed again; so is an alias
-    (``Op.alias``: it computes nothing), from what it names, received, when those still
-    hold what they held at the alias."""
+    The statement that computes it (one, outside loops and regions) runs again, with those
+    of what it reads that are computed again in turn. A value computed from the unsent
+    parameters alone is computed again; so is an alias (``Op.alias``: it computes nothing),
+    from what it names, received (``needs``), when those still hold what they held at the
+    alias. With ``receiving``, any statement may read values received so: how the stage
+    after *could* compute ``name`` again, which the plan weighs against sending it
+    (:func:`_chosen_replay`)."""
     writers = [op for op in ops[:before] if name in op.writes]
     if len(writers) != 1:
         return None
@@ -388,39 +394,12 @@ def _replay(name: str, before: int, ops: Sequence[Op], unsent: set[str]) -> _Rep
         if inner is not None and (writer.alias or not inner.needs):
             statements.extend(inner.statements)
             needs.extend(inner.needs)
-        elif writer.alias and not any(read in op.writes for op in ops[position + 1 : before]):
+        elif (writer.alias or receiving) and not any(
+            read in op.writes for op in ops[position + 1 : before]
+        ):
             needs.append(read)
         else:
             return None
-    return _Replay(tuple(statements), tuple(dict.fromkeys(needs)))
-
-
-def _replayable(name: str, before: int, ops: Sequence[Op], unsent: set[str]) -> _Replay | None:
-    """How the stage after the first ``before`` ops could compute ``name`` again from what
-    it would receive, or ``None``: the statement that computes it (one, outside loops and
-    regions; the last of the first ``upto`` ops to write it), then those of what it reads
-    that constants compute, run again; what else it reads is received (``needs``), when
-    it still holds at the cut what it held when read. Whether it is worth it (it must
-    need no gradient, and cost less than sending it) is the plan's call."""
-    writers = [op for op in ops[:before] if name in op.writes]
-    if len(writers) != 1:
-        return None
-    writer = writers[0]
-    if writer.region is not None or writer.loop is not None:
-        return None
-    position = ops.index(writer)
-    statements = [writer.statement]
-    needs: list[str] = []
-    for read in writer.reads:
-        if read in _unsent_at(position, ops, unsent):
-            continue
-        inner = _replay(read, position, ops, unsent)
-        if inner is not None and not inner.needs:
-            statements.extend(inner.statements)
-        elif any(read in op.writes for op in ops[position + 1 : before]):
-            return None
-        else:
-            needs.append(read)
     return _Replay(tuple(dict.fromkeys(statements)), tuple(dict.fromkeys(needs)))
 
 
@@ -467,7 +446,7 @@ def sent_across_cuts(graph: OpGraph, expanded: str, path: str) -> OpGraph:
 
 def _sent_at_cuts(graph: OpGraph, forward: cst.FunctionDef) -> tuple[Cut, ...]:
     """The graph's cuts with what the stages send across each (:func:`_crossing`), and
-    which of it the stage after could compute again instead (:func:`_replayable`)."""
+    which of it the stage after could compute again instead (:func:`_replay`)."""
     unsent = _unsent_params(forward)
     positions = {op.id: position + 1 for position, op in enumerate(graph.ops)}
     cuts = []
@@ -476,7 +455,7 @@ def _sent_at_cuts(graph: OpGraph, forward: cst.FunctionDef) -> tuple[Cut, ...]:
         received = _crossing(cut.live, before, graph.ops, unsent).received
         replayable = []
         for name in received:
-            replay = _replayable(name, before, graph.ops, unsent)
+            replay = _replay(name, before, graph.ops, unsent, receiving=True)
             if replay is None or name in replay.needs:
                 continue
             statements = set(replay.statements)
@@ -659,7 +638,7 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
 def _chosen_replay(name: str, before: int, ops: Sequence[Op], unsent: set[str]) -> _Replay:
     """How the stage after the first ``before`` ops computes ``name`` again, as the plan
     chose (:attr:`SyncSite.recomputed`); a plan that does not fit the source is refused."""
-    replay = _replayable(name, before, ops, unsent)
+    replay = _replay(name, before, ops, unsent, receiving=True)
     if replay is None:
         op = ops[before - 1]
         raise SyncpassError(
