@@ -173,13 +173,13 @@ def profile_jax_costs(
     leaves = jax.tree_util.tree_leaves((example.params, *example.args))
     env: dict[Any, Any] = dict(staged.consts)
     env.update(zip(staged.invars, leaves, strict=True))
-    weight_vars = set(staged.invars[: staged.num_weights])
+    weight_vars = set(staged.weight_index)  # the leaves, and the rows of one a piece runs
     counted: set[Any] = set()
     first_op = 0
     ops: list[OpCost] = []
     for piece, stage in enumerate(staged.stages):
         last_op = after[piece] if piece < len(after) else len(graph.ops) - 1
-        values = [env[var] for var in stage.inputs]
+        values = [staged.value_of(var, env) for var in stage.inputs]
         try:
             outputs = stage.function(*values)
             forward_s, backward_s = _time_piece(stage.function, values, outputs, repeats, warmup)

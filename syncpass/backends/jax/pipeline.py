@@ -83,6 +83,16 @@ class Pipeline:
     source_weights: tuple[Any, ...] = ()
     producers: dict[Any, int] = field(default_factory=dict)  # variable -> stage defining it
     weight_index: dict[Any, int] = field(default_factory=dict)  # weight variable -> leaf index
+    # A stage input that is rows ``start:stop`` of a weight leaf (the slice of a stacked
+    # scan's weights its piece runs): variable -> (the leaf's variable, start, stop).
+    weight_slices: dict[Any, tuple[Any, int, int]] = field(default_factory=dict)
+
+    def value_of(self, var: Any, env: dict[Any, Any]) -> Any:
+        """``var``'s value in ``env``, a weight slice cut from its leaf."""
+        if var in self.weight_slices:
+            source, start, stop = self.weight_slices[var]
+            return env[source][start:stop]
+        return env[var]
 
     def __call__(self, params: Any, *args: Any) -> Any:
         """The model's output, computed stage by stage (differentiable).
@@ -100,7 +110,9 @@ class Pipeline:
         env.update(zip(self.invars, leaves, strict=True))
         for stage in self.stages:
             values = [
-                _on(env[var], stage.device) if not self._is_source_weight(var, leaves) else None
+                None
+                if self._is_source_weight(var, leaves)
+                else _on(self.value_of(var, env), stage.device)
                 for var in stage.inputs
             ]
             for position, placed in zip(stage.weight_positions, stage.placed_weights, strict=True):
@@ -116,11 +128,19 @@ class Pipeline:
 
     @property
     def params(self) -> Any:
-        """The weights as placed: each leaf on the device of the first stage that reads it."""
+        """The weights as placed: each leaf on the device of the first stage that reads it
+        whole (a leaf the stages hold only in slices is the array the pipeline was built
+        with)."""
         leaves = list(self.source_weights)
         for stage in reversed(self.stages):
-            for index, placed in zip(stage.weights, stage.placed_weights, strict=True):
-                leaves[index] = placed
+            for var, index, placed in zip(
+                (stage.inputs[i] for i in stage.weight_positions),
+                stage.weights,
+                stage.placed_weights,
+                strict=True,
+            ):
+                if var not in self.weight_slices:
+                    leaves[index] = placed
         return jax.tree_util.tree_unflatten(self.weights_tree, leaves)
 
     @property
@@ -212,6 +232,20 @@ def pipeline(model: Callable[..., Any], params: Any, *args: Any) -> Pipeline:
             needed_later[defined_in[var]].add(var)
     weight_index = {var: index for index, var in enumerate(jaxpr.invars[:num_weights])}
     weight_leaves = jax.tree_util.tree_leaves(params)
+    weight_slices: dict[Any, tuple[Any, int, int]] = {}
+    for position, group in enumerate(groups):
+        for var in list(reads[position]):
+            found = _row_slice(var, group) if var in weight_index else None
+            if found is None or found[0].outvars[0] in needed_later[position]:
+                continue
+            equation, start, stop = found
+            rows = equation.outvars[0]
+            # The stage takes the rows it runs as its input: only they are placed on it.
+            group.remove(equation)
+            reads[position][reads[position].index(var)] = rows
+            del defined_in[rows]
+            weight_index[rows] = weight_index[var]
+            weight_slices[rows] = (var, start, stop)
     stages = []
     for position, group in enumerate(groups):
         defined = [
@@ -258,7 +292,12 @@ def pipeline(model: Callable[..., Any], params: Any, *args: Any) -> Pipeline:
                 jaxpr=piece,
                 equations=len(group),
                 # Placed once, here: no step moves a weight again.
-                placed_weights=tuple(jax.device_put(weight_leaves[i], device) for i in weights),
+                placed_weights=tuple(
+                    jax.device_put(_rows(weight_leaves[index], weight_slices.get(var)), device)
+                    for var, index in zip(
+                        (inputs[i] for i in weight_positions), weights, strict=True
+                    )
+                ),
                 differentiable=differentiable,
                 differentiable_outputs=differentiable_outputs,
                 backward=jax.jit(_pull_back(traced, differentiable, differentiable_outputs)),
@@ -276,7 +315,31 @@ def pipeline(model: Callable[..., Any], params: Any, *args: Any) -> Pipeline:
         source_weights=tuple(weight_leaves),
         producers=defined_in,
         weight_index=weight_index,
+        weight_slices=weight_slices,
     )
+
+
+def _row_slice(var: Any, group: Sequence[Any]) -> tuple[Any, int, int] | None:
+    """The one equation of ``group`` that reads ``var``, when it is a static slice of rows
+    ``start:stop`` of it (all of every other axis, step 1): how a piece runs its slice of
+    a stacked scan's weights (``jax.tree.map(lambda w: w[2:4], params["layers"])``)."""
+    readers = [equation for equation in group if var in equation.invars]
+    if len(readers) != 1 or readers[0].primitive.name != "slice":
+        return None
+    equation = readers[0]
+    starts = equation.params["start_indices"]
+    limits = equation.params["limit_indices"]
+    strides = equation.params.get("strides")
+    shape = var.aval.shape
+    if not shape or (strides is not None and any(stride != 1 for stride in strides)):
+        return None
+    if any(starts[axis] != 0 or limits[axis] != shape[axis] for axis in range(1, len(shape))):
+        return None
+    return equation, int(starts[0]), int(limits[0])
+
+
+def _rows(leaf: Any, found: tuple[Any, int, int] | None) -> Any:
+    return leaf if found is None else leaf[found[1] : found[2]]
 
 
 def _inexact(var: Any) -> bool:
@@ -402,6 +465,11 @@ class GPipe:
                         continue
                     # Summed on the weight's owner, where staged.params has it.
                     cotangent = _on(cotangent, owners[index])
+                    if var in staged.weight_slices:  # the rows this stage holds, in the leaf
+                        _, start, stop = staged.weight_slices[var]
+                        whole = staged.source_weights[index]
+                        zeros = jax.numpy.zeros(whole.shape, whole.dtype, device=owners[index])
+                        cotangent = zeros.at[start:stop].set(cotangent)
                     home = grads[index]
                     grads[index] = cotangent if home is None else home + cotangent
         scale = 1 / len(batches)

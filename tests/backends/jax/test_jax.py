@@ -939,3 +939,53 @@ def test_a_split_scan_runs_over_slices_of_the_stack_and_strips_back(form: str) -
 def test_a_scan_model_splits_between_layers_and_verifies(stages: int, tmp_path: Path) -> None:
     written = rewrite_run_verify("jax_scan_layers.py", stages, tmp_path)
     assert "jax.tree.map(lambda w: w[" in written  # the scan was split between layers
+
+
+SCAN_SLICES_CHECK = """
+import functools, sys
+import jax, jax.numpy as jnp
+sys.path.insert(0, sys.argv[1])
+from jax_scan_layers import LAYERS, block, example, loss_fn
+from syncpass.backends.jax.pipeline import GPipe, pipeline
+
+def forward(params, tokens):  # the scan split as `syncpass rewrite` splits it: 2 + 4 layers
+    mask = jnp.tril(jnp.ones((8, 8)))
+    x = params["embed"][tokens]
+    step = functools.partial(block, mask=mask)
+    x, _ = jax.lax.scan(step, x, jax.tree.map(lambda w: w[:2], params["layers"]))
+    mask, x = jax.device_put((mask, x), jax.devices()[1])
+    x, _ = jax.lax.scan(step, x, jax.tree.map(lambda w: w[2:], params["layers"]))
+    return x @ params["head"]
+
+_, params, (tokens,), target, _ = example()
+staged = pipeline(forward, params, tokens[:4])
+# Each stage holds only the rows of the stacked weights its scan runs.
+rows = [sorted(w.shape[0] for w in s.placed_weights if w.ndim == 3) for s in staged.stages]
+assert rows == [[2, 2], [4, 4]], rows
+batches = [((tokens[i::2],), target[i::2]) for i in range(2)]
+result = GPipe(staged, loss_fn)(batches)
+whole = jax.jit(jax.grad(lambda p, a, t: loss_fn(forward(p, *a), t)))
+grads = [whole(params, args, t) for args, t in batches]
+mean = jax.tree_util.tree_map(lambda *g: sum(g) / 2, *grads)
+for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(result.grads),
+                             jax.tree_util.tree_leaves(mean)):
+    got = jax.device_put(got, jax.devices()[0])
+    assert got.shape == want.shape and jnp.allclose(got, want, rtol=1e-5, atol=1e-6), path
+print("ok")
+"""
+
+
+@pytest.mark.slow
+def test_a_split_scan_places_only_its_rows_of_the_stacked_weights_on_each_stage() -> None:
+    env = dict(
+        os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2", JAX_PLATFORMS="cpu"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", SCAN_SLICES_CHECK, str(DATA)],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
