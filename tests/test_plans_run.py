@@ -33,6 +33,8 @@ MODELS = [
             "masked_gpt",
             "module_dict_layers",
             "pair_layers",
+            "rope_cache_gpt",
+            "stage_named",
             "zipped_layers",
         )
     ),

@@ -131,6 +131,48 @@ def stage_class_name(model: str, index: int | None = None) -> str:
     return f"{model}Stage" if index is None else f"{model}Stage{index}"
 
 
+#: The names the base stage class may take, in order: ``NetStage`` unless the file has a
+#: ``NetStage`` of its own (timm's ``ConvNeXtStage`` is a stage of ``ConvNeXt``).
+_BASE_SUFFIXES = ("Stage", "StageBase", "PipelineStageBase")
+
+
+def stage_base_name(module: cst.Module, model: str) -> str | None:
+    """The name of the base stage class to write for ``model`` in ``module``: the first of
+    :data:`_BASE_SUFFIXES` that names nothing at the top of the file (but syncpass's own
+    stage classes), or ``None`` when all do."""
+    taken = set()
+    for statement in module.body:
+        if _is_stage_class(statement, model):
+            continue
+        if isinstance(statement, (cst.ClassDef, cst.FunctionDef)):
+            taken.add(statement.name.value)
+        elif isinstance(statement, cst.SimpleStatementLine):
+            for small in statement.body:
+                if isinstance(small, (cst.Import, cst.ImportFrom)) and not isinstance(
+                    small.names, cst.ImportStar
+                ):
+                    taken.update(_bound_name(alias) for alias in small.names)
+                elif isinstance(small, (cst.Assign, cst.AnnAssign)):
+                    targets = (
+                        [target.target for target in small.targets]
+                        if isinstance(small, cst.Assign)
+                        else [small.target]
+                    )
+                    taken.update(t.value for t in targets if isinstance(t, cst.Name))
+    return next(
+        (model + suffix for suffix in _BASE_SUFFIXES if model + suffix not in taken), None
+    )
+
+
+def _bound_name(alias: cst.ImportAlias) -> str:
+    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
+        return alias.asname.name.value
+    name: cst.BaseExpression = alias.name
+    while isinstance(name, cst.Attribute):  # import a.b binds a
+        name = name.value
+    return name.value if isinstance(name, cst.Name) else ""
+
+
 def is_stages_comment(text: str) -> bool:
     """Whether a comment opens a block of stage classes syncpass wrote."""
     return bool(_STAGES_COMMENT.match(text))
@@ -317,8 +359,13 @@ class {base}({model}):
                     path = prefix + name
                     whole = any(path == k or path.startswith(k + ".") for k in cls.keeps)
                     inside = any(k.startswith(path + ".") for k in cls.keeps)
-                    if value is not None and not whole:
-                        entries[name] = kept(value, path + ".", type(value)) if inside else None
+                    if value is None or whole:
+                        continue
+                    if not inside:
+                        entries[name] = None
+                    elif table == "_modules":
+                        entries[name] = kept(value, path + ".", type(value))
+                    # else a parameter or buffer whose attribute the stage reads: kept whole
                 part.__dict__[table] = entries
             return part
 
@@ -431,6 +478,7 @@ def _return_line(stage: StageCode, config: cst.Module) -> cst.SimpleStatementLin
 
 def _stage_class(
     model: str,
+    base: str,
     forward: cst.FunctionDef,
     statements: Sequence[cst.BaseStatement],
     replayed: Sequence[cst.BaseStatement],
@@ -470,7 +518,7 @@ def _stage_class(
         decorators=(),
     )
     header = (
-        f"class {stage_class_name(model, stage.index)}({stage_class_name(model)}):\n"
+        f"class {stage_class_name(model, stage.index)}({base}):\n"
         f'    """Stage {stage.index} of {count} of {model}.forward."""\n\n'
         f"    keeps = {_tuple_code(stage.keeps)}\n"
         + (f"    sends = {_tuple_code(_sent_names(stage))}\n" if stage.sends else "")
@@ -516,7 +564,13 @@ def insert_stages(
             f"the forward cuts into {len(pieces)} piece(s) at the sites, not {len(stages)}",
         )
     statements = list(forward.body.body)
-    base_code = _BASE_TEMPLATE.format(base=stage_class_name(class_name), model=class_name)
+    base_name = stage_base_name(module, class_name)
+    if base_name is None:
+        return module, (
+            f"the file already defines {', '.join(class_name + s for s in _BASE_SUFFIXES)}: "
+            "no name is left for the base stage class",
+        )
+    base_code = _BASE_TEMPLATE.format(base=base_name, model=class_name)
     base = cst.parse_statement(base_code, config=module.config_for_parsing)
     note = cst.EmptyLine(
         comment=cst.Comment(
@@ -528,7 +582,9 @@ def insert_stages(
     for stage, piece in zip(stages, pieces, strict=True):
         replayed = [statements[position] for position in stage.replays]
         classes.append(
-            _stage_class(class_name, forward, piece, replayed, stage, len(stages), module)
+            _stage_class(
+                class_name, base_name, forward, piece, replayed, stage, len(stages), module
+            )
         )
     body = [*module.body[: index + 1], *classes, *module.body[index + 1 :]]
     return module.with_changes(body=body), ()
@@ -538,17 +594,18 @@ def _is_stage_class(statement: cst.BaseStatement, model: str) -> bool:
     if not isinstance(statement, cst.ClassDef):
         return False
     name = statement.name.value
-    if name == stage_class_name(model):
+    bases = {model + suffix for suffix in _BASE_SUFFIXES}
+    if name in bases:
         return any(
             line.comment is not None and is_stages_comment(line.comment.value)
             for line in statement.leading_lines
         )
-    bases = [arg.value for arg in statement.bases]
+    parents = [arg.value for arg in statement.bases]
     return (
         re.fullmatch(rf"{re.escape(stage_class_name(model))}\d+", name) is not None
-        and len(bases) == 1
-        and isinstance(bases[0], cst.Name)
-        and bases[0].value == stage_class_name(model)
+        and len(parents) == 1
+        and isinstance(parents[0], cst.Name)
+        and parents[0].value in bases
     )
 
 
@@ -556,11 +613,15 @@ def written_models(module: cst.Module) -> tuple[str, ...]:
     """The models whose stage classes syncpass wrote into ``module``."""
     names = []
     for statement in module.body:
-        if isinstance(statement, cst.ClassDef) and statement.name.value.endswith("Stage"):
-            model = statement.name.value[: -len("Stage")]
-            if _is_stage_class(statement, model):
-                names.append(model)
-    return tuple(names)
+        if not isinstance(statement, cst.ClassDef):
+            continue
+        for suffix in sorted(_BASE_SUFFIXES, key=len, reverse=True):  # NetPipelineStageBase
+            if statement.name.value.endswith(suffix):
+                model = statement.name.value[: -len(suffix)]
+                if _is_stage_class(statement, model):
+                    names.append(model)
+                    break
+    return tuple(dict.fromkeys(names))
 
 
 def remove_stages(module: cst.Module) -> cst.Module:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import copy
+import dataclasses
 import inspect
 import io
 import logging
@@ -249,6 +250,7 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
     loss_fn = example.loss_fn
     if pipe is not None:
         stage = pipe.build_stage(rank, device)
+        _contiguous_transfers(stage)
     else:
         inputs, outputs = stage_examples(stage_modules, rank, batch.arg_chunks[0])
         stage = PipelineStage(
@@ -557,6 +559,48 @@ def _check_sends(stage_module: torch.nn.Module, index: int) -> None:
         return contiguous if isinstance(outputs, tuple) else contiguous[0]
 
     stage_module.forward = checked
+
+
+def _contiguous_transfers(stage: _PipelineStageBase) -> None:
+    """Make a traced stage send and receive contiguous tensors only: gloo moves nothing
+    else, and torch shapes a traced stage's outputs and receive buffers as the traced
+    values were laid out, where a slice of a buffer (``self.bias[:T, :T]``) is a strided
+    view. Its outputs are made contiguous, and so are the buffers it receives activations
+    and gradients into (torch 2.13's ``_create_act_recv_info`` and
+    ``_create_grad_recv_info``)."""
+    module = stage.submod
+    forward = module.forward
+
+    def contiguous_outputs(*args: Any, **kwargs: Any) -> Any:
+        outputs = forward(*args, **kwargs)
+        if isinstance(outputs, tuple):
+            return tuple(
+                value.contiguous() if isinstance(value, torch.Tensor) else value
+                for value in outputs
+            )
+        return outputs.contiguous() if isinstance(outputs, torch.Tensor) else outputs
+
+    module.forward = contiguous_outputs
+    for name in ("_create_act_recv_info", "_create_grad_recv_info"):
+        create = getattr(stage, name, None)
+        if create is not None:
+            setattr(stage, name, _with_contiguous_buffers(create))
+
+
+def _with_contiguous_buffers(create: Callable[..., Any]) -> Callable[..., Any]:
+    def created(*args: Any, **kwargs: Any) -> Any:
+        infos = create(*args, **kwargs)
+        for info in infos:
+            buffer = getattr(info, "buffer", None)
+            if isinstance(buffer, torch.Tensor) and not buffer.is_contiguous():
+                fresh = torch.empty(buffer.shape, dtype=buffer.dtype, device=buffer.device)
+                info.buffer = fresh.requires_grad_(buffer.requires_grad)
+                meta = info.tensor_meta
+                if meta is not None:
+                    info.tensor_meta = dataclasses.replace(meta, stride=fresh.stride())
+        return infos
+
+    return created
 
 
 def _return_line(stage_class: type[torch.nn.Module]) -> str:

@@ -290,3 +290,28 @@ def test_the_forwards_docstring_stays_with_the_model_not_the_first_stage() -> No
     result = rewrite(text, 2)
     assert result.rewritten.count('"""Logits."""') == 1
     assert STAGES.strip(result.rewritten, "net.py", None) == text
+
+
+def test_a_file_with_its_own_model_stage_class_gets_another_base_name() -> None:
+    # timm's convnext.py defines ConvNeXtStage: the base stage class must not replace it.
+    own = MASKED.replace(
+        "class Net(nn.Module):", "class NetStage(nn.Module):\n    pass\n\n\nclass Net(nn.Module):"
+    )
+    result = rewrite(own, 3)
+    found = classes(result.rewritten)
+    assert [name for name in found if name.startswith("NetStage")] == [
+        "NetStage",
+        "NetStageBase",
+        "NetStage0",
+        "NetStage1",
+        "NetStage2",
+    ]
+    assert all(found[f"NetStage{k}"].bases[0].id == "NetStageBase" for k in range(3))  # type: ignore[attr-defined]
+    assert ast.unparse(found["NetStage"]) == "class NetStage(nn.Module):\n    pass"
+    assert rewrite(result.rewritten, 3).rewritten == result.rewritten
+    assert STAGES.strip(result.rewritten, "net.py", None) == own
+    imported = own.replace(
+        "import torch\n", "import torch\nfrom blocks import NetStage, NetStageBase\n"
+    )
+    names = classes(rewrite(imported, 3).rewritten)
+    assert "NetStagePipelineStageBase" not in names and "NetPipelineStageBase" in names
