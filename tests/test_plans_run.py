@@ -29,6 +29,7 @@ MODELS = [
         for name in (
             "aliased_skip",
             "late_input",
+            "layerdrop_decoder",
             "lookup_output",
             "masked_gpt",
             "module_dict_layers",

@@ -159,9 +159,7 @@ def stage_base_name(module: cst.Module, model: str) -> str | None:
                         else [small.target]
                     )
                     taken.update(t.value for t in targets if isinstance(t, cst.Name))
-    return next(
-        (model + suffix for suffix in _BASE_SUFFIXES if model + suffix not in taken), None
-    )
+    return next((model + suffix for suffix in _BASE_SUFFIXES if model + suffix not in taken), None)
 
 
 def _bound_name(alias: cst.ImportAlias) -> str:

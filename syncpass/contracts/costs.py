@@ -140,7 +140,9 @@ class OpCost:
 #: What a live value that is not a tensor was when profiled: ``ints`` a tuple of Python
 #: ints, ``size`` a ``torch.Size``, ``tensors:N`` a tuple of N tensors, ``other`` anything
 #: else (a dict, an object, a string).
-VALUE_KINDS = ("none", "int", "float", "bool", "ints", "size", "tensors:N", "other")
+#: ``unbound``: a name the analysis finds live that held nothing when profiled (assigned
+#: only in a branch not taken, OPT's LayerDrop ``dropout_probability``).
+VALUE_KINDS = ("none", "unbound", "int", "float", "bool", "ints", "size", "tensors:N", "other")
 
 
 def known_kind(kind: str) -> bool:

@@ -571,8 +571,49 @@ def match_scan_call(statement: cst.BaseStatement) -> ScanCall | None:
 
 
 def _has_jump(body: cst.BaseSuite) -> bool:
-    jumps = m.Break() | m.Continue() | m.Return() | m.Yield()
-    return bool(m.findall(body, jumps))
+    """Whether the loop whose body is ``body`` can end early or hand control out: a
+    ``break`` of its own, a ``return`` or a ``yield`` (not one of a function defined
+    inside). A ``continue`` only ends an iteration, as over a slice of the container
+    (OPT's LayerDrop skips a layer so), and a nested loop's ``break`` ends that loop."""
+    finder = _JumpFinder()
+    body.visit(finder)
+    return finder.found
+
+
+class _JumpFinder(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found = False
+        self.loops = 0  # nested loops entered
+
+    def visit_For(self, node: cst.For) -> None:
+        self.loops += 1
+
+    def leave_For(self, original_node: cst.For) -> None:
+        self.loops -= 1
+
+    def visit_While(self, node: cst.While) -> None:
+        self.loops += 1
+
+    def leave_While(self, original_node: cst.While) -> None:
+        self.loops -= 1
+
+    def visit_Break(self, node: cst.Break) -> None:
+        self.found = self.found or self.loops == 0
+
+    def visit_Return(self, node: cst.Return) -> None:
+        self.found = True
+
+    def visit_Yield(self, node: cst.Yield) -> None:
+        self.found = True
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
 
 
 # --- facts about each forward statement ----------------------------------------

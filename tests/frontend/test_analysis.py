@@ -235,3 +235,30 @@ def test_loop_iterations_are_named_by_their_container_whatever_they_call() -> No
     live = {cut.after: cut.live for cut in graph.cuts}
     assert live["more.0"] == ("x",)
     assert [cut.after for cut in graph.cuts if cut.pinned] == []  # the loop is the last op
+
+
+@pytest.mark.parametrize(
+    ("body", "per_layer"),
+    [
+        # OPT's LayerDrop: a continue only ends the iteration, as over a slice.
+        ("if self.training and self.drop > 0.0:\n    continue\nx = block(x)", True),
+        ("for part in block:\n    if part is None:\n        break\n    x = part(x)", True),
+        ("def skip(y):\n    return y\nx = block(skip(x))", True),
+        ("if x.sum() > 0:\n    break\nx = block(x)", False),  # it may end the loop early
+        ("if x.sum() > 0:\n    return x\nx = block(x)", False),
+    ],
+)
+def test_a_layer_loop_may_continue_but_not_break_or_return(body: str, per_layer: bool) -> None:
+    inner = textwrap.indent(body, " " * 20)
+    graph = graph_of(
+        f"""
+        class M:
+            def forward(self, x):
+                for block in self.blocks:
+{inner}
+                return x
+        """,
+        {"blocks": 3},
+    )
+    expected = ["blocks.0", "blocks.1", "blocks.2"] if per_layer else ["for@L4"]
+    assert [op.id for op in graph.ops] == expected

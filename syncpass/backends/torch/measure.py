@@ -563,9 +563,9 @@ class _Probe:
                 )
                 names = self.cut_values.get(position, self.cut_live[position])
                 self.kinds[position] = {
-                    name: value_kind(values[name])
+                    name: value_kind(values[name]) if name in values else "unbound"
                     for name in names
-                    if name in values and not isinstance(values[name], torch.Tensor)
+                    if not isinstance(values.get(name), torch.Tensor)
                 }
                 if position in self.cut_values:
                     self.values[position] = {

@@ -554,6 +554,8 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         numbers: list[tuple[str, str]] = []
         for name in receives[number]:
             kind = kinds.get(name)
+            if kind == "unbound":
+                continue  # held nothing when profiled: nothing to send, and nothing read it
             if kind == "none":
                 if name in reads:  # None when profiled: nothing to send, the stage says so
                     nothing.append(name)
