@@ -31,6 +31,7 @@ MODELS = [
             "late_input",
             "layerdrop_decoder",
             "lookup_output",
+            "mask_mapping",
             "masked_gpt",
             "module_dict_layers",
             "pair_layers",

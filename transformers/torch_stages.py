@@ -95,23 +95,48 @@ class StageCode:
 
 
 def tensor_count(kind: str | None) -> int | None:
-    """N for a ``tensors:N`` kind (a tuple sent as its tensors), else ``None``."""
-    if kind is not None and kind.startswith("tensors:"):
-        return int(kind.removeprefix("tensors:"))
-    return None
+    """How many tensors a value of ``kind`` crosses as, when it crosses as its tensors: N
+    for a tuple (``tensors:N``), the tensor entries of a mapping (``mapping:...``, whose
+    ``None`` entries the stage after puts back itself); else ``None``."""
+    pieces = tensor_pieces(kind)
+    return None if pieces is None else len(pieces)
+
+
+def tensor_pieces(kind: str | None) -> tuple[str, ...] | None:
+    """The subscripts of a value of ``kind`` that cross as tensors, when it crosses as its
+    tensors: ``("0", "1")`` for ``tensors:2``; ``('"sliding"',)`` for
+    ``mapping:full=none,sliding=tensor``; else ``None``."""
+    if kind is None:
+        return None
+    if kind.startswith("tensors:"):
+        return tuple(str(k) for k in range(int(kind.removeprefix("tensors:"))))
+    entries = mapping_entries(kind)
+    if entries is None:
+        return None
+    return tuple(f'"{key}"' for key, entry in entries if entry == "tensor")
+
+
+def mapping_entries(kind: str) -> tuple[tuple[str, str], ...] | None:
+    """``(key, "none" | "tensor")`` of a ``mapping:KEY=none,KEY=tensor`` kind, else ``None``."""
+    if not kind.startswith("mapping:"):
+        return None
+    pairs = [entry.partition("=") for entry in kind.removeprefix("mapping:").split(",")]
+    return tuple((key, entry) for key, _, entry in pairs)
 
 
 def _one_per_tensor(
     names: Sequence[str], kinds: Sequence[tuple[str, str]], piece: str
 ) -> list[str]:
-    """``names`` with each tuple of N tensors spelled as its N pieces (``piece`` formats one
-    from ``name`` and ``k``)."""
+    """``names`` with each value that crosses as its tensors spelled as its pieces (``piece``
+    formats one from ``name``, its position ``k`` and its subscript ``at``)."""
     kind_of = dict(kinds)
     spelled = []
     for name in names:
-        count = tensor_count(kind_of.get(name))
+        pieces = tensor_pieces(kind_of.get(name))
         spelled.extend(
-            [name] if count is None else [piece.format(name=name, k=k) for k in range(count)]
+            [name]
+            if pieces is None
+            else [piece.format(name=name, k=k, at=at) for k, at in enumerate(pieces)]
         )
     return spelled
 
@@ -122,8 +147,9 @@ def _received_names(stage: StageCode) -> list[str]:
 
 
 def _sent_names(stage: StageCode) -> list[str]:
-    """What a stage's outputs are, one per tensor sent (``position_embeddings[1]``)."""
-    return _one_per_tensor(stage.sends, stage.sent_kinds, "{name}[{k}]")
+    """What a stage's outputs are, one per tensor sent (``position_embeddings[1]``,
+    ``causal_mask_mapping["sliding_attention"]``)."""
+    return _one_per_tensor(stage.sends, stage.sent_kinds, "{name}[{at}]")
 
 
 def stage_class_name(model: str, index: int | None = None) -> str:
@@ -376,12 +402,11 @@ def _tuple_code(names: Sequence[str], indent: str = "    ", width: int = 88) -> 
     """``("a", "b")``, or one name per line when that would not fit in ``width`` columns."""
     if not names:
         return "()"
-    one_line = (
-        "(" + ", ".join(f'"{name}"' for name in names) + ("," if len(names) == 1 else "") + ")"
-    )
+    quoted = [f"'{name}'" if '"' in name else f'"{name}"' for name in names]
+    one_line = "(" + ", ".join(quoted) + ("," if len(names) == 1 else "") + ")"
     if len(indent) + len("sends = ") + len(one_line) <= width:
         return one_line
-    inner = "".join(f'{indent}    "{name}",\n' for name in names)
+    inner = "".join(f"{indent}    {name},\n" for name in quoted)
     return f"(\n{inner}{indent})"
 
 
@@ -432,8 +457,10 @@ def _sent(stage: StageCode) -> list[str]:
         kind = kinds.get(name)
         if kind is None:
             sent.append(name)
-        elif tensor_count(kind) is not None:
+        elif kind.startswith("tensors:"):
             sent.append(f"*{name}")
+        elif (pieces := tensor_pieces(kind)) is not None:  # a mapping: its tensor entries
+            sent.extend(f"{name}[{at}]" for at in pieces)
         else:
             sent.append(f"torch.as_tensor({name}{device})")
     return sent
@@ -455,7 +482,16 @@ def _prelude(stage: StageCode, config: cst.Module) -> list[cst.BaseStatement]:
     lines = []
     for name, kind in stage.received_kinds:
         count = tensor_count(kind)
-        if count is None:
+        entries = mapping_entries(kind)
+        if entries is not None:
+            received = iter(range(len(entries)))
+            items = ", ".join(
+                f'"{key}": {f"{name}_{next(received)}" if entry == "tensor" else "None"}'
+                for key, entry in entries
+            )
+            why = f"its {count} tensor(s) sent" if count else "no tensor in it"
+            lines.append(f"{name} = {{{items}}}  # a mapping, {why}\n")
+        elif count is None:
             lines.append(
                 _UNPACK[kind].format(name=name) + "  # the stage before sends it as a tensor\n"
             )

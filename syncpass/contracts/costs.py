@@ -13,6 +13,7 @@ This module imports neither torch nor libcst.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -142,14 +143,33 @@ class OpCost:
 #: else (a dict, an object, a string).
 #: ``unbound``: a name the analysis finds live that held nothing when profiled (assigned
 #: only in a branch not taken, OPT's LayerDrop ``dropout_probability``).
-VALUE_KINDS = ("none", "unbound", "int", "float", "bool", "ints", "size", "tensors:N", "other")
+VALUE_KINDS = (
+    "none",
+    "unbound",
+    "int",
+    "float",
+    "bool",
+    "ints",
+    "size",
+    "tensors:N",
+    "mapping:...",
+    "other",
+)
+
+
+#: ``mapping:KEY=none,KEY=tensor``: a dict of identifier-like string keys to tensors or
+#: None (Hugging Face's Qwen2 ``causal_mask_mapping``); it crosses as its tensors.
+_MAPPING = re.compile(r"mapping:[A-Za-z_]\w*=(none|tensor)(,[A-Za-z_]\w*=(none|tensor))*")
 
 
 def known_kind(kind: str) -> bool:
-    """Whether ``kind`` is one of :data:`VALUE_KINDS` (``tensors:2`` for ``tensors:N``)."""
+    """Whether ``kind`` is one of :data:`VALUE_KINDS` (``tensors:2`` for ``tensors:N``,
+    ``mapping:full=none,sliding=tensor`` for ``mapping:...``)."""
     if kind.startswith("tensors:"):
         count = kind.removeprefix("tensors:")
         return count.isdigit() and int(count) > 0
+    if kind.startswith("mapping:"):
+        return _MAPPING.fullmatch(kind) is not None
     return kind in VALUE_KINDS
 
 

@@ -346,12 +346,16 @@ def _bind_arguments(
     method: cst.FunctionDef, call: cst.Call
 ) -> list[tuple[str, cst.BaseExpression]] | None:
     """``(parameter, expression)`` for each parameter but ``self`` (a ``**`` one last), or
-    ``None`` if the call cannot be matched (``*args``, a missing argument, ``**kwargs`` that
-    might fill a parameter the call does not name, a keyword the method does not take).
+    ``None`` if the call cannot be matched (``*args``, a missing argument, ``**kwargs``
+    handed to a method without a ``**`` parameter, a keyword the method does not take).
 
     A keyword the method does not name goes into its ``**`` parameter, as Python binds it
     (``self.encoder(x, position_ids=p, **kwargs)`` into ``forward(self, x, **kwargs)``
-    binds ``kwargs`` to ``{"position_ids": p, **kwargs}``)."""
+    binds ``kwargs`` to ``{"position_ids": p, **kwargs}``). A parameter with a default that
+    the call does not name, when it hands on ``**kwargs``, takes its value from them as
+    Python would (``mask = kwargs.get("mask", None)``), and the method's ``**`` parameter
+    gets the rest (Hugging Face's ``self.vit(pixel_values, **kwargs)`` into
+    ``forward(self, pixel_values, bool_masked_pos=None, **kwargs)``)."""
     positional = list(method.params.params[1:])
     params = [*positional, *method.params.kwonly_params]
     names = {param.name.value for param in params}
@@ -382,24 +386,48 @@ def _bind_arguments(
                 extra.append(cst.DictElement(cst.SimpleString(f'"{name}"'), arg.value))
             else:
                 return None
-    if handed_on is not None and (not isinstance(star, cst.Param) or set(bound) != names):
+    if handed_on is not None and not isinstance(star, cst.Param):
         return None
     result = []
+    unnamed: list[str] = []  # parameters the handed-on ``**`` mapping may fill
     for param in params:
         name = param.name.value
         if name in bound:
             result.append((name, bound[name]))
-        elif param.default is not None:
-            result.append((name, param.default))
-        else:
+        elif param.default is None:
             return None
+        elif handed_on is not None:
+            unnamed.append(name)
+            get = cst.Attribute(handed_on, cst.Name("get"))
+            key = cst.Arg(cst.SimpleString(f'"{name}"'))
+            result.append((name, cst.Call(get, [key, cst.Arg(param.default)])))
+        else:
+            result.append((name, param.default))
     if isinstance(star, cst.Param):
-        rest = [] if handed_on is None else [cst.StarredDictElement(handed_on)]
-        if not extra and handed_on is not None:
-            result.append((star.name.value, handed_on))
+        rest: list[cst.BaseDictElement] = []
+        if handed_on is not None and unnamed:
+            # What Python leaves in ``**kwargs`` once the parameters have taken theirs.
+            rest = [cst.StarredDictElement(_without_keys(handed_on, unnamed))]
+        elif handed_on is not None:
+            rest = [cst.StarredDictElement(handed_on)]
+        if not extra and len(rest) == 1:
+            element = rest[0]
+            assert isinstance(element, cst.StarredDictElement)
+            result.append((star.name.value, element.value))
         else:
             result.append((star.name.value, cst.Dict([*extra, *rest])))
     return result
+
+
+def _without_keys(mapping: cst.BaseExpression, keys: Sequence[str]) -> cst.BaseExpression:
+    """``{key: value for key, value in MAPPING.items() if key not in ("a", "b")}``."""
+    listed = ", ".join(f'"{key}"' for key in keys) + ("," if len(keys) == 1 else "")
+    expression = cst.parse_expression(
+        f"{{key: value for key, value in MAPPING.items() if key not in ({listed})}}"
+    )
+    return expression.deep_replace(
+        next(node for node in m.findall(expression, m.Name("MAPPING"))), mapping
+    )
 
 
 def _read_later(later: Sequence[cst.BaseStatement]) -> set[str]:

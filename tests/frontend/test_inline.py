@@ -224,24 +224,48 @@ def test_keywords_a_submodule_forward_does_not_name_go_into_its_star_parameter()
     assert "for layer in self.encoder.layer:" in forward
 
 
-def test_unknown_decorators_and_kwargs_that_might_fill_a_parameter_are_not_followed() -> None:
+def test_unknown_decorators_are_not_followed() -> None:
     source = """
         class Net:
             @torch.no_grad()
             def frozen(self, x):
                 return self.a(x)
 
-            def open_ended(self, x, scale=1, **options):
-                return self.b(x) * scale
-
-            def forward(self, x, **kwargs):
+            def forward(self, x):
                 x = self.frozen(x)
-                x = self.open_ended(x, **kwargs)
                 return x
         """
     forward, methods = inline(source)
     assert methods == ()
-    assert forward.count("self.") == 2
+    assert forward.count("self.") == 1
+
+
+def test_kwargs_handed_on_fill_the_parameters_the_call_does_not_name_as_python_would() -> None:
+    # Hugging Face's self.vit(pixel_values, **kwargs) into forward(self, pixel_values,
+    # bool_masked_pos=None, **kwargs): kwargs may hold bool_masked_pos.
+    forward, methods = inline(
+        """
+        class Net:
+            def open_ended(self, x, scale=1, **options):
+                return self.b(x) * scale
+
+            def forward(self, x, **kwargs):
+                x = self.open_ended(x, **kwargs)
+                return x
+        """
+    )
+    assert methods == ("self.open_ended",)
+    assert 'scale = kwargs.get("scale", 1)' in forward
+    assert (
+        'options = {key: value for key, value in kwargs.items() if key not in ("scale",)}'
+        in forward
+    )
+    # Those two lines, run, bind as Python binds open_ended(x, **kwargs).
+    lines = [line.strip() for line in forward.splitlines() if " = " in line][:2]
+    for kwargs, expected in (({"scale": 3, "other": 4}, (3, {"other": 4})), ({}, (1, {}))):
+        scope: dict[str, object] = {"kwargs": kwargs}
+        exec("\n".join(lines), {}, scope)
+        assert (scope["scale"], scope["options"]) == expected
 
 
 def test_a_name_assigned_again_after_the_call_may_be_bound_by_the_method() -> None:

@@ -58,7 +58,7 @@ from syncpass.backends.torch.analysis import (
     sequential_calls,
 )
 from syncpass.backends.torch.rewrite import strip_sync_points
-from syncpass.contracts.costs import Costs, CutCost, CutValue, Hardware, OpCost
+from syncpass.contracts.costs import Costs, CutCost, CutValue, Hardware, OpCost, known_kind
 from syncpass.contracts.graph import Cut, OpGraph
 from syncpass.contracts.hardware import cpu_devices, load_profile
 from syncpass.core.errors import SyncpassError
@@ -292,6 +292,14 @@ def value_kind(value: object) -> str:
             return "ints"
         if all(isinstance(item, torch.Tensor) for item in value):
             return f"tensors:{len(value)}"
+    if isinstance(value, dict) and value:
+        kind = "mapping:" + ",".join(
+            f"{key}={'none' if item is None else 'tensor'}" for key, item in value.items()
+        )
+        if known_kind(kind) and all(
+            item is None or isinstance(item, torch.Tensor) for item in value.values()
+        ):
+            return kind
     return "other"
 
 
