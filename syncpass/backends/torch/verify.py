@@ -86,22 +86,29 @@ def run_reference(
 
 
 def randomness(model: nn.Module, args: tuple[Any, ...]) -> str | None:
-    """Why ``model``'s forward on ``args`` draws random numbers, or ``None`` when two runs
-    with different seeds give the same output.
+    """Why ``model``'s forward on ``args`` draws random numbers, or ``None`` when it draws
+    none: torch's generators are as they were after it, and two runs with different seeds
+    give the same output.
 
-    A split run draws its random numbers (dropout masks, an RNG in forward) in another
-    order than the unsplit model, so its gradients need not match; this says so beside a
-    mismatch. The random state is left as it was.
+    A split run draws its random numbers (dropout masks, stochastic depth, an RNG in
+    forward) in another order than the unsplit model, so its gradients need not match;
+    this says so beside a mismatch. Watching the generators catches draws that happened
+    not to change this output (stochastic depth that kept every block of one micro-batch).
+    The random state is left as it was.
     """
     with torch.no_grad(), torch.random.fork_rng():
         torch.manual_seed(1)
+        before = _generator_states()
         first = output_tensors(model(*args))
+        drew = any(
+            not torch.equal(old, new) for old, new in zip(before, _generator_states(), strict=True)
+        )
         torch.manual_seed(2)
         second = output_tensors(model(*args))
     same = len(first) == len(second) and all(
         a.shape == b.shape and torch.equal(a, b) for a, b in zip(first, second, strict=True)
     )
-    if same:
+    if same and not drew:
         return None
     dropouts = [
         name
@@ -112,12 +119,25 @@ def randomness(model: nn.Module, args: tuple[Any, ...]) -> str | None:
         f" and {len(dropouts) - 3} more" if len(dropouts) > 3 else ""
     )
     what = f"dropout in {shown}" if dropouts else "random numbers drawn in forward"
-    return (
-        f"the unsplit model's output differs between two runs with different seeds "
-        f"({what}): the split run draws them in another order, so a mismatch may be "
-        "randomness, not the split; verify with dropout off (p=0, or model.eval() in the "
-        "example)"
+    seen = (
+        "the unsplit model's output differs between two runs with different seeds"
+        if not same
+        else "the unsplit model's forward draws random numbers"
     )
+    return (
+        f"{seen} ({what}): the split run draws them in another order, so a mismatch may "
+        "be randomness, not the split; verify with dropout and stochastic depth off (p=0, "
+        "or model.eval() in the example)"
+    )
+
+
+def _generator_states() -> list[torch.Tensor]:
+    """The states of torch's CPU generator and, when in use, the CUDA ones."""
+    states = [torch.random.get_rng_state()]
+    in_use = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+    if in_use:
+        states += list(torch.cuda.get_rng_state_all())
+    return states
 
 
 def output_tensors(value: Any) -> list[torch.Tensor]:
