@@ -223,7 +223,29 @@ def profile_command(args: argparse.Namespace) -> int:
         print(_static_summary(costs, target, how), file=sys.stderr)
     else:
         print(_summary(costs, target, args.repeats), file=sys.stderr)
+    refused = _refused(costs, backend.refused_kinds)
+    if refused:
+        print(f"syncpass: note: {refused}", file=sys.stderr)
     return EXIT_OK
+
+
+def _refused(costs: Costs, kinds: tuple[str, ...]) -> str:
+    """What the backend's stages cannot send, and across how many of the cuts (the plan
+    puts no sync point there), or ``""``."""
+    names: dict[str, int] = {}
+    for cut in costs.cuts:
+        for name, kind in cut.kinds:
+            if kind in kinds:
+                names[name] = names.get(name, 0) + 1
+    if not names:
+        return ""
+    cuts = sum(any(kind in kinds for _, kind in cut.kinds) for cut in costs.cuts)
+    shown = ", ".join(f"{name} at {count}" for name, count in names.items())
+    return (
+        f"{cuts} of the {len(costs.cuts)} admissible sync point(s) are refused by this "
+        f"backend: a value its stages cannot send crosses them ({shown}); they send "
+        "tensors, numbers, shapes, and tuples or dicts of tensors"
+    )
 
 
 def _static_summary(costs: Costs, target: str, how: str) -> str:

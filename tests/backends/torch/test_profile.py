@@ -632,9 +632,52 @@ def test_what_a_cut_sends_that_is_no_tensor_is_recorded_by_kind() -> None:
     assert value_kind(torch.Size([2, 3])) == "size"
     assert value_kind((-1, 16, 32)) == "ints"
     assert value_kind((torch.zeros(2), torch.ones(2))) == "tensors:2"
-    assert value_kind({"a": torch.zeros(1)}) == "other"
+    # A dict of identifier keys to tensors or None crosses as its tensors (Qwen2's masks).
+    mapping = {"full_attention": None, "sliding": torch.zeros(1)}
+    assert value_kind(mapping) == "mapping:full_attention=none,sliding=tensor"
+    assert value_kind({"a b": torch.zeros(1)}) == "other"  # a key that is no identifier
+    assert value_kind({"a": 3}) == "other"
+    assert value_kind({}) == "other"
     assert value_kind((torch.zeros(1), 3)) == "other"
     assert value_kind(()) == "other"
+
+
+def test_profile_says_which_cuts_the_backend_takes_no_sync_point_at(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "carried.py"
+    model.write_text(
+        textwrap.dedent(
+            """
+            import types
+            import torch
+            from torch import nn
+
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.a = nn.Linear(4, 4)
+                    self.b = nn.Linear(4, 4)
+                    self.c = nn.Linear(4, 4)
+
+                def forward(self, x):
+                    state = types.SimpleNamespace(rows=x.shape[0])
+                    x = self.a(x)
+                    x = self.b(x) * state.rows
+                    return self.c(x)
+
+
+            def example():
+                return Net(), (torch.randn(4, 4),)
+            """
+        )
+    )
+    argv = ["profile", str(model), "--example", f"{model}:example", "--backend", "torch_stages"]
+    assert main([*argv, "--repeats", "1", "--warmup", "0", "-o", str(tmp_path / "c.json")]) == 0
+    err = capsys.readouterr().err
+    assert "2 of the 3 admissible sync point(s) are refused by this backend" in err
+    assert "(state at 2)" in err
 
 
 CONFIG_BOUND = """
