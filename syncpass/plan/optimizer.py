@@ -147,8 +147,12 @@ class Problem:
         return float(self.prefix_memory[end] - self.prefix_memory[start])
 
     def cut_ratio(self, start: int, end: int) -> float:
-        """Communication of the cut at ``end`` over the compute of the stage it closes."""
-        return float(cut_ratios(self.cut_comm[end], self.stage_compute(start, end)))
+        """Communication of the cut at ``end`` over the compute of the stage it closes
+        (:func:`cut_ratios` for one stage)."""
+        comm, compute = float(self.cut_comm[end]), self.stage_compute(start, end)
+        if comm == 0:
+            return 0.0
+        return _INF if compute <= 0 else comm / compute
 
 
 @dataclass(frozen=True)
