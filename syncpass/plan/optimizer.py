@@ -547,6 +547,8 @@ def _band_under(
     stabbing maximum over the windows of the ends that can still finish the plan.
     """
     compute_p, comm = problem.prefix_compute, problem.cut_comm
+    if not comm.any():
+        return _band_within(problem, lo, hi, band, bound)
     start_key = comm - compute_p
     room = bound - (compute_p + comm)
     reached = [band[0]]
@@ -568,12 +570,43 @@ def _band_under(
     return narrowed
 
 
+def _band_within(
+    problem: Problem, lo: IntArray, hi: IntArray, band: list[IntArray], bound: float
+) -> list[IntArray] | None:
+    """:func:`_band_under` without communication: a stage fits ``bound`` when its compute
+    does, a window of starts (``P[i] >= P[j] - bound``), so prefix counts do."""
+    compute_p = problem.prefix_compute
+    reached = [band[0]]
+    for ends in band[1:]:
+        starts = reached[-1]
+        low = np.maximum(lo[ends], np.searchsorted(compute_p, compute_p[ends] - bound))
+        first = np.searchsorted(starts, low, side="left")
+        past = np.searchsorted(starts, hi[ends], side="right")
+        ok = past > first
+        if not ok.any():
+            return None
+        reached.append(ends[ok])
+    narrowed = [reached[-1]]
+    for starts in reversed(reached[:-1]):
+        ends = narrowed[0]
+        low = np.maximum(lo[ends], np.searchsorted(compute_p, compute_p[ends] - bound))
+        first = np.searchsorted(starts, low, side="left")
+        past = np.searchsorted(starts, hi[ends], side="right")
+        marks = np.zeros(len(starts) + 1, dtype=np.int64)
+        np.add.at(marks, first[past > first], 1)
+        np.add.at(marks, past[past > first], -1)
+        narrowed.insert(0, starts[np.cumsum(marks[:-1]) > 0])
+    return narrowed
+
+
 def _narrow(
     problem: Problem, lo: IntArray, hi: IntArray, band: list[IntArray]
 ) -> tuple[list[IntArray], float]:
-    """A band of at most :data:`_BAND_PAIRS` pairs and a bound on the least bottleneck
-    that every plan within that bound stays inside; ``inf`` when no narrowing was needed
-    (or possible). Bisection on the bound, galloping up from the average stage compute."""
+    """A band of at most :data:`_BAND_PAIRS` pairs and a bound it covers: every plan whose
+    bottleneck is within the bound stays inside the band (``inf`` when no narrowing was
+    needed, or possible). Bisection on the bound, galloping up from the average stage
+    compute; each probe widens its bound by the rounding slack, so that it keeps every
+    plan within the bound however its stage times round."""
     stages = len(band) - 1
     if _count_pairs(problem, lo, hi, band, _INF) <= _BAND_PAIRS:
         return band, _INF
@@ -583,6 +616,7 @@ def _narrow(
         return band, _INF
     upper = _INF
     excess = 0.01
+    pairs = _INF
     for _ in range(80):
         guess = lower * (1 + excess) if upper == _INF else lower + (upper - lower) / 2
         narrowed = _band_under(problem, lo, hi, band, guess + slack)
@@ -591,12 +625,12 @@ def _narrow(
             excess *= 2
             continue
         band, upper = narrowed, guess
-        if (
-            _count_pairs(problem, lo, hi, band, upper + slack) <= _BAND_PAIRS
-            or upper - lower <= 1e-9 * upper
-        ):
+        before, pairs = pairs, _count_pairs(problem, lo, hi, band, upper + slack)
+        # Stop when small enough, or when halving the bound no longer shrinks the band
+        # much (many plans share the least bottleneck, as with whole-number weights).
+        if pairs <= _BAND_PAIRS or pairs > 0.9 * before or upper - lower <= 1e-9 * upper:
             break
-    return band, upper + slack
+    return band, upper
 
 
 def _least_bottleneck(
@@ -681,9 +715,15 @@ def _solve_band(
     forward: list[BoolArray],
     tie_cost: FloatArray,
 ) -> tuple[int, ...]:
-    band = [np.flatnonzero(b) for b in _backward_reach(problem, stages, lo, hi, forward)]
-    band, bound = _narrow(problem, lo, hi, band)
-    bottleneck = _least_bottleneck(problem, lo, hi, band, bound)
+    whole = [np.flatnonzero(b) for b in _backward_reach(problem, stages, lo, hi, forward)]
+    band, covered = _narrow(problem, lo, hi, whole)
+    slack = _rounding_slack(problem)
+    bottleneck = _least_bottleneck(problem, lo, hi, band, covered + slack)
+    if bottleneck > covered:
+        # The probe that set the bound found a plan within it, up to rounding: a plan just
+        # above it may lie outside the band. Never seen, but the answer must be exact.
+        bottleneck = _least_bottleneck(problem, lo, hi, whole, _INF)
+        band = whole
     assert bottleneck < _INF, "a reachable band must hold a plan"
     return _least_total(problem, lo, hi, band, bottleneck, tie_cost)
 
