@@ -574,29 +574,15 @@ def _band_within(
     problem: Problem, lo: IntArray, hi: IntArray, band: list[IntArray], bound: float
 ) -> list[IntArray] | None:
     """:func:`_band_under` without communication: a stage fits ``bound`` when its compute
-    does, a window of starts (``P[i] >= P[j] - bound``), so prefix counts do."""
+    does, which narrows each window of starts (``P[i] >= P[j] - bound``), so the prefix
+    counts of :func:`_forward_reach` and :func:`_backward_reach` answer it."""
     compute_p = problem.prefix_compute
-    reached = [band[0]]
-    for ends in band[1:]:
-        starts = reached[-1]
-        low = np.maximum(lo[ends], np.searchsorted(compute_p, compute_p[ends] - bound))
-        first = np.searchsorted(starts, low, side="left")
-        past = np.searchsorted(starts, hi[ends], side="right")
-        ok = past > first
-        if not ok.any():
-            return None
-        reached.append(ends[ok])
-    narrowed = [reached[-1]]
-    for starts in reversed(reached[:-1]):
-        ends = narrowed[0]
-        low = np.maximum(lo[ends], np.searchsorted(compute_p, compute_p[ends] - bound))
-        first = np.searchsorted(starts, low, side="left")
-        past = np.searchsorted(starts, hi[ends], side="right")
-        marks = np.zeros(len(starts) + 1, dtype=np.int64)
-        np.add.at(marks, first[past > first], 1)
-        np.add.at(marks, past[past > first], -1)
-        narrowed.insert(0, starts[np.cumsum(marks[:-1]) > 0])
-    return narrowed
+    low = np.maximum(lo, np.searchsorted(compute_p, compute_p - bound, side="left"))
+    stages = len(band) - 1
+    forward = _forward_reach(problem, stages, low, hi)
+    if forward is None:
+        return None
+    return [np.flatnonzero(b) for b in _backward_reach(problem, stages, low, hi, forward)]
 
 
 def _narrow(

@@ -153,52 +153,61 @@ def simulate(
     compute = [0.0] * stages
     remaining = sum(len(order) for order in orders)
     last = stages - 1
-    while remaining:
-        progressed = False
-        for s in range(stages):
-            order, done_f, done_b = orders[s], forward_end[s], backward_end[s]
-            upstream = forward_end[s - 1] if s > 0 else None
-            downstream = backward_end[s + 1] if s < last else None
-            recv_f = transfer[s - 1] if s > 0 else 0.0
-            send_f = transfer[s] if s < last else 0.0
-            recv_b, send_b = send_f, recv_f
-            at = position[s]
-            while at < len(order):
-                if order[at]:
-                    m = len(done_f)
-                    recv, send, work = recv_f, send_f, forward_work[s]
-                    if upstream is None:
-                        start = clock[s]
-                    elif m < len(upstream):
-                        # A receive overlaps the matching send, so it starts no
-                        # earlier than the send's start (end - transfer).
-                        start = max(clock[s], upstream[m] - recv)
-                    else:
-                        break
-                    end = start + recv + work + send
-                    done_f.append(end)
+    # An action's end depends only on the actions before it (its stage's previous one
+    # and its partner's), so any order that respects them gives the same times: each
+    # stage runs until it waits, and a stage that moved wakes its neighbours.
+    waiting = list(range(stages - 1, -1, -1))
+    queued = [True] * stages
+    while waiting:
+        s = waiting.pop()
+        queued[s] = False
+        order, done_f, done_b = orders[s], forward_end[s], backward_end[s]
+        upstream = forward_end[s - 1] if s > 0 else None
+        downstream = backward_end[s + 1] if s < last else None
+        recv_f = transfer[s - 1] if s > 0 else 0.0
+        send_f = transfer[s] if s < last else 0.0
+        recv_b, send_b = send_f, recv_f
+        at = started = position[s]
+        while at < len(order):
+            if order[at]:
+                m = len(done_f)
+                recv, send, work = recv_f, send_f, forward_work[s]
+                if upstream is None:
+                    start = clock[s]
+                elif m < len(upstream):
+                    # A receive overlaps the matching send, so it starts no
+                    # earlier than the send's start (end - transfer).
+                    start = max(clock[s], upstream[m] - recv)
                 else:
-                    m = len(done_b)
-                    recv, send, work = recv_b, send_b, backward_work[s]
-                    if downstream is None:
-                        if m >= len(done_f):
-                            break
-                        start = max(clock[s], done_f[m])
-                    elif m < len(downstream):
-                        start = max(clock[s], downstream[m] - recv)
-                    else:
+                    break
+                end = start + recv + work + send
+                done_f.append(end)
+            else:
+                m = len(done_b)
+                recv, send, work = recv_b, send_b, backward_work[s]
+                if downstream is None:
+                    if m >= len(done_f):
                         break
-                    end = start + recv + work + send
-                    done_b.append(end)
-                clock[s] = end
-                sync[s] += recv + send
-                compute[s] += work
-                at += 1
-                remaining -= 1
-                progressed = True
-            position[s] = at
-        if not progressed:
-            raise RuntimeError("schedule deadlocked; this is a bug in syncpass")
+                    start = max(clock[s], done_f[m])
+                elif m < len(downstream):
+                    start = max(clock[s], downstream[m] - recv)
+                else:
+                    break
+                end = start + recv + work + send
+                done_b.append(end)
+            clock[s] = end
+            sync[s] += recv + send
+            compute[s] += work
+            at += 1
+        position[s] = at
+        remaining -= at - started
+        if at > started:
+            for neighbour in (s + 1, s - 1):
+                if 0 <= neighbour < stages and not queued[neighbour]:
+                    queued[neighbour] = True
+                    waiting.append(neighbour)
+    if remaining:
+        raise RuntimeError("schedule deadlocked; this is a bug in syncpass")
     step = max(clock) if clock else 0.0
     timelines = tuple(
         StageTimeline(compute_s=compute[s], sync_s=sync[s], idle_s=step - compute[s] - sync[s])
