@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+from costbuilder import cost_dict
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -16,7 +17,6 @@ from syncpass.core.units import seconds
 from syncpass.plan.explain import broken_constraints, explain_sync_points
 from syncpass.plan.optimizer import PlanScore, Problem, score_cuts
 from syncpass.plan.problem import problem_from_costs
-from tests.costbuilder import cost_dict
 
 
 def rescored_reasons(
