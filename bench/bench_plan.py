@@ -31,25 +31,39 @@ Two things are timed on each instance:
 
 Where the dynamic program runs, its bottleneck must equal the optimiser's
 (relative tolerance 1e-9); the script exits with status 1 on any mismatch.
+
+Then the whole command is timed as a user runs it: ``syncpass plan --costs FILE
+--stages S`` in a fresh interpreter (report, explanations and the three
+baselines included), best and median of 3, on cost files written to a temporary
+directory from the same random models (:data:`COMMAND_TARGETS`: the batch is
+large enough for 1F1B's micro-batches, the memory limit binds as above). The
+command runs with this checkout first on ``PYTHONPATH``; a command that fails
+makes the exit status 1.
+
 Wall-clock targets are printed as MET / NOT MET and never change the exit
 status.
 
 How to run
 ----------
     python bench/bench_plan.py                  # full table (about a minute)
-    python bench/bench_plan.py --quick          # n = 100 and 1,000 only
+    python bench/bench_plan.py --quick          # n = 100 and 1,000 only (commands too)
     python bench/bench_plan.py --baseline-budget 10 --seed 7
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -77,9 +91,48 @@ MIN_CALIBRATION_ITERATIONS = 100_000
 
 SIZES = (100, 1000, 10000)
 QUICK_SIZES = (100, 1000)
-STAGE_COUNTS = (2, 8, 64)
+STAGE_COUNTS = (2, 8, 64, 256)
 # (n, S, seconds): the optimiser should plan these within the time given.
-TARGETS = ((1000, 64, 1.0), (10000, 8, 10.0))
+TARGETS = ((1000, 64, 1.0), (10000, 8, 10.0), (10000, 256, 3.0))
+
+
+@dataclass(frozen=True)
+class CommandTarget:
+    """One ``syncpass plan`` run to time: on the random model of ``n`` ops, a cost file
+    whose memory limit is the one for ``memory_stages`` stages and whose batch is
+    ``batch``, planned with ``args``; it should take less than ``limit_s``."""
+
+    label: str
+    n: int
+    args: tuple[str, ...]
+    memory_stages: int
+    batch: int
+    limit_s: float
+
+
+COMMAND_TARGETS = (
+    CommandTarget("n=1,000 --stages 64", 1000, ("--stages", "64"), 64, 64, 0.5),
+    CommandTarget("n=10,000 --stages 8", 10000, ("--stages", "8"), 8, 8, 1.0),
+    # A stand-in for interleaved schedules' S x V = 256 virtual stages.
+    CommandTarget("n=10,000 --stages 256", 10000, ("--stages", "256"), 256, 256, 3.0),
+    CommandTarget(
+        "n=1,000 --stages auto --max-stages 64",
+        1000,
+        ("--stages", "auto", "--max-stages", "64"),
+        64,
+        256,
+        3.0,
+    ),
+    # The same, with memory for 8 stages: every count from 1 to 64 admits a plan.
+    CommandTarget(
+        "  same, memory for 8 stages",
+        1000,
+        ("--stages", "auto", "--max-stages", "64"),
+        8,
+        256,
+        3.0,
+    ),
+)
 
 INF = math.inf
 
@@ -145,12 +198,12 @@ def memory_limit(model: Model, stages: int) -> float:
     )
 
 
-def cost_file(model: Model, stages: int) -> dict[str, Any]:
+def cost_file(model: Model, stages: int, batch: int = 8) -> dict[str, Any]:
     """The instance as a version-1 cost file (see ``docs/formats.md``)."""
     return {
         "version": 1,
         "model": f"random-{model.n}",
-        "batch_size": 8,
+        "batch_size": batch,
         "training": True,
         "memory_multiplier": MEMORY_MULTIPLIER,
         "hardware": {
@@ -428,6 +481,59 @@ def report_targets(cells: Sequence[Cell]) -> None:
         )
 
 
+# --- timing the whole command ----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CommandTiming:
+    target: CommandTarget
+    best_s: float
+    median_s: float
+    error: str | None = None
+
+
+def time_command(target: CommandTarget, model: Model, folder: Path) -> CommandTiming:
+    """``syncpass plan`` on the target's cost file, as a subprocess, best of 3."""
+    path = folder / f"random-{model.n}-memory{target.memory_stages}-batch{target.batch}.json"
+    path.write_text(json.dumps(cost_file(model, target.memory_stages, target.batch)))
+    root = Path(__file__).resolve().parent.parent
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join(
+        [str(root), *filter(None, [environment.get("PYTHONPATH")])]
+    )
+    command = [sys.executable, "-m", "syncpass", "plan", "--costs", str(path), *target.args]
+    times: list[float] = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        run = subprocess.run(
+            command, env=environment, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+        )
+        times.append(time.perf_counter() - start)
+        if run.returncode != 0:
+            error = run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "no message"
+            return CommandTiming(target, min(times), min(times), f"exit {run.returncode}: {error}")
+    return CommandTiming(target, min(times), statistics.median(times))
+
+
+def report_commands(timings: Sequence[CommandTiming]) -> None:
+    print(
+        "\nWhole command, `syncpass plan --costs FILE ...` in a fresh interpreter "
+        "(best / median of 3; wall clock is informative only):"
+    )
+    width = max(len(timing.target.label) for timing in timings)
+    for timing in timings:
+        label = timing.target.label.ljust(width)
+        limit = f"under {timing.target.limit_s:g} s"
+        if timing.error is not None:
+            print(f"  {label}  FAILED ({timing.error})")
+            continue
+        verdict = "MET" if timing.best_s < timing.target.limit_s else "NOT MET"
+        print(
+            f"  {label}  {seconds(timing.best_s):>9} {seconds(timing.median_s):>9}  "
+            f"{limit}: {verdict}"
+        )
+
+
 # --- main ------------------------------------------------------------------------
 
 
@@ -470,16 +576,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells: list[Cell] = []
     for model in models:
         for stages in STAGE_COUNTS:
+            if stages > model.n:
+                continue
             cell = measure(model, stages, baseline)
             cells.append(cell)
             print(row(cell), flush=True)
 
     report_targets(cells)
+    by_size = {model.n: model for model in models}
+    with tempfile.TemporaryDirectory(prefix="bench_plan_") as folder:
+        timings = [
+            time_command(target, by_size[target.n], Path(folder))
+            for target in COMMAND_TARGETS
+            if target.n in by_size
+        ]
+    report_commands(timings)
+    status = 0
     mismatches = [cell for cell in cells if cell.agree == "MISMATCH"]
     if mismatches:
         print(f"\n{len(mismatches)} cell(s) where the DP and the optimiser disagree")
-        return 1
-    return 0
+        status = 1
+    if any(timing.error is not None for timing in timings):
+        print("\na command failed")
+        status = 1
+    return status
 
 
 if __name__ == "__main__":

@@ -42,6 +42,7 @@ from syncpass.core.units import seconds
 from syncpass.plan.planfile import dumps_plan, load_plan, plan_to_json
 from syncpass.plan.planner import (
     Plan,
+    PlanCache,
     PlanRequest,
     auto_stage_limit,
     compare_baselines,
@@ -308,12 +309,14 @@ def _run_plan(args: argparse.Namespace) -> int:
     auto = settings.auto
     if args.sweep_batch is not None:
         return _run_sweep(args, costs, request)
-    plan = plan_for(costs, request, str(args.costs), settings.auto_limit)
+    cache = PlanCache(costs)  # the baselines reuse what planning computed
+    plan = plan_for(costs, request, str(args.costs), settings.auto_limit, cache)
     baselines: tuple[Plan, ...] = ()
     if not args.no_baselines and len(plan.stages) > 1:
         baselines = compare_baselines(
             costs,
             dataclasses.replace(request, stages=len(plan.stages), microbatches=plan.microbatches),
+            cache,
         )
     document = dumps_plan(plan, baselines)
     if args.output is not None and str(args.output) == "-":

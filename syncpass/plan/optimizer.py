@@ -16,25 +16,30 @@ that bottleneck, the total communication ``sum comm[j_s]``, subject to
 * no stage containing a pinned cut strictly inside it (pinned cuts are kept),
 * every cut ``j < n`` satisfying ``comm[j] / (P[j] - P[i]) <= threshold``.
 
-How it stays exact and fast (n = 10,000 candidate cuts in well under a second):
+How it stays exact and fast (n = 10,000 candidate cuts over 256 stages in under a
+second):
 
-1. **Reachability oracle.** For a bound ``B``, which positions can end stage
-   ``s`` of a plan whose stages all take at most ``B``? For a fixed end ``j``
-   the admissible starts form an index window ``[lo_j, hi_j]`` (the memory,
-   pin and interval bounds are monotone in ``i``; so is the threshold, since
-   the ratio only grows as the stage shrinks), and the time bound reads
-   ``comm[i] - P[i] <= B - P[j] - comm[j]``. So one range-minimum query per
-   ``j`` over the reachable starts decides it: ``O(S n log n)`` with numpy.
-2. **Bottleneck.** Feasibility is monotone in ``B``, so bisection over the
-   ordered bit patterns of float64 finds the smallest representable ``B`` the
-   oracle accepts: the optimum itself, not an approximation of it.
-3. **Adaptive threshold.** Likewise, bisection over the threshold (with
-   ``B = inf``) finds the smallest ratio that admits any plan: exactly the
-   min over plans of their largest cut ratio, one of the candidate ratios.
-4. **Tie-break.** With ``B*`` fixed, a plan of least total communication is
-   found by a dynamic program restricted to positions reachable both from the
-   start and from the end under ``B*``: at the optimum that is a narrow band
-   around each stage boundary, so the quadratic step stays small.
+1. **Windows.** For a fixed end ``j`` the admissible starts form an index window
+   ``[lo_j, hi_j]`` (the memory, pin, interval and dataflow bounds are monotone in
+   ``i``; so is the threshold, since the ratio only grows as the stage shrinks).
+   Which positions can end stage ``s`` of some plan is then one prefix count per
+   stage forward and one stabbing count backward: the **band** of each stage's end.
+2. **Adaptive threshold.** The least threshold admitting a plan is one of the cut
+   ratios: bisection on the bit patterns of float64 narrows it until a few
+   thousand ratios remain, then bisection over those ratios finds it exactly.
+3. **Bottleneck.** A dynamic program over every (start, end) pair inside the band
+   gives the least bottleneck, each stage time computed as :meth:`Problem.stage_time`
+   computes it. When the band holds too many pairs, it is first narrowed: for a
+   bound ``B`` the time test reads ``comm[i] - P[i] <= B - P[j] - comm[j]``, so one
+   range minimum per end (forward) and one stabbing maximum per start (backward)
+   keep only the positions of plans within ``B``; bisection on ``B`` shrinks the band
+   until it is small, and the exact program runs on what is left.
+4. **Tie-break.** With the bottleneck fixed, a plan of least total communication is
+   a min-sum program over the same pairs, the earliest start winning ties.
+
+The band holds every plan the whole table of pairs (:class:`_StageTable`, used for
+small problems) would consider, and the programs do the same arithmetic in the same
+order, so both methods return the same plan.
 
 This module knows nothing of libcst, torch or the cost file's format.
 """
@@ -56,8 +61,6 @@ IntArray = npt.NDArray[np.int64]
 BoolArray = npt.NDArray[np.bool_]
 
 _INF = math.inf
-# Columns per block in the tie-break dynamic program (bounds its memory).
-_BLOCK = 512
 
 
 @dataclass(frozen=True, eq=False)
@@ -128,6 +131,12 @@ class Problem:
     def positions(self) -> IntArray:
         return np.arange(self.num_ops + 1, dtype=np.int64)
 
+    @cached_property
+    def shape_windows(self) -> tuple[IntArray, IntArray]:
+        """The start windows of every end under all constraints but the threshold and
+        the time bound (see :func:`stage_windows`)."""
+        return _shape_windows(self)
+
     def stage_compute(self, start: int, end: int) -> float:
         return float(self.prefix_compute[end] - self.prefix_compute[start])
 
@@ -138,8 +147,12 @@ class Problem:
         return float(self.prefix_memory[end] - self.prefix_memory[start])
 
     def cut_ratio(self, start: int, end: int) -> float:
-        """Communication of the cut at ``end`` over the compute of the stage it closes."""
-        return float(cut_ratios(self.cut_comm[end], self.stage_compute(start, end)))
+        """Communication of the cut at ``end`` over the compute of the stage it closes
+        (:func:`cut_ratios` for one stage)."""
+        comm, compute = float(self.cut_comm[end]), self.stage_compute(start, end)
+        if comm == 0:
+            return 0.0
+        return _INF if compute <= 0 else comm / compute
 
 
 @dataclass(frozen=True)
@@ -178,12 +191,9 @@ def cut_ratios(comm: FloatArray | float, compute: FloatArray | float) -> FloatAr
 # --- windows of admissible stage starts ------------------------------------
 
 
-def stage_windows(problem: Problem, threshold: float) -> tuple[IntArray, IntArray]:
-    """For each end position ``j``, the index range ``[lo_j, hi_j]`` of starts.
-
-    Empty ranges have ``lo_j > hi_j``. The time bound is not part of the
-    window; the oracle applies it separately.
-    """
+def _shape_windows(problem: Problem) -> tuple[IntArray, IntArray]:
+    """The windows of :func:`stage_windows` without the threshold (memory, pins, interval,
+    values reaching the next stage only); computed once per problem."""
     n = problem.num_ops
     ends = problem.positions
     # Memory: Q[j] - Q[i] <= limit holds for i = j and, Q being sorted, for a
@@ -191,35 +201,18 @@ def stage_windows(problem: Problem, threshold: float) -> tuple[IntArray, IntArra
     memory_q = problem.prefix_memory
     limit = problem.memory_limit
     low = np.zeros(n + 1, dtype=np.int64)
-    high = ends.copy()
+    high = ends.copy() if limit < _INF else low.copy()
     while np.any(low < high):
         middle = (low + high) // 2
         fits = memory_q[ends] - memory_q[middle] <= limit
         high = np.where(fits, middle, high)
         low = np.where(fits, low, middle + 1)
-    lo = low
     # Pins: a stage may not step over a pinned cut.
     pinned_at = np.where(problem.pinned, problem.positions, 0)
     previous_pin = np.concatenate(([0], np.maximum.accumulate(pinned_at)[:-1]))
-    lo = np.maximum(lo, previous_pin)
+    lo = np.maximum(low, previous_pin)
     # Interval.
     hi = ends - problem.min_ops
-    # Threshold: comm[j] / (P[j] - P[i]) grows with i; find the last start
-    # that keeps it within the threshold (ends at n close no cut).
-    if threshold < _INF:
-        compute_p = problem.prefix_compute
-        comm = problem.cut_comm
-        low = np.full(n + 1, -1, dtype=np.int64)
-        high = ends - 1
-        while np.any(low < high):
-            middle = (low + high + 1) // 2
-            safe = np.maximum(middle, 0)
-            within = cut_ratios(comm, compute_p[ends] - compute_p[safe]) <= threshold
-            low = np.where(within, middle, low)
-            high = np.where(within, high, middle - 1)
-        ratio_hi = low
-        ratio_hi[n] = n - 1
-        hi = np.minimum(hi, ratio_hi)
     if problem.last_use is not None:
         # last_use is sorted: the starts whose values are all used by j are a prefix.
         reach_hi = np.searchsorted(problem.last_use, ends, side="right") - 1
@@ -227,7 +220,97 @@ def stage_windows(problem: Problem, threshold: float) -> tuple[IntArray, IntArra
     return lo, hi
 
 
+def _ratio_limits(problem: Problem, threshold: float) -> IntArray:
+    """For each end ``j``, the last start whose stage keeps ``comm[j] / compute`` within
+    ``threshold`` (``-1``: none; ends at ``n`` close no cut, so any start)."""
+    n = problem.num_ops
+    ends = problem.positions
+    # comm[j] / (P[j] - P[i]) grows with i: bisect for the last start within it.
+    compute_p = problem.prefix_compute
+    comm = problem.cut_comm
+    low = np.full(n + 1, -1, dtype=np.int64)
+    high = ends - 1
+    while np.any(low < high):
+        middle = (low + high + 1) // 2
+        safe = np.maximum(middle, 0)
+        within = cut_ratios(comm, compute_p[ends] - compute_p[safe]) <= threshold
+        low = np.where(within, middle, low)
+        high = np.where(within, high, middle - 1)
+    low[n] = n - 1
+    return low
+
+
+def stage_windows(problem: Problem, threshold: float) -> tuple[IntArray, IntArray]:
+    """For each end position ``j``, the index range ``[lo_j, hi_j]`` of starts.
+
+    Empty ranges have ``lo_j > hi_j``. The time bound is not part of the
+    window; the search applies it separately.
+    """
+    if threshold < _INF:
+        return _windows_with(problem, _ratio_limits(problem, threshold))
+    lo, hi = problem.shape_windows
+    return lo.copy(), hi.copy()
+
+
+def _windows_with(problem: Problem, ratio_limits: IntArray) -> tuple[IntArray, IntArray]:
+    lo, hi = problem.shape_windows
+    return lo.copy(), np.minimum(hi, ratio_limits)
+
+
 # --- reachability ----------------------------------------------------------
+
+
+def _stage_ends(problem: Problem, stages: int, stage: int) -> BoolArray:
+    """The positions that may end stage ``stage`` (``0``: the start of the model)."""
+    if stage in (0, stages):
+        ends: BoolArray = problem.positions == (0 if stage == 0 else problem.num_ops)
+        return ends
+    return problem.admissible
+
+
+def _forward_reach(
+    problem: Problem, stages: int, lo: IntArray, hi: IntArray
+) -> list[BoolArray] | None:
+    """Positions that can end stage ``s`` (index ``s``) when only the windows bind, or
+    ``None`` when no plan exists. One prefix count per stage: any reachable start in
+    ``[lo_j, hi_j]`` will do."""
+    nonempty = lo <= hi
+    first = np.where(nonempty, lo, 0)
+    past = np.where(nonempty, hi + 1, 0)
+    reach = [_stage_ends(problem, stages, 0)]
+    counts = np.zeros(problem.num_ops + 2, dtype=np.int64)
+    for stage in range(1, stages + 1):
+        np.cumsum(reach[-1], out=counts[1:])
+        reached = (counts[past] > counts[first]) & _stage_ends(problem, stages, stage)
+        if not reached.any():
+            return None
+        reach.append(reached)
+    return reach
+
+
+def _backward_reach(
+    problem: Problem, stages: int, lo: IntArray, hi: IntArray, forward: list[BoolArray]
+) -> list[BoolArray]:
+    """Of the positions in ``forward``, those from which the remaining stages can still be
+    formed: the positions of stage ``s``'s end that some whole plan passes through."""
+    size = problem.num_ops + 1
+    nonempty = lo <= hi
+    band = [forward[stages]]
+    for stage in range(stages - 1, -1, -1):
+        ends = band[0] & nonempty
+        marks = np.bincount(lo[ends], minlength=size + 1) - np.bincount(
+            hi[ends] + 1, minlength=size + 1
+        )
+        covered = np.cumsum(marks[:size]) > 0
+        band.insert(0, covered & forward[stage])
+    return band
+
+
+def _feasible(problem: Problem, stages: int, threshold: float) -> bool:
+    return _forward_reach(problem, stages, *stage_windows(problem, threshold)) is not None
+
+
+# --- range queries ---------------------------------------------------------
 
 
 def _floor_log2(lengths: IntArray) -> IntArray:
@@ -271,52 +354,6 @@ def _stab_max(values: FloatArray, lo: IntArray, hi: IntArray, size: int) -> Floa
         np.maximum(table[level - 1, width:], row[:-width], out=table[level - 1, width:])
     top: FloatArray = table[0]
     return top
-
-
-class _Oracle:
-    """Answers "is there an S-stage plan with every stage time <= B?" for one threshold."""
-
-    def __init__(self, problem: Problem, stages: int, threshold: float) -> None:
-        self.problem = problem
-        self.stages = stages
-        self.lo, self.hi = stage_windows(problem, threshold)
-        n = problem.num_ops
-        compute_p = problem.prefix_compute
-        comm = problem.cut_comm
-        # Stage (i, j) fits B  <=>  start_key[i] <= B - end_key[j].
-        self.start_key = comm - compute_p
-        self.end_key = compute_p + comm
-        self.is_last = problem.positions == n
-        self.is_first = problem.positions == 0
-
-    def _ends(self, stage: int) -> BoolArray:
-        return self.is_last if stage == self.stages else self.problem.admissible
-
-    def forward(self, bound: float) -> list[BoolArray] | None:
-        """Positions that can end stage ``s`` (index ``s``), or ``None`` if no plan fits."""
-        reach = [self.is_first]
-        for stage in range(1, self.stages + 1):
-            starts = np.where(reach[-1], self.start_key, _INF)
-            best = _range_min(starts, self.lo, self.hi)
-            ok = best < _INF
-            if bound < _INF:
-                ok &= best <= bound - self.end_key
-            reached = ok & self._ends(stage)
-            if not reached.any():
-                return None
-            reach.append(reached)
-        return reach
-
-    def backward(self, bound: float) -> list[BoolArray]:
-        """Positions from which stages ``s+1..S`` can still be formed (index ``s``)."""
-        n = self.problem.num_ops
-        reach = [self.is_last]
-        for stage in range(self.stages - 1, -1, -1):
-            room = np.where(reach[0], bound - self.end_key, -_INF)
-            best = _stab_max(room, self.lo, self.hi, n + 1)
-            ends = self.is_first if stage == 0 else self.problem.admissible
-            reach.insert(0, ends & (self.start_key <= best) & (best > -_INF))
-        return reach
 
 
 # --- search ----------------------------------------------------------------
@@ -422,72 +459,284 @@ def _pair_values(problem: Problem, kind: str) -> FloatArray | None:
     return unique
 
 
-def _min_bottleneck(oracle: _Oracle) -> float:
-    problem = oracle.problem
-    upper = float(problem.prefix_compute[-1] + 2 * problem.cut_comm.max())
-    while oracle.forward(upper) is None:  # rounding can put the true maximum a hair above
-        upper = upper * 2 if upper > 0 else 1e-300
-    if oracle.forward(0.0) is not None:
-        return 0.0
-    # Every plan's bottleneck is at least the average stage compute.
-    lower = float(problem.prefix_compute[-1]) / oracle.stages * (1 - 1e-9)
-    if lower >= upper or oracle.forward(lower) is not None:
-        lower = 0.0
-    return _smallest_accepted(
-        lambda bound: oracle.forward(bound) is not None,
-        lower,
-        upper,
-        _pair_values(problem, "time"),
+# --- the band search -------------------------------------------------------
+
+#: A band holding at most this many (start, end) pairs is solved at once; a wider one is
+#: first narrowed by bisection on the bottleneck.
+_BAND_PAIRS = 2_000_000
+#: Pairs per numpy step of the band's dynamic programs (bounds their memory).
+_CHUNK_PAIRS = 1_000_000
+
+
+def _rounding_slack(problem: Problem) -> float:
+    """More than the rounding of any stage time: widening a bound by it keeps every plan
+    whose exactly computed bottleneck is within the bound."""
+    return 1e-12 * float(problem.prefix_compute[-1] + 2 * problem.cut_comm.max()) + 1e-300
+
+
+def _pair_ranges(
+    problem: Problem,
+    lo: IntArray,
+    hi: IntArray,
+    starts: IntArray,
+    ends: IntArray,
+    bound: float,
+) -> tuple[IntArray, IntArray]:
+    """For each end in ``ends``, the range ``[first, first + count)`` of ``starts`` (sorted
+    positions) inside its window whose stage compute alone stays within ``bound``."""
+    low = lo[ends]
+    if bound < _INF:
+        compute_p = problem.prefix_compute
+        reach = compute_p[ends] - (bound + _rounding_slack(problem))
+        low = np.maximum(low, np.searchsorted(compute_p, reach, side="left"))
+    first = np.searchsorted(starts, low, side="left")
+    past = np.searchsorted(starts, hi[ends], side="right")
+    return first, np.maximum(past - first, 0)
+
+
+def _chunks(counts: IntArray) -> list[slice]:
+    """Consecutive runs of ends whose pairs number at most :data:`_CHUNK_PAIRS` (or one end)."""
+    totals = np.cumsum(counts)
+    chunks = []
+    begin = 0
+    while begin < len(counts):
+        before = int(totals[begin - 1]) if begin else 0
+        end = int(np.searchsorted(totals, before + _CHUNK_PAIRS, side="right"))
+        end = max(end, begin + 1)
+        chunks.append(slice(begin, end))
+        begin = end
+    return chunks
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """Every (start, end) pair of one chunk, flat: ``start[k]`` indexes the starts and
+    ``owner[k]`` the ends; the pairs of end ``e`` lie at ``offsets[e]`` on (when any)."""
+
+    start: IntArray
+    owner: IntArray
+    offsets: IntArray
+    nonempty: BoolArray
+
+
+def _flat_pairs(first: IntArray, counts: IntArray) -> _Pairs:
+    offsets = np.cumsum(counts) - counts
+    owner = np.repeat(np.arange(len(counts)), counts)
+    start = np.arange(int(counts.sum()), dtype=np.int64) + np.repeat(first - offsets, counts)
+    nonempty = counts > 0
+    return _Pairs(start, owner, offsets[nonempty], nonempty)
+
+
+def _count_pairs(
+    problem: Problem, lo: IntArray, hi: IntArray, band: list[IntArray], bound: float
+) -> int:
+    return sum(
+        int(_pair_ranges(problem, lo, hi, starts, ends, bound)[1].sum())
+        for starts, ends in itertools.pairwise(band)
     )
 
 
-def _least_comm_cuts(oracle: _Oracle, bound: float, tie_cost: FloatArray) -> tuple[int, ...]:
-    """Cuts of a plan with every stage time <= ``bound`` and least total ``tie_cost``."""
-    forward = oracle.forward(bound)
-    assert forward is not None, "bound must be feasible"
-    backward = oracle.backward(bound)
-    problem = oracle.problem
-    room = bound - oracle.end_key
-    cost = np.full(problem.num_ops + 1, _INF)
-    cost[0] = 0.0
-    parents: list[IntArray] = []
-    previous = np.flatnonzero(forward[0] & backward[0])
-    for stage in range(1, oracle.stages + 1):
-        current = np.flatnonzero(forward[stage] & backward[stage])
-        parent = np.full(problem.num_ops + 1, -1, dtype=np.int64)
-        new_cost = np.full(problem.num_ops + 1, _INF)
-        starts = previous[:, None]
-        start_key = oracle.start_key[previous][:, None]
-        start_cost = cost[previous][:, None]
-        for block in range(0, len(current), _BLOCK):
-            ends = current[block : block + _BLOCK]
-            valid = (
-                (starts >= oracle.lo[ends])
-                & (starts <= oracle.hi[ends])
-                & (start_key <= room[ends])
-                & (start_cost < _INF)
-            )
-            totals = np.where(valid, start_cost, _INF)
-            best = np.argmin(totals, axis=0)
-            best_total = totals[best, np.arange(len(ends))]
-            reachable = best_total < _INF
-            new_cost[ends] = np.where(reachable, best_total + tie_cost[ends], _INF)
-            parent[ends] = np.where(reachable, previous[best], -1)
-        cost = new_cost
-        parents.append(parent)
-        previous = current[cost[current] < _INF]
+def _band_under(
+    problem: Problem, lo: IntArray, hi: IntArray, band: list[IntArray], bound: float
+) -> list[IntArray] | None:
+    """The positions of ``band`` that some plan with every stage time within ``bound``
+    passes through, per stage; ``None`` when no such plan exists.
+
+    Stage ``(i, j]`` fits ``bound`` when ``comm[i] - P[i] <= bound - P[j] - comm[j]``:
+    forward, one range minimum over each end's window of reached starts; backward, one
+    stabbing maximum over the windows of the ends that can still finish the plan.
+    """
+    compute_p, comm = problem.prefix_compute, problem.cut_comm
+    if not comm.any():
+        return _band_within(problem, lo, hi, band, bound)
+    start_key = comm - compute_p
+    room = bound - (compute_p + comm)
+    reached = [band[0]]
+    for ends in band[1:]:
+        starts = reached[-1]
+        first = np.searchsorted(starts, lo[ends], side="left")
+        last = np.searchsorted(starts, hi[ends], side="right") - 1
+        ok = _range_min(start_key[starts], first, last) <= room[ends]
+        if not ok.any():
+            return None
+        reached.append(ends[ok])
+    narrowed = [reached[-1]]
+    for starts in reversed(reached[:-1]):
+        ends = narrowed[0]
+        first = np.searchsorted(starts, lo[ends], side="left")
+        last = np.searchsorted(starts, hi[ends], side="right") - 1
+        best = _stab_max(room[ends], first, last, len(starts))
+        narrowed.insert(0, starts[start_key[starts] <= best])
+    return narrowed
+
+
+def _band_within(
+    problem: Problem, lo: IntArray, hi: IntArray, band: list[IntArray], bound: float
+) -> list[IntArray] | None:
+    """:func:`_band_under` without communication: a stage fits ``bound`` when its compute
+    does, which narrows each window of starts (``P[i] >= P[j] - bound``), so the prefix
+    counts of :func:`_forward_reach` and :func:`_backward_reach` answer it."""
+    compute_p = problem.prefix_compute
+    low = np.maximum(lo, np.searchsorted(compute_p, compute_p - bound, side="left"))
+    stages = len(band) - 1
+    forward = _forward_reach(problem, stages, low, hi)
+    if forward is None:
+        return None
+    return [np.flatnonzero(b) for b in _backward_reach(problem, stages, low, hi, forward)]
+
+
+def _narrow(
+    problem: Problem, lo: IntArray, hi: IntArray, band: list[IntArray]
+) -> tuple[list[IntArray], float]:
+    """A band of at most :data:`_BAND_PAIRS` pairs and a bound it covers: every plan whose
+    bottleneck is within the bound stays inside the band (``inf`` when no narrowing was
+    needed, or possible). Bisection on the bound, galloping up from the average stage
+    compute; each probe widens its bound by the rounding slack, so that it keeps every
+    plan within the bound however its stage times round."""
+    stages = len(band) - 1
+    if _count_pairs(problem, lo, hi, band, _INF) <= _BAND_PAIRS:
+        return band, _INF
+    slack = _rounding_slack(problem)
+    lower = float(problem.prefix_compute[-1]) / stages * (1 - 1e-9)  # no plan does better
+    if not lower > 0:
+        return band, _INF
+    upper = _INF
+    excess = 0.01
+    pairs = _INF
+    for _ in range(80):
+        guess = lower * (1 + excess) if upper == _INF else lower + (upper - lower) / 2
+        narrowed = _band_under(problem, lo, hi, band, guess + slack)
+        if narrowed is None:
+            lower = guess
+            excess *= 2
+            continue
+        band, upper = narrowed, guess
+        before, pairs = pairs, _count_pairs(problem, lo, hi, band, upper + slack)
+        # Stop when small enough, or when halving the bound no longer shrinks the band
+        # much (many plans share the least bottleneck, as with whole-number weights).
+        if pairs <= _BAND_PAIRS or pairs > 0.9 * before or upper - lower <= 1e-9 * upper:
+            break
+    return band, upper
+
+
+def _least_bottleneck(
+    problem: Problem, lo: IntArray, hi: IntArray, band: list[IntArray], bound: float
+) -> float:
+    """The least bottleneck over plans through ``band``, stage times computed exactly as
+    :meth:`Problem.stage_time` does (``bound``: at least the answer)."""
+    compute_p, comm = problem.prefix_compute, problem.cut_comm
+    starts = band[0]
+    worst = np.full(len(starts), -_INF)  # the bottleneck so far of the best way there
+    for ends in band[1:]:
+        first, counts = _pair_ranges(problem, lo, hi, starts, ends, bound)
+        best = np.full(len(ends), _INF)
+        for chunk in _chunks(counts):
+            pairs = _flat_pairs(first[chunk], counts[chunk])
+            i, j = starts[pairs.start], ends[chunk][pairs.owner]
+            time = (compute_p[j] - compute_p[i]) + (comm[i] + comm[j])
+            values = np.maximum(worst[pairs.start], time)
+            if len(values):
+                found = best[chunk]
+                found[pairs.nonempty] = np.minimum.reduceat(values, pairs.offsets)
+                best[chunk] = found
+        keep = (best < _INF) & (best <= bound)
+        starts, worst = ends[keep], best[keep]
+    return float(worst[0]) if len(worst) else _INF
+
+
+def _least_total(
+    problem: Problem,
+    lo: IntArray,
+    hi: IntArray,
+    band: list[IntArray],
+    bottleneck: float,
+    tie_cost: FloatArray,
+) -> tuple[int, ...]:
+    """Cuts of a plan through ``band`` with every stage time within ``bottleneck`` and least
+    total ``tie_cost``; on ties, each stage starts as early as it can (as the table does)."""
+    compute_p, comm = problem.prefix_compute, problem.cut_comm
+    starts = band[0]
+    total = np.zeros(1)
+    parents: list[tuple[IntArray, IntArray]] = []
+    for ends in band[1:]:
+        first, counts = _pair_ranges(problem, lo, hi, starts, ends, bottleneck)
+        best = np.full(len(ends), _INF)
+        parent = np.full(len(ends), -1, dtype=np.int64)
+        for chunk in _chunks(counts):
+            pairs = _flat_pairs(first[chunk], counts[chunk])
+            if not len(pairs.start):
+                continue
+            i, j = starts[pairs.start], ends[chunk][pairs.owner]
+            time = (compute_p[j] - compute_p[i]) + (comm[i] + comm[j])
+            values = np.where(time <= bottleneck, total[pairs.start], _INF)
+            least = np.minimum.reduceat(values, pairs.offsets)
+            owners = np.flatnonzero(pairs.nonempty)
+            hit = values == np.repeat(least, counts[chunk][pairs.nonempty])
+            flat = np.arange(len(values))
+            earliest = np.minimum.reduceat(np.where(hit, flat, len(values)), pairs.offsets)
+            reached = least < _INF
+            found = best[chunk]
+            found[owners] = np.where(reached, least + tie_cost[ends[chunk][owners]], _INF)
+            best[chunk] = found
+            chosen = parent[chunk]
+            chosen[owners] = np.where(reached, i[earliest], -1)
+            parent[chunk] = chosen
+        parents.append((ends, parent))
+        keep = best < _INF
+        starts, total = ends[keep], best[keep]
+    assert len(total) == 1, "the bottleneck must admit a plan"
     position = problem.num_ops
-    assert cost[position] < _INF, "a feasible bound must give a plan"
     cuts = []
-    for parent in reversed(parents):
-        position = int(parent[position])
+    for ends, parent in reversed(parents[1:]):
+        position = int(parent[np.searchsorted(ends, position)])
         cuts.append(position)
-    assert cuts[-1] == 0
-    return tuple(reversed(cuts[:-1]))
+    return tuple(reversed(cuts))
 
 
-def _feasible(problem: Problem, stages: int, threshold: float) -> bool:
-    return _Oracle(problem, stages, threshold).forward(_INF) is not None
+def _solve_band(
+    problem: Problem,
+    stages: int,
+    lo: IntArray,
+    hi: IntArray,
+    forward: list[BoolArray],
+    tie_cost: FloatArray,
+) -> tuple[int, ...]:
+    whole = [np.flatnonzero(b) for b in _backward_reach(problem, stages, lo, hi, forward)]
+    band, covered = _narrow(problem, lo, hi, whole)
+    slack = _rounding_slack(problem)
+    bottleneck = _least_bottleneck(problem, lo, hi, band, covered + slack)
+    if bottleneck > covered:
+        # The probe that set the bound found a plan within it, up to rounding: a plan just
+        # above it may lie outside the band. Never seen, but the answer must be exact.
+        bottleneck = _least_bottleneck(problem, lo, hi, whole, _INF)
+        band = whole
+    assert bottleneck < _INF, "a reachable band must hold a plan"
+    return _least_total(problem, lo, hi, band, bottleneck, tie_cost)
+
+
+#: The exact threshold search enumerates the candidate ratios once at most this many
+#: lie between its bounds; until then it bisects on the bit patterns.
+_RATIO_CANDIDATES = 200_000
+
+
+def _ratio_candidates(
+    problem: Problem, below: IntArray, within: IntArray, count_only: bool
+) -> tuple[int, FloatArray]:
+    """The cut ratios of stages ``(i, j]`` with ``below[j] < i <= within[j]`` inside the
+    shape windows (their number, and with ``count_only`` false the sorted distinct values)."""
+    lo, hi = problem.shape_windows
+    ends = np.flatnonzero(problem.admissible)
+    first = np.maximum(below[ends] + 1, lo[ends])
+    last = np.minimum(within[ends], hi[ends])
+    counts = np.maximum(last - first + 1, 0)
+    total = int(counts.sum())
+    if count_only:
+        return total, np.empty(0)
+    pairs = _flat_pairs(first, counts)
+    j = ends[pairs.owner]
+    compute_p = problem.prefix_compute
+    ratios = cut_ratios(problem.cut_comm[j], compute_p[j] - compute_p[pairs.start])
+    return total, np.unique(ratios)
 
 
 def min_threshold(problem: Problem, stages: int, at_least: float = 0.0) -> float | None:
@@ -495,7 +744,9 @@ def min_threshold(problem: Problem, stages: int, at_least: float = 0.0) -> float
 
     ``None`` when no threshold does (the other constraints rule every plan
     out); ``inf`` when only plans with a cut that closes a stage of zero
-    compute exist.
+    compute exist. The answer is one of the cut ratios: bisection on the bit patterns
+    of the threshold narrows the range until few ratios lie in it, then bisection over
+    those ratios finds it (the windows test the same arithmetic, so it is exact).
     """
     if not _feasible(problem, stages, _INF):
         return None
@@ -504,12 +755,28 @@ def min_threshold(problem: Problem, stages: int, at_least: float = 0.0) -> float
     largest = float(np.finfo(np.float64).max)
     if not _feasible(problem, stages, largest):
         return _INF
-    return _smallest_accepted(
-        lambda threshold: _feasible(problem, stages, threshold),
-        at_least,
-        largest,
-        _pair_values(problem, "ratio"),
-    )
+    low, high = at_least, largest  # rejected, accepted
+    below, within = _ratio_limits(problem, low), _ratio_limits(problem, high)
+    while _ratio_candidates(problem, below, within, count_only=True)[0] > _RATIO_CANDIDATES:
+        low_bits, high_bits = _float_bits(low), _float_bits(high)
+        if high_bits - low_bits <= 1:
+            return high
+        middle = _bits_float((low_bits + high_bits) // 2)
+        limits = _ratio_limits(problem, middle)
+        if _forward_reach(problem, stages, *_windows_with(problem, limits)) is None:
+            low, below = middle, limits
+        else:
+            high, within = middle, limits
+    _, candidates = _ratio_candidates(problem, below, within, count_only=False)
+    rejected, accepted = -1, len(candidates)  # the answer is among the candidates
+    while accepted - rejected > 1:
+        middle_index = (rejected + accepted) // 2
+        if _feasible(problem, stages, float(candidates[middle_index])):
+            accepted = middle_index
+        else:
+            rejected = middle_index
+    assert accepted < len(candidates), "the least threshold is a cut ratio"
+    return float(candidates[accepted])
 
 
 #: Instances with at most this many (start, end, stage) triples are solved
@@ -546,17 +813,20 @@ def solve(
         return _StageTable(problem, stages).solve(threshold, adaptive, tie_cost)
     if method != "search":
         raise ValueError(f"method must be auto, table or search, got {method!r}")
+    lo, hi = stage_windows(problem, threshold)
+    forward = _forward_reach(problem, stages, lo, hi)
     used = threshold
-    if not _feasible(problem, stages, threshold):
+    if forward is None:
         diagnosis = diagnose(problem, stages, threshold)
         if not adaptive or diagnosis.constraint != "threshold":
             return diagnosis
         assert diagnosis.needed is not None
         used = diagnosis.needed
-    oracle = _Oracle(problem, stages, used)
-    bottleneck_bound = _min_bottleneck(oracle)
-    cuts = _least_comm_cuts(
-        oracle, bottleneck_bound, problem.cut_comm if tie_cost is None else tie_cost
+        lo, hi = stage_windows(problem, used)
+        forward = _forward_reach(problem, stages, lo, hi)
+        assert forward is not None, "the least threshold admits a plan"
+    cuts = _solve_band(
+        problem, stages, lo, hi, forward, problem.cut_comm if tie_cost is None else tie_cost
     )
     score = score_cuts(problem, cuts)
     return Solution(

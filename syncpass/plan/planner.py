@@ -163,36 +163,93 @@ class Plan:
         return max(range(len(self.stages)), key=lambda s: self.stages[s].time_s)
 
 
+# --- what planning one cost file computes once ------------------------------------
+
+
+class PlanCache:
+    """What planning one cost file computes, kept so that the plan, the baselines it is
+    compared with and the stage counts ``--stages auto`` tries compute nothing twice:
+    the optimiser's problems (one per micro-batch count and request), the exact
+    solutions, the rules' cuts and the simulated steps."""
+
+    def __init__(self, costs: Costs) -> None:
+        self.costs = costs
+        self._problems: dict[tuple[object, ...], Problem] = {}
+        self._solutions: dict[tuple[object, ...], Solution | Infeasible] = {}
+        self._baselines: dict[tuple[object, ...], tuple[int, ...] | Infeasible] = {}
+        self._predictions: dict[tuple[object, ...], Prediction] = {}
+
+    def problem(self, request: PlanRequest, microbatches: int = 1) -> Problem:
+        key = (
+            request.config.min_sync_interval,
+            request.pinned,
+            microbatches,
+            request.carries_values,
+            request.refused_kinds,
+        )
+        if key not in self._problems:
+            self._problems[key] = problem_from_costs(
+                self.costs,
+                request.config,
+                request.pinned,
+                microbatches,
+                request.carries_values,
+                request.refused_kinds,
+            )
+        return self._problems[key]
+
+    def solve(
+        self, problem: Problem, stages: int, threshold: float, adaptive: bool
+    ) -> Solution | Infeasible:
+        key = (id(problem), stages, threshold, adaptive)
+        if key not in self._solutions:
+            self._solutions[key] = solve(problem, stages, threshold, adaptive)
+        return self._solutions[key]
+
+    def baseline(self, problem: Problem, stages: int, rule: str) -> tuple[int, ...] | Infeasible:
+        key = (id(problem), stages, rule)
+        if key not in self._baselines:
+            self._baselines[key] = baseline_cuts(problem, stages, rule, self.costs)
+        return self._baselines[key]
+
+    def predict(
+        self, problem: Problem, cuts: tuple[int, ...], microbatches: int, schedule: str
+    ) -> Prediction:
+        key = (id(problem), cuts, microbatches, schedule)
+        if key not in self._predictions:
+            self._predictions[key] = predict(self.costs, problem, cuts, microbatches, schedule)
+        return self._predictions[key]
+
+
+def _cache_for(costs: Costs, cache: PlanCache | None) -> PlanCache:
+    if cache is None:
+        return PlanCache(costs)
+    if cache.costs is not costs:
+        raise ValueError("a PlanCache serves the cost file it was made for")
+    return cache
+
+
 # --- strategies ---------------------------------------------------------------
 
 
-def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
+def make_plan(
+    costs: Costs, request: PlanRequest, origin: str = "", cache: PlanCache | None = None
+) -> Plan:
     """Plan ``costs`` with ``request.config.strategy``.
 
     Raises :class:`SyncpassError` (an :class:`InfeasibleError` when the
     constraints rule out every plan) with a message that says what to change.
+    ``cache`` shares the work with other plans of the same ``costs``.
     """
+    cache = _cache_for(costs, cache)
     # The stage count depends only on the pins and the admissible cuts; the micro-batch
     # count (which the costs per step depend on) may depend on the stage count.
     stages = request.stages
     if stages is None or request.microbatches is None:
-        unit = problem_from_costs(
-            costs,
-            request.config,
-            request.pinned,
-            carries_values=request.carries_values,
-            refused_kinds=request.refused_kinds,
-        )
+        unit = cache.problem(request)
         stages = _stage_count(unit, request, origin, _refusals(costs, request))
     microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
-    problem = problem_from_costs(
-        costs,
-        request.config,
-        request.pinned,
-        microbatches,
-        request.carries_values,
-        request.refused_kinds,
-    )
+    problem = cache.problem(request, microbatches)
     strategy = request.config.strategy
     requested_tau = request.config.communication_cost_threshold
     stages = _stage_count(problem, request, origin, _refusals(costs, request))
@@ -207,13 +264,13 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
     faster: _SpeedRaise | None = None
     admitting_cuts: tuple[int, ...] = ()  # the plan at the least threshold admitting one
     if strategy in OPTIMISING_STRATEGIES:
-        result = solve(problem, stages, requested_tau, adaptive=strategy == "adaptive")
+        result = cache.solve(problem, stages, requested_tau, adaptive=strategy == "adaptive")
         if isinstance(result, Infeasible):
             raise _infeasible_error(result, problem, stages, request.config, costs, origin)
         cuts, used_tau = result.cuts, result.threshold_used
         admitting_cuts = cuts
         if strategy == "adaptive":
-            faster = _fastest(costs, problem, stages, result, microbatches, request.schedule)
+            faster = _fastest(cache, problem, stages, result, microbatches, request.schedule)
             if faster is not None:
                 cuts = faster.cuts
     elif strategy == "manual":
@@ -222,7 +279,7 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
         cuts, used_tau = plugin_cuts(problem, stages, strategy, costs, origin), requested_tau
         notes.append(f"{strategy}: a strategy from an installed package (syncpass.strategies)")
     else:
-        baseline = baseline_cuts(problem, stages, strategy, costs)
+        baseline = cache.baseline(problem, stages, strategy)
         if isinstance(baseline, Infeasible):
             raise _infeasible_error(baseline, problem, stages, request.config, costs, origin)
         cuts, used_tau = baseline, requested_tau
@@ -243,9 +300,9 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
     if strategy in OPTIMISING_STRATEGIES:
 
         def step(plan_cuts: tuple[int, ...]) -> float:
-            return predict(costs, problem, plan_cuts, microbatches, request.schedule).step_s
+            return cache.predict(problem, plan_cuts, microbatches, request.schedule).step_s
 
-        held_back = _dataflow_note(costs, problem, stages, cuts, step)
+        held_back = _dataflow_note(cache, problem, stages, cuts, step)
         if held_back is not None:
             notes.insert(0, held_back)
     score = score_cuts(problem, cuts)
@@ -253,7 +310,7 @@ def make_plan(costs: Costs, request: PlanRequest, origin: str = "") -> Plan:
     if faster is not None and faster.threshold is not None:
         used, admitting, admitting_step_s = faster.threshold, used_tau, faster.admitting_step_s
     threshold = Threshold(requested_tau, used, forced_by, admitting, admitting_step_s)
-    return _assemble(costs, problem, request, strategy, cuts, score, threshold, notes)
+    return _assemble(cache, problem, request, strategy, cuts, score, threshold, notes)
 
 
 @dataclass(frozen=True)
@@ -269,7 +326,7 @@ class _SpeedRaise:
 
 
 def _fastest(
-    costs: Costs,
+    cache: PlanCache,
     problem: Problem,
     stages: int,
     first: Solution,
@@ -285,10 +342,10 @@ def _fastest(
     schedule simulated) wins; on ties, the smaller threshold. ``None`` when that is
     ``first`` itself.
     """
-    ids = [op.id for op in costs.ops]
+    ids = [op.id for op in cache.costs.ops]
 
     def step(cuts: tuple[int, ...]) -> float:
-        return predict(costs, problem, cuts, microbatches, schedule).step_s
+        return cache.predict(problem, cuts, microbatches, schedule).step_s
 
     first_step = step(first.cuts)
     best: tuple[float, float, tuple[int, ...], str] = (
@@ -301,7 +358,7 @@ def _fastest(
         candidate = (step(plan.cuts), plan.threshold_used, plan.cuts, "")
         best = min(best, candidate, key=lambda entry: entry[:2])
     for rule in BASELINE_STRATEGIES:
-        cuts = baseline_cuts(problem, stages, rule, costs)
+        cuts = cache.baseline(problem, stages, rule)
         if isinstance(cuts, Infeasible) or broken_constraints(problem, cuts, math.inf, ids):
             continue
         ratios = [stage.cut_ratio for stage in score_cuts(problem, cuts).stages[:-1]]
@@ -326,12 +383,16 @@ def _fastest(
     return _SpeedRaise(cuts, threshold, first_step, note)
 
 
-def compare_baselines(costs: Costs, request: PlanRequest) -> tuple[Plan, ...]:
+def compare_baselines(
+    costs: Costs, request: PlanRequest, cache: PlanCache | None = None
+) -> tuple[Plan, ...]:
     """The ``uniform``, ``parameters`` and ``time`` plans for the same request.
 
     A rule that cannot make a legal plan here (the pins break its balance, say)
-    is left out rather than failing the comparison.
+    is left out rather than failing the comparison. With the ``cache`` the plan was
+    made with, the rules' cuts and steps its adaptive strategy weighed are reused.
     """
+    cache = _cache_for(costs, cache)
     plans = []
     for strategy in BASELINE_STRATEGIES:
         try:
@@ -339,6 +400,7 @@ def compare_baselines(costs: Costs, request: PlanRequest) -> tuple[Plan, ...]:
                 make_plan(
                     costs,
                     dataclasses.replace(request, config=request.config.replace(strategy=strategy)),
+                    cache=cache,
                 )
             )
         except SyncpassError:
@@ -347,13 +409,17 @@ def compare_baselines(costs: Costs, request: PlanRequest) -> tuple[Plan, ...]:
 
 
 def plan_for(
-    costs: Costs, request: PlanRequest, origin: str = "", max_stages: int | None = None
+    costs: Costs,
+    request: PlanRequest,
+    origin: str = "",
+    max_stages: int | None = None,
+    cache: PlanCache | None = None,
 ) -> Plan:
     """The plan ``request`` asks for; with ``request.stages`` of ``None`` and ``max_stages``,
     the stage count with the least predicted step (``manual``: the pins decide the count)."""
     if request.stages is None and max_stages is not None and request.config.strategy != "manual":
-        return best_stage_count(costs, request, max_stages, origin)
-    return make_plan(costs, request, origin)
+        return best_stage_count(costs, request, max_stages, origin, cache)
+    return make_plan(costs, request, origin, cache)
 
 
 def auto_stage_limit(costs: Costs, max_stages: int) -> int:
@@ -364,18 +430,25 @@ def auto_stage_limit(costs: Costs, max_stages: int) -> int:
     return limit if devices is None else min(limit, devices)
 
 
-def best_stage_count(costs: Costs, request: PlanRequest, max_stages: int, origin: str = "") -> Plan:
+def best_stage_count(
+    costs: Costs,
+    request: PlanRequest,
+    max_stages: int,
+    origin: str = "",
+    cache: PlanCache | None = None,
+) -> Plan:
     """The plan with the least predicted step time over 1..``max_stages`` stages, and no
     more stages than the hardware has devices (``hardware.devices``, when known): more
     stages than devices would share them, which the prediction does not model, and no more
     than the model has ops: a stage holds at least one."""
+    cache = _cache_for(costs, cache)
     devices = costs.hardware.devices
     limit = auto_stage_limit(costs, max_stages)
     best: Plan | None = None
     last_error: SyncpassError | None = None
     for stages in range(1, limit + 1):
         try:
-            plan = make_plan(costs, dataclasses.replace(request, stages=stages), origin)
+            plan = make_plan(costs, dataclasses.replace(request, stages=stages), origin, cache)
         except InfeasibleError as error:
             last_error = error
             continue
@@ -494,7 +567,11 @@ def _far_value(problem: Problem, stages: int, costs: Costs) -> str:
 
 
 def _dataflow_note(
-    costs: Costs, problem: Problem, stages: int, cuts: tuple[int, ...], step: Callable[..., float]
+    cache: PlanCache,
+    problem: Problem,
+    stages: int,
+    cuts: tuple[int, ...],
+    step: Callable[..., float],
 ) -> str | None:
     """A note when the next-stage rule is what holds the plan back: the plan without it
     (same constraints otherwise) predicts a faster step. It names the value that plan
@@ -505,6 +582,7 @@ def _dataflow_note(
     result = solve(free, stages, math.inf, adaptive=True)
     if isinstance(result, Infeasible):
         return None
+    costs = cache.costs
     far = far_reaching_value(costs, result.cuts)
     held, freed = step(cuts), step(result.cuts)
     if far is None or freed >= held * (1 - _FASTER_BY):
@@ -613,7 +691,7 @@ def predict(
 
 
 def _assemble(
-    costs: Costs,
+    cache: PlanCache,
     problem: Problem,
     request: PlanRequest,
     strategy: str,
@@ -622,6 +700,7 @@ def _assemble(
     threshold: Threshold,
     notes: list[str],
 ) -> Plan:
+    costs = cache.costs
     stages = len(cuts) + 1
     microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
     if microbatches > costs.batch_size:
@@ -635,7 +714,7 @@ def _assemble(
             f"{microbatches}; use --microbatches {stages} or more, or --schedule gpipe",
             "microbatches",
         )
-    prediction = predict(costs, problem, cuts, microbatches, request.schedule)
+    prediction = cache.predict(problem, cuts, microbatches, request.schedule)
     live = costs.live_bytes_at
     reasons = explain_sync_points(costs, problem, cuts, score, threshold.used)
     kinds_after = {cut.after: cut.kinds for cut in costs.cuts if cut.kinds}

@@ -149,50 +149,76 @@ def simulate(
     transfer_back = [link.backward_transfer_s(microbatches) for link in links]
     forward_work = [load.forward_microbatch_s(microbatches) for load in loads]
     backward_work = [load.backward_microbatch_s(microbatches) for load in loads]
-    orders = [stage_order(schedule, s, stages, microbatches, training) for s in range(stages)]
-    done: dict[tuple[str, int, int], float] = {}  # (kind, stage, micro-batch) -> end time
+    orders = [
+        [kind == "F" for kind, _ in stage_order(schedule, s, stages, microbatches, training)]
+        for s in range(stages)
+    ]
+    # Each stage runs its forwards, and its backwards, in micro-batch order, so the k-th
+    # forward (backward) a stage has finished is micro-batch k's: end times by count.
+    forward_end: list[list[float]] = [[] for _ in range(stages)]
+    backward_end: list[list[float]] = [[] for _ in range(stages)]
     clock = [0.0] * stages
     position = [0] * stages
     sync = [0.0] * stages
     compute = [0.0] * stages
     remaining = sum(len(order) for order in orders)
-    while remaining:
-        progressed = False
-        for s in range(stages):
-            while position[s] < len(orders[s]):
-                kind, m = orders[s][position[s]]
-                recv = transfer[s - 1] if kind == "F" and s > 0 else 0.0
-                if kind == "B" and s < stages - 1:
-                    recv = transfer_back[s]
-                send = 0.0
-                if kind == "F" and s < stages - 1:
-                    send = transfer[s]
-                elif kind == "B" and s > 0:
-                    send = transfer_back[s - 1]
-                if kind == "F":
-                    dependency = ("F", s - 1, m) if s > 0 else None
-                    work = forward_work[s]
-                else:
-                    dependency = ("B", s + 1, m) if s < stages - 1 else ("F", s, m)
-                    work = backward_work[s]
-                start = clock[s]
-                if dependency is not None:
-                    if dependency not in done:
-                        break
+    last = stages - 1
+    # An action's end depends only on the actions before it (its stage's previous one
+    # and its partner's), so any order that respects them gives the same times: each
+    # stage runs until it waits, and a stage that moved wakes its neighbours.
+    waiting = list(range(stages - 1, -1, -1))
+    queued = [True] * stages
+    while waiting:
+        s = waiting.pop()
+        queued[s] = False
+        order, done_f, done_b = orders[s], forward_end[s], backward_end[s]
+        upstream = forward_end[s - 1] if s > 0 else None
+        downstream = backward_end[s + 1] if s < last else None
+        recv_f = transfer[s - 1] if s > 0 else 0.0
+        send_f = transfer[s] if s < last else 0.0
+        recv_b = transfer_back[s] if s < last else 0.0  # gradients back over the same links
+        send_b = transfer_back[s - 1] if s > 0 else 0.0
+        at = started = position[s]
+        while at < len(order):
+            if order[at]:
+                m = len(done_f)
+                recv, send, work = recv_f, send_f, forward_work[s]
+                if upstream is None:
+                    start = clock[s]
+                elif m < len(upstream):
                     # A receive overlaps the matching send, so it starts no
                     # earlier than the send's start (end - transfer).
-                    partner_send = recv if dependency[1] != s else 0.0
-                    start = max(start, done[dependency] - partner_send)
+                    start = max(clock[s], upstream[m] - recv)
+                else:
+                    break
                 end = start + recv + work + send
-                done[(kind, s, m)] = end
-                clock[s] = end
-                sync[s] += recv + send
-                compute[s] += work
-                position[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            raise RuntimeError("schedule deadlocked; this is a bug in syncpass")
+                done_f.append(end)
+            else:
+                m = len(done_b)
+                recv, send, work = recv_b, send_b, backward_work[s]
+                if downstream is None:
+                    if m >= len(done_f):
+                        break
+                    start = max(clock[s], done_f[m])
+                elif m < len(downstream):
+                    start = max(clock[s], downstream[m] - recv)
+                else:
+                    break
+                end = start + recv + work + send
+                done_b.append(end)
+            clock[s] = end
+            sync[s] += recv + send
+            compute[s] += work
+            at += 1
+        position[s] = at
+        remaining -= at - started
+        if at > started:
+            for neighbour in (s + 1, s - 1):
+                if 0 <= neighbour < stages and not queued[neighbour]:
+                    queued[neighbour] = True
+                    waiting.append(neighbour)
+    if remaining:
+        raise RuntimeError("schedule deadlocked; this is a bug in syncpass")
     step = max(clock) if clock else 0.0
     timelines = tuple(
         StageTimeline(compute_s=compute[s], sync_s=sync[s], idle_s=step - compute[s] - sync[s])

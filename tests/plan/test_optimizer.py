@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from syncpass.plan import optimizer
 from syncpass.plan.optimizer import (
     Infeasible,
     Problem,
@@ -96,6 +99,17 @@ def brute_force(instance: Instance) -> tuple[float, float, float] | None:
     return used, bottleneck, comm
 
 
+@contextlib.contextmanager
+def tight_band() -> Iterator[None]:
+    """Limits small enough that every search narrows its band by bisection, splits its
+    pairs into chunks and bisects the threshold before enumerating the ratios."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(optimizer, "_BAND_PAIRS", 40)
+        patch.setattr(optimizer, "_CHUNK_PAIRS", 7)
+        patch.setattr(optimizer, "_RATIO_CANDIDATES", 3)
+        yield
+
+
 # Dyadic costs keep every sum exact in floating point, so "equal" means equal.
 quarter = st.integers(0, 8).map(lambda k: k / 4)
 eighth = st.integers(0, 8).map(lambda k: k / 8)
@@ -143,14 +157,19 @@ def instances(draw: st.DrawFn) -> Instance:
     )
 
 
-@pytest.mark.parametrize("method", ["table", "search"])
+@pytest.mark.parametrize("method", ["table", "search", "narrowed search"])
 @settings(max_examples=400, deadline=None)
 @given(instance=instances())
 def test_solve_equals_exhaustive_search(method: str, instance: Instance) -> None:
     expected = brute_force(instance)
-    result = solve(
-        instance.problem, instance.stages, instance.threshold, instance.adaptive, method=method
-    )
+    with tight_band() if method == "narrowed search" else contextlib.nullcontext():
+        result = solve(
+            instance.problem,
+            instance.stages,
+            instance.threshold,
+            instance.adaptive,
+            method=method.split()[-1],
+        )
     if expected is None:
         assert isinstance(result, Infeasible)
         return
@@ -300,13 +319,51 @@ def test_table_and_search_agree_on_larger_real_valued_instances(
     )
     table = solve(problem, stages, threshold, adaptive=True, method="table")
     search = solve(problem, stages, threshold, adaptive=True, method="search")
-    if isinstance(table, Infeasible):
-        assert table.constraint == getattr(search, "constraint", None)
-        return
-    assert isinstance(search, Solution)
-    assert table.threshold_used == search.threshold_used
-    assert table.bottleneck == pytest.approx(search.bottleneck, rel=1e-12)
-    assert table.total_comm == pytest.approx(search.total_comm, rel=1e-9)
+    # The same arithmetic in the same order: the very same plan, not a close one.
+    assert search == table
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.integers(2, 120),
+    st.integers(1, 12),
+    st.integers(0, 2**31 - 1),
+    st.sampled_from([INF, 0.02, 0.3]),
+    st.booleans(),
+)
+def test_narrowed_band_gives_the_table_s_plan(
+    n: int, stages: int, seed: int, threshold: float, skips: bool
+) -> None:
+    rng = np.random.default_rng(seed)
+    admissible = np.concatenate(([False], rng.random(n - 1) < 0.85, [False]))
+    last_use = None
+    if skips:
+        reach = np.arange(n + 1) + rng.integers(0, 4, n + 1)
+        last_use = np.maximum.accumulate(np.minimum(reach, n + 1))
+    problem = Problem(
+        op_compute=rng.lognormal(size=n),
+        op_memory=rng.random(n),
+        # Without communication the narrowing takes its window-only path (the rules' weights).
+        cut_comm=np.where(admissible, rng.random(n + 1) * rng.choice([0.0, 0.4]), 0.0),
+        admissible=admissible,
+        pinned=admissible & (rng.random(n + 1) < 0.03),
+        min_ops=int(rng.integers(1, 3)),
+        memory_limit=float(rng.choice([INF, n / stages * 1.2])),
+        last_use=last_use,
+    )
+    for adaptive in (True, False):
+        table = solve(problem, stages, threshold, adaptive, method="table")
+        with tight_band():
+            assert solve(problem, stages, threshold, adaptive, method="search") == table
+
+
+@settings(max_examples=200, deadline=None)
+@given(instances())
+def test_min_threshold_by_bisection_is_the_least_max_ratio(instance: Instance) -> None:
+    plans = legal_plans(instance.problem, instance.stages)
+    with tight_band():
+        found = min_threshold(instance.problem, instance.stages)
+    assert found == (min(ratio for _, ratio, _, _ in plans) if plans else None)
 
 
 @settings(max_examples=300, deadline=None)
