@@ -618,7 +618,9 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         if index + 1 < count:
             numbered, _, rest = ordered[index].comment.partition(": ")
             recomputed = ordered[index].recomputed
-            computes = f"; computes {', '.join(recomputed)} again" if recomputed else ""
+            computes = (
+                f"; the next stage computes {', '.join(recomputed)} again" if recomputed else ""
+            )
             comment = f"{numbered}: sends {', '.join(sends) or 'nothing'}{computes}; {rest}"
         codes.append(
             StageCode(
