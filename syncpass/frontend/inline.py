@@ -692,6 +692,43 @@ def _inline_one(
     )
 
 
+class _OriginalLines:
+    """The line in the user's file of each statement of the expanded forward: its own, or
+    for a statement inlined from a method (and rewritten there: ``self`` read as a
+    submodule), that of the method's statement it came from (its :class:`Origin`)."""
+
+    def __init__(
+        self,
+        line_of: Callable[[cst.CSTNode], int],
+        statements: Sequence[cst.BaseStatement],
+        origins: Sequence[Origin],
+        frames: Sequence[Frame],
+        classes: dict[str, cst.ClassDef],
+    ) -> None:
+        self.line_of = line_of
+        self.inlined: dict[int, int] = {}
+        for statement, origin in zip(statements, origins, strict=True):
+            frame, index = origin.steps[-1]
+            if frame == 0 or index < 0:
+                continue
+            body = _method_body(classes.get(frames[frame].class_name), frames[frame].method)
+            if index < len(body):
+                self.inlined[id(statement)] = line_of(body[index])
+        self.statements = statements  # keeps the ids above the statements' own
+
+    def __call__(self, node: cst.CSTNode) -> int:
+        return self.line_of(node) or self.inlined.get(id(node), 0)
+
+
+def _method_body(classdef: cst.ClassDef | None, name: str) -> Sequence[cst.BaseStatement]:
+    if classdef is None:
+        return ()
+    for member in classdef.body.body:
+        if isinstance(member, cst.FunctionDef) and member.name.value == name:
+            return member.body.body if isinstance(member.body, cst.IndentedBlock) else ()
+    return ()
+
+
 class SourceLines:
     """The line of each node of a module, read once, when first asked (0 for a node that
     is not in it)."""
@@ -792,7 +829,8 @@ def inline_own_methods(
             inlined.append(result.description)
             folded.extend(result.branches)
             changed = True
-        statements, decided, sources = fold_branches(expanded, attributes, forward, module, line_of)
+        where = _OriginalLines(line_of, expanded, expanded_origins, frames, classes)
+        statements, decided, sources = fold_branches(expanded, attributes, forward, module, where)
         origins = [expanded_origins[source] for source in sources]
         folded.extend(decided)
         if not changed and not decided:

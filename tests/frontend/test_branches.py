@@ -161,3 +161,33 @@ def test_a_name_assigned_once_to_a_constant_before_the_if_decides_it() -> None:
     )
     assert taken == ("if",)
     assert "    x = self.fused_path(x)" in body and "    x = self.plain_path(x)" not in body
+
+
+SUBMODULE_STACK = """
+class Body:
+    def forward(self, x, scale=None):
+        if scale is not None:
+            x = x * scale
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class Net:
+    def __init__(self):
+        self.body = Body()
+
+    def forward(self, x):
+        x = self.body(x)
+        return x
+"""
+
+
+def test_a_branch_of_a_submodules_forward_is_named_at_its_line_in_the_file() -> None:
+    # The submodule's statements are rewritten when inlined (self read as self.body): the
+    # decided if still has its line, 4.
+    result = inline_own_methods(cst.parse_module(SUBMODULE_STACK), "Net")
+    assert "for layer in self.body.layers:" in result.module.code
+    (branch,) = result.branches
+    assert (branch.line, branch.taken) == (4, "none")
+    assert "at m.py:4 (scale=None)" in branch.describe("m.py")
