@@ -12,6 +12,7 @@ This module imports neither torch nor libcst.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -317,6 +318,28 @@ class Costs:
     def op_index(self) -> dict[str, int]:
         """Position of each op id in execution order."""
         return {op.id: index for index, op in enumerate(self.ops)}
+
+    def renamed(self, rename: Mapping[str, str]) -> Costs:
+        """These costs with op ids renamed (every op, cut, value computed again and edge
+        names one of ``rename``'s keys, ``INPUT`` and ``OUTPUT`` too)."""
+        return dataclasses.replace(
+            self,
+            ops=tuple(dataclasses.replace(op, id=rename[op.id]) for op in self.ops),
+            cuts=tuple(
+                dataclasses.replace(
+                    cut,
+                    after=rename[cut.after],
+                    values=tuple(
+                        dataclasses.replace(
+                            value, recompute=tuple(rename[op] for op in value.recompute)
+                        )
+                        for value in cut.values
+                    ),
+                )
+                for cut in self.cuts
+            ),
+            edges=tuple((rename[a], rename[b]) for a, b in self.edges),
+        )
 
     @cached_property
     def crossing_at(self) -> dict[int, Crossing]:

@@ -66,12 +66,7 @@ def match_costs(graph: OpGraph, costs: Costs) -> Costs:
     ):
         rename = dict(zip(cost_ids, source_ids, strict=True))
         rename.update({INPUT: INPUT, OUTPUT: OUTPUT})
-        return dataclasses.replace(
-            costs,
-            ops=tuple(dataclasses.replace(op, id=rename[op.id]) for op in costs.ops),
-            cuts=tuple(dataclasses.replace(cut, after=rename[cut.after]) for cut in costs.cuts),
-            edges=tuple((rename[a], rename[b]) for a, b in costs.edges),
-        )
+        return costs.renamed(rename)
     for position, (source_id, cost_id) in enumerate(zip(source_ids, cost_ids, strict=False)):
         if source_id != cost_id:
             where = str(graph.ops[position].location)

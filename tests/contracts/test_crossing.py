@@ -171,3 +171,14 @@ def test_bad_values_are_named_by_json_path(change: Any, where: str, what: str) -
         costs_with(change)
     assert caught.value.location == f"c.json:{where}"
     assert what in caught.value.message
+
+
+def test_renaming_ops_renames_what_computes_a_value_again() -> None:
+    # The cost file matched to a source whose lines moved (match_costs renames by order).
+    costs = costs_with()
+    rename = {op.id: f"{op.id}@moved" for op in costs.ops}
+    renamed = costs.renamed(rename)
+    value = renamed.cuts[0].values[1]
+    assert value.recompute == ("mask@moved",)
+    assert renamed.cuts[0].after == "blocks.0@moved"
+    assert renamed.crossing(renamed.cuts[0]) == costs.crossing(costs.cuts[0])
