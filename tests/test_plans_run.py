@@ -34,6 +34,7 @@ MODELS = [
             "mask_mapping",
             "masked_gpt",
             "module_dict_layers",
+            "named_sequential",
             "pair_layers",
             "rope_cache_gpt",
             "stage_named",

@@ -379,16 +379,20 @@ class {base}({model}):
             part.__dict__.update(module.__dict__)
             for table in ("_parameters", "_buffers", "_modules"):
                 entries = dict(module.__dict__[table])
-                for name, value in entries.items():
-                    path = prefix + name
-                    whole = any(path == k or path.startswith(k + ".") for k in cls.keeps)
-                    inside = any(k.startswith(path + ".") for k in cls.keeps)
+                for place, (name, value) in enumerate(entries.items()):
+                    # A child by its name, or by its place: "body.0" is a named nn.Sequential's
+                    # first child, as slicing it counts.
+                    paths = [prefix + name]
+                    if table == "_modules":
+                        paths.append(prefix + str(place))
+                    whole = any(p == k or p.startswith(k + ".") for p in paths for k in cls.keeps)
+                    inside = [p for p in paths if any(k.startswith(p + ".") for k in cls.keeps)]
                     if value is None or whole:
                         continue
                     if not inside:
                         entries[name] = None
                     elif table == "_modules":
-                        entries[name] = kept(value, path + ".", type(value))
+                        entries[name] = kept(value, inside[0] + ".", type(value))
                     # else a parameter or buffer whose attribute the stage reads: kept whole
                 part.__dict__[table] = entries
             return part

@@ -292,7 +292,9 @@ def value_kind(value: object) -> str:
             return "ints"
         if all(isinstance(item, torch.Tensor) for item in value):
             return f"tensors:{len(value)}"
-    if isinstance(value, dict) and value:
+    # A plain dict only: a subclass (Hugging Face's ModelOutput, an OrderedDict) is more
+    # than its items, which is all the next stage would put together again.
+    if type(value) is dict and value:
         kind = "mapping:" + ",".join(
             f"{key}={'none' if item is None else 'tensor'}" for key, item in value.items()
         )

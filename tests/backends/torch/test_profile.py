@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import importlib.util
 import json
 import subprocess
@@ -637,6 +638,7 @@ def test_what_a_cut_sends_that_is_no_tensor_is_recorded_by_kind() -> None:
     assert value_kind(mapping) == "mapping:full_attention=none,sliding=tensor"
     assert value_kind({"a b": torch.zeros(1)}) == "other"  # a key that is no identifier
     assert value_kind({"a": 3}) == "other"
+    assert value_kind(collections.OrderedDict(a=torch.zeros(1))) == "other"  # not a plain dict
     assert value_kind({}) == "other"
     assert value_kind((torch.zeros(1), 3)) == "other"
     assert value_kind(()) == "other"
