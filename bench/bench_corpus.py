@@ -1076,13 +1076,19 @@ def bench(models: list[CorpusModel], steps: int) -> None:
             example = f"{source}:example"
             model_flag = ["--model", model.model] if model.model else []
             counts = {}
+            failed = ""
             for backend in _forms(model):
                 costs = folder / f"{backend}.costs.json"
                 argv = ["profile", str(source), "--example", example, "--backend", backend]
                 status, err = _quiet([*argv, *model_flag, "-o", str(costs)], model.isolated, folder)
-                if status != 0:
-                    raise RuntimeError(f"{model.name}: profile failed: {err}")
-                counts[backend] = len(json.loads(costs.read_text())["ops"])
+                if status != 0 and backend == model.backend:
+                    failed = err.strip().splitlines()[-1] if err.strip() else f"status {status}"
+                    break
+                if status == 0:
+                    counts[backend] = len(json.loads(costs.read_text())["ops"])
+            if failed:  # a model the pass refuses is a row of the table too
+                print(f"{model.name:<11} profile failed: {failed}", flush=True)
+                continue
             for stages in model.stages:
                 own_costs = folder / f"{model.backend}.costs.json"
                 ours = _plan(own_costs, stages, model.backend)
