@@ -883,7 +883,7 @@ HELD_OUT = (
         ),
         (2, 4),
         "trunk_output.",
-        4,
+        3,  # three widths at this config: three AnyStage children
         package="torchvision.models",
         until="def _regnet(",
         preamble=TORCHVISION_PREAMBLE,
