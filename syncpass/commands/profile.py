@@ -12,6 +12,7 @@ imports it to build its parser); the handler imports them when it runs.
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import sys
 from pathlib import Path
@@ -232,17 +233,13 @@ def profile_command(args: argparse.Namespace) -> int:
 def _refused(costs: Costs, kinds: tuple[str, ...]) -> str:
     """What the backend's stages cannot send, and across how many of the cuts (the plan
     puts no sync point there), or ``""``."""
-    names: dict[str, int] = {}
-    for cut in costs.cuts:
-        for name, kind in cut.kinds:
-            if kind in kinds:
-                names[name] = names.get(name, 0) + 1
-    if not names:
+    refused = costs.unsendable(kinds)
+    if not refused:
         return ""
-    cuts = sum(any(kind in kinds for _, kind in cut.kinds) for cut in costs.cuts)
+    names = collections.Counter(name for crossing in refused.values() for name in crossing)
     shown = ", ".join(f"{name} at {count}" for name, count in names.items())
     return (
-        f"{cuts} of the {len(costs.cuts)} admissible sync point(s) are refused by this "
+        f"{len(refused)} of the {len(costs.cuts)} admissible sync point(s) are refused by this "
         f"backend: a value its stages cannot send crosses them ({shown}); they send "
         "tensors, numbers, shapes, and tuples or dicts of tensors"
     )

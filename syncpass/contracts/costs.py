@@ -341,6 +341,14 @@ class Costs:
             edges=tuple((rename[a], rename[b]) for a, b in self.edges),
         )
 
+    def unsendable(self, kinds: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        """The cuts a value of one of ``kinds`` crosses (stages that cannot send such a value
+        take no sync point there), by the op they follow, with those values' names."""
+        found = {
+            cut.after: tuple(name for name, kind in cut.kinds if kind in kinds) for cut in self.cuts
+        }
+        return {after: names for after, names in found.items() if names}
+
     @cached_property
     def crossing_at(self) -> dict[int, Crossing]:
         """How the plan crosses each admissible cut, by position (the cut after op ``t`` is

@@ -470,18 +470,12 @@ def best_stage_count(
 
 def _refusals(costs: Costs, request: PlanRequest) -> str:
     """`` (3 more are refused: ...)`` for the cuts a value the stages cannot send crosses."""
-    refused = [
-        (cut.after, name)
-        for cut in costs.cuts
-        for name, kind in cut.kinds
-        if kind in request.refused_kinds
-    ]
+    refused = costs.unsendable(request.refused_kinds)
     if not refused:
         return ""
-    cuts = dict.fromkeys(after for after, _ in refused)
-    names = ", ".join(dict.fromkeys(name for _, name in refused))
+    names = ", ".join(dict.fromkeys(name for crossing in refused.values() for name in crossing))
     return (
-        f" ({len(cuts)} more are refused: {names} would cross them, and the stages "
+        f" ({len(refused)} more are refused: {names} would cross them, and the stages "
         "send only tensors, numbers and shapes)"
     )
 

@@ -39,12 +39,12 @@ def problem_from_costs(
     cut_comm = np.zeros(n + 1)
     admissible = np.zeros(n + 1, dtype=bool)
     pins = np.zeros(n + 1, dtype=bool)
+    unsendable = costs.unsendable(refused_kinds)
     refused: dict[str, str] = {}
     for cut in costs.cuts:
         position = index[cut.after] + 1
-        unsendable = [name for name, kind in cut.kinds if kind in refused_kinds]
-        if unsendable:
-            refused[cut.after] = ", ".join(unsendable)
+        if cut.after in unsendable:
+            refused[cut.after] = ", ".join(unsendable[cut.after])
             if cut.pinned:
                 raise SyncpassError(
                     f"the sync point pinned after {cut.after!r} cannot be: "
