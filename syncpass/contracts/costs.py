@@ -98,6 +98,12 @@ class OpCost:
     ``backward_s`` that every call costs whatever its batch (dispatch, kernel
     launches, Python): a micro-batch of ``1/M`` of the batch takes
     ``fixed_s + (compute_s - fixed_s) / M``, not ``compute_s / M``.
+
+    ``backward_input_s`` is the part of ``backward_s`` that computes the gradient
+    of the op's inputs; the rest computes its weights' gradients. The zero-bubble
+    schedules run the two apart (torch's ``I`` and ``W`` actions). ``None`` when not
+    measured: :meth:`input_gradient_s` then takes half, as for a linear layer, whose
+    two gradients are one matrix product each.
     """
 
     id: str
@@ -109,6 +115,7 @@ class OpCost:
     source: str | None = None
     fixed_s: float = 0.0
     backward_fixed_s: float = 0.0
+    backward_input_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -129,6 +136,19 @@ class OpCost:
                 f"op {self.id!r}: fixed_s and backward_fixed_s cannot exceed "
                 "compute_s and backward_s"
             )
+        if self.backward_input_s is not None and not (
+            _is_number(self.backward_input_s) and 0 <= self.backward_input_s <= self.backward_s
+        ):
+            raise ValueError(
+                f"op {self.id!r}: backward_input_s must be a number from 0 to backward_s"
+            )
+
+    def input_gradient_s(self) -> float:
+        """The part of ``backward_s`` that computes the inputs' gradients (half when not
+        measured)."""
+        if self.backward_input_s is None:
+            return self.backward_s / 2
+        return self.backward_input_s
 
     def forward_step_s(self, microbatches: int = 1) -> float:
         """Forward time over one step of ``microbatches`` micro-batches."""
@@ -535,6 +555,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
                 "source",
                 "fixed_s",
                 "backward_fixed_s",
+                "backward_input_s",
             ),
         )
         op_id = reader.string(op, where, "id")
@@ -552,6 +573,11 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             raise reader.error(f"{where}.fixed_s", "cannot exceed compute_s")
         if backward_fixed_s > backward_s:
             raise reader.error(f"{where}.backward_fixed_s", "cannot exceed backward_s")
+        backward_input_s = None
+        if op.get("backward_input_s") is not None:
+            backward_input_s = reader.number(op, where, "backward_input_s", minimum=0)
+            if backward_input_s > backward_s:
+                raise reader.error(f"{where}.backward_input_s", "cannot exceed backward_s")
         ops.append(
             OpCost(
                 id=op_id,
@@ -559,6 +585,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
                 backward_s=backward_s,
                 fixed_s=fixed_s,
                 backward_fixed_s=backward_fixed_s,
+                backward_input_s=backward_input_s,
                 param_bytes=reader.number(op, where, "param_bytes", minimum=0, default=0),
                 out_bytes=reader.number(op, where, "out_bytes", minimum=0, default=0),
                 flops=None if flops is None else reader.number(op, where, "flops", minimum=0),
@@ -713,6 +740,8 @@ def _op_to_json(op: OpCost) -> dict[str, Any]:
         data["fixed_s"] = op.fixed_s
     if op.backward_fixed_s:
         data["backward_fixed_s"] = op.backward_fixed_s
+    if op.backward_input_s is not None:
+        data["backward_input_s"] = op.backward_input_s
     if op.flops is not None:
         data["flops"] = op.flops
     if op.source is not None:
