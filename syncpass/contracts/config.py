@@ -34,7 +34,45 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 STRATEGIES = ("adaptive", "fixed", "uniform", "parameters", "time", "manual")
 OPTIMISING_STRATEGIES = ("adaptive", "fixed")
 BASELINE_STRATEGIES = ("uniform", "parameters", "time")
-SCHEDULES = ("gpipe", "1f1b")
+#: Pipeline schedules, as torch.distributed.pipelining names their classes:
+#: ``gpipe`` (ScheduleGPipe) and ``1f1b`` (Schedule1F1B) hold one stage per device;
+#: the others (:data:`MULTI_STAGE_SCHEDULES`) hold ``V`` stages per device
+#: (``--stages-per-device``): ``interleaved-1f1b`` (ScheduleInterleaved1F1B),
+#: ``looped-bfs`` (ScheduleLoopedBFS), ``interleaved-zb``
+#: (ScheduleInterleavedZeroBubble), ``zbv`` (ScheduleZBVZeroBubble) and ``dualpipev``
+#: (ScheduleDualPipeV).
+SCHEDULES = (
+    "gpipe",
+    "1f1b",
+    "interleaved-1f1b",
+    "looped-bfs",
+    "interleaved-zb",
+    "zbv",
+    "dualpipev",
+)
+SINGLE_STAGE_SCHEDULES = ("gpipe", "1f1b")
+MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "interleaved-zb", "zbv", "dualpipev")
+#: The schedules that place stages on the devices in a V (device ``d`` holds stages ``d``
+#: and ``2S - 1 - d``) rather than round-robin (``d``, ``d + S``, ...); they hold exactly
+#: two stages per device.
+V_SHAPE_SCHEDULES = ("zbv", "dualpipev")
+
+
+def stage_devices(schedule: str, devices: int, stages_per_device: int) -> tuple[int, ...]:
+    """The device (pipeline rank) of each of the ``devices * stages_per_device`` stages
+    under ``schedule``: round-robin, or the V of :data:`V_SHAPE_SCHEDULES`."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if devices < 1 or stages_per_device < 1:
+        raise ValueError("devices and stages_per_device must be at least 1")
+    if schedule in SINGLE_STAGE_SCHEDULES and stages_per_device != 1:
+        raise ValueError(f"{schedule} holds one stage per device")
+    if schedule in V_SHAPE_SCHEDULES and stages_per_device != 2:
+        raise ValueError(f"{schedule} holds exactly two stages per device")
+    stages = devices * stages_per_device
+    if schedule in V_SHAPE_SCHEDULES:
+        return tuple(s if s < devices else 2 * devices - 1 - s for s in range(stages))
+    return tuple(s % devices for s in range(stages))
 
 
 def plugin_strategy_names() -> tuple[str, ...]:

@@ -16,11 +16,19 @@ the pipeline runtime's overhead per action; the link latency ``alpha`` is paid
 in full by every transfer, so more micro-batches shrink the bubble but add
 latency and overhead.
 
-Schedules:
+Schedules with one stage per device (:func:`stage_order`, :func:`simulate`):
 
 * ``gpipe``: every forward, then every backward (micro-batches in order);
 * ``1f1b``: stage ``s`` of ``S`` runs ``S - s - 1`` forwards to fill the
   pipe, then alternates one forward and one backward, then drains.
+
+Schedules with ``V`` stages per device (:func:`simulate_order`) run the order a
+:class:`ScheduleOrder` gives: each device's actions as torch's schedule class
+computes them (``syncpass.backends.torch.schedules``; this module does not derive
+them again). Besides ``F`` and ``B`` they may split a backward into ``I``, the
+gradient of the stage's inputs (which the stage before waits for), and ``W``, its
+weights' gradient (which nobody waits for: the zero-bubble schedules fill the
+bubble with it). A transfer between two stages on one device costs nothing.
 
 This module is pure Python and imports nothing heavy.
 """
@@ -28,8 +36,9 @@ This module is pure Python and imports nothing heavy.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from syncpass.contracts.config import SCHEDULES
+from syncpass.contracts.config import SCHEDULES, SINGLE_STAGE_SCHEDULES
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class StageLoad:
     forward_fixed_s: float = 0.0
     backward_fixed_s: float = 0.0
     overhead_s: float = 0.0
+    input_gradient_s: float | None = None  # the inputs' part of backward_s; None: half
 
     def forward_microbatch_s(self, microbatches: int) -> float:
         """One micro-batch's forward, of ``microbatches`` per step."""
@@ -55,6 +65,16 @@ class StageLoad:
         """One micro-batch's backward, of ``microbatches`` per step."""
         variable = self.backward_s - self.backward_fixed_s
         return self.backward_fixed_s + variable / microbatches + self.overhead_s
+
+    def split_backward_microbatch_s(self, microbatches: int) -> tuple[float, float]:
+        """One micro-batch's backward run apart: the inputs' gradient (``I``) and the
+        weights' (``W``), each an action of its own, so each pays the overhead."""
+        whole = self.backward_microbatch_s(microbatches) - self.overhead_s
+        if self.backward_s <= 0 or self.input_gradient_s is None:
+            share = 0.5
+        else:
+            share = min(1.0, self.input_gradient_s / self.backward_s)
+        return whole * share + self.overhead_s, whole * (1 - share) + self.overhead_s
 
 
 @dataclass(frozen=True)
@@ -89,7 +109,8 @@ class StageTimeline:
 
 @dataclass(frozen=True)
 class Prediction:
-    """Simulated step of one schedule."""
+    """Simulated step of one schedule: ``stages`` holds one timeline per device (with one
+    stage per device, per stage)."""
 
     schedule: str
     microbatches: int
@@ -225,3 +246,185 @@ def simulate(
         for s in range(stages)
     )
     return Prediction(schedule=schedule, microbatches=microbatches, step_s=step, stages=timelines)
+
+
+# --- schedules given as each device's order of actions ---------------------------
+
+
+class Action(NamedTuple):
+    """One compute action: ``kind`` (``F`` forward, ``B`` backward, ``I`` the inputs'
+    gradient, ``W`` the weights') of micro-batch ``microbatch`` on stage ``stage``."""
+
+    kind: str
+    stage: int
+    microbatch: int
+
+
+@dataclass(frozen=True)
+class ScheduleOrder:
+    """What each device runs, in order, for one step: ``actions[d]`` for device ``d``;
+    ``stage_device[s]`` is the device of stage ``s``."""
+
+    schedule: str
+    microbatches: int
+    stage_device: tuple[int, ...]
+    actions: tuple[tuple[Action, ...], ...]
+
+    def __post_init__(self) -> None:
+        devices = len(self.actions)
+        if sorted(set(self.stage_device)) != list(range(devices)):
+            raise ValueError("every device must hold a stage, and every stage sit on a device")
+        seen: set[Action] = set()
+        for device, actions in enumerate(self.actions):
+            for action in actions:
+                if action.kind not in ("F", "B", "I", "W"):
+                    raise ValueError(f"unknown action kind {action.kind!r}")
+                if not 0 <= action.stage < len(self.stage_device):
+                    raise ValueError(f"action {action} names no stage")
+                if self.stage_device[action.stage] != device:
+                    raise ValueError(f"action {action} runs on device {device}, not its stage's")
+                if not 0 <= action.microbatch < self.microbatches or action in seen:
+                    raise ValueError(f"action {action} is out of range or listed twice")
+                seen.add(action)
+
+    @property
+    def devices(self) -> int:
+        return len(self.actions)
+
+    @property
+    def stages(self) -> int:
+        return len(self.stage_device)
+
+
+def single_stage_order(
+    schedule: str, devices: int, stages_per_device: int, microbatches: int, training: bool
+) -> ScheduleOrder:
+    """The order of ``gpipe`` or ``1f1b`` (:func:`stage_order`) as a :class:`ScheduleOrder`;
+    the schedules with several stages per device take theirs from the engine."""
+    if schedule not in SINGLE_STAGE_SCHEDULES:
+        raise ValueError(
+            f"{schedule}'s order is torch's: syncpass.backends.torch.schedules.schedule_order"
+        )
+    if stages_per_device != 1:
+        raise ValueError(f"{schedule} holds one stage per device")
+    return ScheduleOrder(
+        schedule=schedule,
+        microbatches=microbatches,
+        stage_device=tuple(range(devices)),
+        actions=tuple(
+            tuple(
+                Action(kind, s, m)
+                for kind, m in stage_order(schedule, s, devices, microbatches, training)
+            )
+            for s in range(devices)
+        ),
+    )
+
+
+def simulate_order(
+    loads: tuple[StageLoad, ...],
+    links: tuple[Link, ...],
+    order: ScheduleOrder,
+    executed: list[list[Action]] | None = None,
+) -> Prediction:
+    """Simulate one step of ``order``; ``loads[s]`` is stage ``s``'s work and ``links[s]``
+    joins stage ``s`` and ``s + 1``. ``executed``, when given, receives each device's
+    actions in the order the simulation ran them (a test compares it with the engine's).
+
+    The machine is :func:`simulate`'s, with devices for stages: a device runs its actions
+    in order, each with its transfers (none between two stages on the device); an ``F``
+    waits for the stage before's ``F`` of the micro-batch, a ``B`` or ``I`` for the stage
+    after's ``B`` or ``I`` (on the last stage, for its own ``F``), a ``W`` for its ``I``.
+    """
+    stages, devices, microbatches = order.stages, order.devices, order.microbatches
+    if len(loads) != stages or len(links) != stages - 1:
+        raise ValueError("one load per stage and one link between neighbouring stages")
+    if microbatches < 1:
+        raise ValueError("microbatches must be at least 1")
+    where = order.stage_device
+    local = [where[s] == where[s + 1] for s in range(stages - 1)]
+    forward_link = [
+        0.0 if local[s] else links[s].transfer_s(microbatches) for s in range(stages - 1)
+    ]
+    backward_link = [
+        0.0 if local[s] else links[s].backward_transfer_s(microbatches) for s in range(stages - 1)
+    ]
+    forward_work = [load.forward_microbatch_s(microbatches) for load in loads]
+    backward_work = [load.backward_microbatch_s(microbatches) for load in loads]
+    split = [load.split_backward_microbatch_s(microbatches) for load in loads]
+    unset = -1.0
+    forward_end = [[unset] * microbatches for _ in range(stages)]
+    grad_end = [[unset] * microbatches for _ in range(stages)]  # B or I: the inputs' gradient
+    clock = [0.0] * devices
+    sync = [0.0] * devices
+    compute = [0.0] * devices
+    position = [0] * devices
+    last = stages - 1
+    remaining = sum(len(actions) for actions in order.actions)
+    progressed = True
+    while progressed:
+        progressed = False
+        for d in range(devices):
+            actions = order.actions[d]
+            at = position[d]
+            while at < len(actions):
+                kind, s, m = actions[at]
+                recv = send = 0.0
+                if kind == "F":
+                    start = clock[d]
+                    if s > 0:
+                        ready = forward_end[s - 1][m]
+                        if ready == unset:
+                            break
+                        recv = forward_link[s - 1]
+                        start = max(start, ready - recv)
+                    if s < last:
+                        send = forward_link[s]
+                    work = forward_work[s]
+                elif kind == "W":
+                    ready = grad_end[s][m]
+                    if ready == unset:
+                        break
+                    start, work = max(clock[d], ready), split[s][1]
+                else:
+                    if s == last:
+                        ready = forward_end[s][m]
+                        if ready == unset:
+                            break
+                        start = max(clock[d], ready)
+                    else:
+                        ready = grad_end[s + 1][m]
+                        if ready == unset:
+                            break
+                        recv = backward_link[s]
+                        start = max(clock[d], ready - recv)
+                    if s > 0:
+                        send = backward_link[s - 1]
+                    work = backward_work[s] if kind == "B" else split[s][0]
+                end = start + recv + work + send
+                if kind == "F":
+                    forward_end[s][m] = end
+                elif kind != "W":
+                    grad_end[s][m] = end
+                if executed is not None:
+                    while len(executed) < devices:
+                        executed.append([])
+                    executed[d].append(actions[at])
+                clock[d] = end
+                sync[d] += recv + send
+                compute[d] += work
+                at += 1
+            if at > position[d]:
+                remaining -= at - position[d]
+                position[d] = at
+                progressed = True
+    if remaining:
+        raise RuntimeError(f"the {order.schedule} order deadlocked; this is a bug in syncpass")
+    step = max(clock) if clock else 0.0
+    timelines = tuple(
+        StageTimeline(compute_s=compute[d], sync_s=sync[d], idle_s=step - compute[d] - sync[d])
+        for d in range(devices)
+    )
+    return Prediction(
+        schedule=order.schedule, microbatches=microbatches, step_s=step, stages=timelines
+    )

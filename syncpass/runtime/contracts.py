@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from syncpass.contracts.config import SCHEDULES as SCHEDULES  # what run may be asked for
 from syncpass.plan.planner import default_microbatches as plan_microbatches
 
-SCHEDULES = ("gpipe", "1f1b")
 DEVICES = ("auto", "cpu", "cuda")
 
 
