@@ -69,6 +69,7 @@ def rewrite_source(
     sync_config: SyncConfig | Mapping[str, Any] | None = None,
     microbatches: int | None = None,
     schedule: str = "1f1b",
+    stages_per_device: int | None = 1,
     class_name: str | None = None,
     max_stages: int | None = None,
     backend: str = DEFAULT_BACKEND,
@@ -76,7 +77,9 @@ def rewrite_source(
     """Plan ``costs`` for the model in ``code`` and write its sync points with ``backend``.
 
     ``stages`` of ``None`` with ``max_stages`` picks the stage count with the
-    least predicted step. Bad input (a syntax error, a cost file of another
+    least predicted step. ``stages`` counts pipeline ranks; under a multi-stage
+    ``schedule`` each holds ``stages_per_device`` stages (``None``: the count with the
+    least predicted step). Bad input (a syntax error, a cost file of another
     model, an impossible constraint) comes back in :attr:`ApiResult.error`.
     """
     try:
@@ -86,6 +89,7 @@ def rewrite_source(
             config=_config(sync_config, loaded.config),
             microbatches=microbatches,
             schedule=schedule,
+            stages_per_device=stages_per_device,
         )
         result = rewrite_text(
             code,

@@ -50,6 +50,7 @@ from syncpass.plan.planner import (
 )
 from syncpass.plan.report import render_plan, render_sweep
 from syncpass.plan.retarget import sweep_batch, sweep_to_json
+from syncpass.plan.schedule import single_stage_order
 from syncpass.runtime.example import example_location
 from syncpass.runtime.guard import call_guarded
 from syncpass.settings.resolve import Overrides, Settings, resolve_settings
@@ -65,8 +66,16 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
         "--stages",
         type=_stages,
         metavar="S",
-        help="number of pipeline stages, or 'auto' for the count with the least predicted step "
-        "time (required unless --strategy manual)",
+        help="number of pipeline stages (ranks), or 'auto' for the count with the least "
+        "predicted step time (required unless --strategy manual)",
+    )
+    parser.add_argument(
+        "--stages-per-device",
+        type=_stages,
+        metavar="V",
+        help="stages each rank holds under a multi-stage --schedule (the plan then has S*V "
+        "stages), or 'auto' to try 1, 2 and 4 and keep the least predicted step; default 1 "
+        "(2 for zbv and dualpipev)",
     )
     parser.add_argument(
         "--max-stages",
@@ -105,7 +114,9 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
         "--schedule",
         choices=SCHEDULES,
         default="1f1b",
-        help="pipeline schedule to predict (default 1f1b)",
+        help="pipeline schedule to predict, as torch.distributed.pipelining runs it "
+        "(default 1f1b; interleaved-1f1b, looped-bfs, interleaved-zb, zbv and dualpipev hold "
+        "--stages-per-device stages per rank)",
     )
     parser.add_argument(
         "--cuts",
@@ -285,6 +296,7 @@ def _overrides(args: argparse.Namespace) -> Overrides:
         communication_cost_threshold=args.threshold,
         microbatches=args.microbatches,
         schedule=args.schedule,
+        stages_per_device=args.stages_per_device,
         pinned=pinned,
         hardware=args.hardware,
         batch_size=args.batch_size,
@@ -309,13 +321,19 @@ def _run_plan(args: argparse.Namespace) -> int:
     auto = settings.auto
     if args.sweep_batch is not None:
         return _run_sweep(args, costs, request)
-    cache = PlanCache(costs)  # the baselines reuse what planning computed
+    # The baselines reuse what planning computed; the schedule's order is the engine's.
+    cache = PlanCache(costs, backend.schedule_order or single_stage_order)
     plan = plan_for(costs, request, str(args.costs), settings.auto_limit, cache)
     baselines: tuple[Plan, ...] = ()
     if not args.no_baselines and len(plan.stages) > 1:
         baselines = compare_baselines(
             costs,
-            dataclasses.replace(request, stages=len(plan.stages), microbatches=plan.microbatches),
+            dataclasses.replace(
+                request,
+                stages=plan.devices,
+                stages_per_device=plan.stages_per_device,
+                microbatches=plan.microbatches,
+            ),
             cache,
         )
     document = dumps_plan(plan, baselines)
@@ -327,7 +345,7 @@ def _run_plan(args: argparse.Namespace) -> int:
         sys.stdout.write(document)
     else:
         if auto and settings.auto_limit is not None:
-            tried = auto_stage_limit(costs, settings.auto_limit)
+            tried = auto_stage_limit(costs, settings.auto_limit, plan.stages_per_device)
             sys.stdout.write(
                 f"--stages auto: {len(plan.stages)} stage(s) give the least predicted step time "
                 f"(tried 1..{tried})\n"
@@ -405,6 +423,7 @@ def _saved_plan(args: argparse.Namespace) -> Plan:
         flag
         for flag, value in (
             ("--stages", args.stages),
+            ("--stages-per-device", args.stages_per_device),
             ("--strategy", args.strategy),
             ("--min-sync-interval", args.min_sync_interval),
             ("--threshold", args.threshold),

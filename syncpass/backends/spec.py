@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from syncpass.core.errors import SyncpassError
+from syncpass.plan.schedule import OrderSource
 from syncpass.rewrite.source import KnownOps, ModelSource
 
 if TYPE_CHECKING:
@@ -124,6 +125,9 @@ class Backend:
     stage (the rule of torch's tracer). ``refused_kinds`` are the kinds of value
     that are no tensor (:data:`syncpass.contracts.costs.VALUE_KINDS`) its stages
     cannot send: plans put no sync point where one would cross.
+    ``schedule_order`` gives the order each rank runs a schedule's actions in, as the
+    engine runs it (:data:`~syncpass.plan.schedule.OrderSource`); plans for a backend
+    without it know only ``gpipe`` and ``1f1b``.
     ``confirm(confirmation)`` splits a rewritten model with the engine's own splitter
     on the example, raising a :class:`SyncpassError` when the split is not the plan
     (``rewrite`` then writes nothing).
@@ -143,6 +147,7 @@ class Backend:
     load_example: LoadExample | None = None
     confirm: Confirm | None = None
     schedules: tuple[str, ...] = ()
+    schedule_order: OrderSource | None = None
     carries_values: bool = False
     refused_kinds: tuple[str, ...] = ()
     #: Modules the process that runs the user's example imports ahead of time (a fork

@@ -32,6 +32,8 @@ def plan_to_json(plan: Plan, baselines: tuple[Plan, ...] = ()) -> dict[str, Any]
         microbatches=plan.microbatches,
         min_sync_interval=plan.min_sync_interval,
         num_stages=len(plan.stages),
+        # Written only when a device holds more than one stage, as each stage's device.
+        **({"stages_per_device": plan.stages_per_device} if plan.stages_per_device > 1 else {}),
         bottleneck_s=plan.bottleneck_s,
         total_comm_s=plan.total_comm_s,
         predicted_step_s=plan.predicted_step_s,
@@ -71,6 +73,7 @@ def plan_to_json(plan: Plan, baselines: tuple[Plan, ...] = ()) -> dict[str, Any]
                 "memory_bytes": stage.memory_bytes,
                 "sync_s": stage.sync_s,
                 "idle_s": stage.idle_s,
+                **({"device": stage.device} if plan.stages_per_device > 1 else {}),
             }
             for stage in plan.stages
         ],
@@ -155,6 +158,7 @@ def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
                     memory_bytes=stage["memory_bytes"],
                     sync_s=stage.get("sync_s", 0.0),
                     idle_s=stage.get("idle_s", 0.0),
+                    device=stage.get("device", stage["index"]),
                 )
                 for stage in data["stages"]
             ),
@@ -167,6 +171,7 @@ def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
             notes=tuple(data.get("notes", ())),
             hardware=data.get("hardware"),
             model=data.get("model"),
+            stages_per_device=data.get("stages_per_device", 1),
         )
     except KeyError as error:
         raise fail("$", f"missing required field {error.args[0]!r}") from None

@@ -20,9 +20,12 @@ import numpy as np
 
 from syncpass.contracts.config import (
     BASELINE_STRATEGIES,
+    MULTI_STAGE_SCHEDULES,
     OPTIMISING_STRATEGIES,
     SCHEDULES,
+    V_SHAPE_SCHEDULES,
     SyncConfig,
+    stage_devices,
     strategy_names,
 )
 from syncpass.contracts.costs import Costs
@@ -40,7 +43,16 @@ from syncpass.plan.optimizer import (
     solve,
 )
 from syncpass.plan.problem import FarValue, far_reaching_value, problem_from_costs
-from syncpass.plan.schedule import Link, Prediction, StageLoad, simulate
+from syncpass.plan.schedule import (
+    Link,
+    OrderSource,
+    Prediction,
+    ScheduleOrder,
+    StageLoad,
+    simulate,
+    simulate_order,
+    single_stage_order,
+)
 from syncpass.plan.strategies import BASELINE_RULES, baseline_cuts, plugin_cuts
 
 
@@ -54,6 +66,11 @@ class PlanRequest:
     every value may reach only the next stage. ``refused_kinds`` are the kinds of
     value (:data:`syncpass.contracts.costs.VALUE_KINDS`) the stages cannot send: no
     sync point goes where one would cross.
+
+    ``stages`` counts devices (pipeline ranks); each holds ``stages_per_device`` stages
+    (``V``, for the schedules of :data:`MULTI_STAGE_SCHEDULES`), so the plan has
+    ``stages * stages_per_device`` stages. ``None`` asks :func:`plan_for` to try the
+    counts the schedule takes (:func:`stages_per_device_choices`) and keep the fastest.
     """
 
     stages: int | None
@@ -63,6 +80,7 @@ class PlanRequest:
     pinned: tuple[str, ...] = ()
     carries_values: bool = False
     refused_kinds: tuple[str, ...] = ()
+    stages_per_device: int | None = 1
 
     def __post_init__(self) -> None:
         if self.stages is not None and self.stages < 1:
@@ -71,6 +89,28 @@ class PlanRequest:
             raise ValueError(f"microbatches must be at least 1, got {self.microbatches}")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}")
+        if self.stages_per_device is not None:
+            if self.stages_per_device < 1:
+                raise ValueError(
+                    f"stages per device must be at least 1, got {self.stages_per_device}"
+                )
+            stage_devices(self.schedule, 1, self.stages_per_device)  # the schedule takes it
+
+    @property
+    def per_device(self) -> int:
+        """``stages_per_device``, which :func:`plan_for` has settled by now."""
+        if self.stages_per_device is None:
+            raise ValueError("stages_per_device is still to be chosen (plan_for chooses it)")
+        return self.stages_per_device
+
+
+def stages_per_device_choices(schedule: str) -> tuple[int, ...]:
+    """The stage counts per device ``--stages-per-device auto`` tries under ``schedule``."""
+    if schedule in V_SHAPE_SCHEDULES:
+        return (2,)
+    if schedule in MULTI_STAGE_SCHEDULES:
+        return (1, 2, 4)
+    return (1,)
 
 
 @dataclass(frozen=True)
@@ -98,8 +138,9 @@ class StagePlan:
     comm_out_s: float
     time_s: float
     memory_bytes: float
-    sync_s: float  # simulated time in transfers
-    idle_s: float  # simulated bubble and waiting
+    sync_s: float  # simulated time in transfers, of its device
+    idle_s: float  # simulated bubble and waiting, of its device
+    device: int  # the pipeline rank that holds it
 
 
 @dataclass(frozen=True)
@@ -151,12 +192,20 @@ class Plan:
     notes: tuple[str, ...] = ()
     hardware: str | None = None
     model: str | None = None
+    stages_per_device: int = 1
 
     def __post_init__(self) -> None:
         if len(self.stages) != len(self.sync_points) + 1:
             raise ValueError("a plan has one more stage than it has sync points")
         if self.strategy not in strategy_names():
             raise ValueError(f"unknown strategy {self.strategy!r}")
+        if len(self.stages) % self.stages_per_device:
+            raise ValueError("a plan's stages fill every device alike")
+
+    @property
+    def devices(self) -> int:
+        """The pipeline ranks the plan runs on."""
+        return len(self.stages) // self.stages_per_device
 
     @property
     def bottleneck_stage(self) -> int:
@@ -172,8 +221,10 @@ class PlanCache:
     the optimiser's problems (one per micro-batch count and request), the exact
     solutions, the rules' cuts and the simulated steps."""
 
-    def __init__(self, costs: Costs) -> None:
+    def __init__(self, costs: Costs, orders: OrderSource = single_stage_order) -> None:
         self.costs = costs
+        self.orders = orders
+        self._orders: dict[tuple[object, ...], ScheduleOrder] = {}
         self._problems: dict[tuple[object, ...], Problem] = {}
         self._solutions: dict[tuple[object, ...], Solution | Infeasible] = {}
         self._baselines: dict[tuple[object, ...], tuple[int, ...] | Infeasible] = {}
@@ -186,6 +237,7 @@ class PlanCache:
             microbatches,
             request.carries_values,
             request.refused_kinds,
+            request.per_device,
         )
         if key not in self._problems:
             self._problems[key] = problem_from_costs(
@@ -195,8 +247,25 @@ class PlanCache:
                 microbatches,
                 request.carries_values,
                 request.refused_kinds,
+                request.per_device,
             )
         return self._problems[key]
+
+    def order(
+        self, schedule: str, devices: int, stages_per_device: int, microbatches: int
+    ) -> ScheduleOrder:
+        """What each device runs under ``schedule`` (from :attr:`orders`); raises
+        :class:`SyncpassError` when the schedule refuses the counts."""
+        key = (schedule, devices, stages_per_device, microbatches)
+        if key not in self._orders:
+            try:
+                found = self.orders(
+                    schedule, devices, stages_per_device, microbatches, self.costs.training
+                )
+            except ValueError as error:
+                raise SyncpassError(f"--schedule {schedule}: {error}") from None
+            self._orders[key] = found
+        return self._orders[key]
 
     def solve(
         self, problem: Problem, stages: int, threshold: float, adaptive: bool
@@ -213,11 +282,22 @@ class PlanCache:
         return self._baselines[key]
 
     def predict(
-        self, problem: Problem, cuts: tuple[int, ...], microbatches: int, schedule: str
+        self,
+        problem: Problem,
+        cuts: tuple[int, ...],
+        microbatches: int,
+        schedule: str,
+        stages_per_device: int = 1,
     ) -> Prediction:
-        key = (id(problem), cuts, microbatches, schedule)
+        key = (id(problem), cuts, microbatches, schedule, stages_per_device)
         if key not in self._predictions:
-            self._predictions[key] = predict(self.costs, problem, cuts, microbatches, schedule)
+            order = None
+            if schedule in MULTI_STAGE_SCHEDULES:
+                devices = (len(cuts) + 1) // stages_per_device
+                order = self.order(schedule, devices, stages_per_device, microbatches)
+            self._predictions[key] = predict(
+                self.costs, problem, cuts, microbatches, schedule, order
+            )
         return self._predictions[key]
 
 
@@ -242,24 +322,33 @@ def make_plan(
     ``cache`` shares the work with other plans of the same ``costs``.
     """
     cache = _cache_for(costs, cache)
+    per_device = request.per_device
     # The stage count depends only on the pins and the admissible cuts; the micro-batch
     # count (which the costs per step depend on) may depend on the stage count.
     stages = request.stages
     if stages is None or request.microbatches is None:
         unit = cache.problem(request)
-        stages = _stage_count(unit, request, origin, _refusals(costs, request))
+        stages = _stage_count(unit, request, origin, _refusals(costs, request)) // per_device
     microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
     problem = cache.problem(request, microbatches)
     strategy = request.config.strategy
     requested_tau = request.config.communication_cost_threshold
+    # From here on ``stages`` counts the plan's stages, ``per_device`` to a device.
     stages = _stage_count(problem, request, origin, _refusals(costs, request))
+    if request.schedule in MULTI_STAGE_SCHEDULES:
+        try:
+            cache.order(request.schedule, stages // per_device, per_device, microbatches)
+        except SyncpassError as error:
+            raise InfeasibleError(
+                f"{error.message}; choose --microbatches to suit it", "microbatches", origin
+            ) from None
     notes: list[str] = list(costs.notes)
     devices = costs.hardware.devices
-    if devices is not None and stages > devices:
+    if devices is not None and stages // per_device > devices:
         notes.append(
-            f"{stages} stages on {devices} device(s) ({costs.hardware.name or 'the hardware'}):"
-            " stages would share devices, which the predicted step does not model; plan for "
-            f"at most {devices}, or for hardware with more"
+            f"{stages // per_device} pipeline ranks on {devices} device(s) "
+            f"({costs.hardware.name or 'the hardware'}): ranks would share devices, which the "
+            f"predicted step does not model; plan for at most {devices}, or for hardware with more"
         )
     faster: _SpeedRaise | None = None
     admitting_cuts: tuple[int, ...] = ()  # the plan at the least threshold admitting one
@@ -270,7 +359,7 @@ def make_plan(
         cuts, used_tau = result.cuts, result.threshold_used
         admitting_cuts = cuts
         if strategy == "adaptive":
-            faster = _fastest(cache, problem, stages, result, microbatches, request.schedule)
+            faster = _fastest(cache, problem, stages, result, microbatches, request)
             if faster is not None:
                 cuts = faster.cuts
     elif strategy == "manual":
@@ -300,7 +389,9 @@ def make_plan(
     if strategy in OPTIMISING_STRATEGIES:
 
         def step(plan_cuts: tuple[int, ...]) -> float:
-            return cache.predict(problem, plan_cuts, microbatches, request.schedule).step_s
+            return cache.predict(
+                problem, plan_cuts, microbatches, request.schedule, per_device
+            ).step_s
 
         held_back = _dataflow_note(cache, problem, stages, cuts, step)
         if held_back is not None:
@@ -331,7 +422,7 @@ def _fastest(
     stages: int,
     first: Solution,
     microbatches: int,
-    schedule: str,
+    request: PlanRequest,
 ) -> _SpeedRaise | None:
     """What the adaptive strategy raises the threshold to for speed, if anything.
 
@@ -345,7 +436,9 @@ def _fastest(
     ids = [op.id for op in cache.costs.ops]
 
     def step(cuts: tuple[int, ...]) -> float:
-        return cache.predict(problem, cuts, microbatches, schedule).step_s
+        return cache.predict(
+            problem, cuts, microbatches, request.schedule, request.per_device
+        ).step_s
 
     first_step = step(first.cuts)
     best: tuple[float, float, tuple[int, ...], str] = (
@@ -416,17 +509,67 @@ def plan_for(
     cache: PlanCache | None = None,
 ) -> Plan:
     """The plan ``request`` asks for; with ``request.stages`` of ``None`` and ``max_stages``,
-    the stage count with the least predicted step (``manual``: the pins decide the count)."""
+    the stage count with the least predicted step (``manual``: the pins decide the count);
+    with ``request.stages_per_device`` of ``None``, the stages per device with the least
+    predicted step of those the schedule takes (:func:`stages_per_device_choices`)."""
+    if request.stages_per_device is None:
+        return _best_stages_per_device(costs, request, origin, max_stages, cache)
     if request.stages is None and max_stages is not None and request.config.strategy != "manual":
         return best_stage_count(costs, request, max_stages, origin, cache)
     return make_plan(costs, request, origin, cache)
 
 
-def auto_stage_limit(costs: Costs, max_stages: int) -> int:
-    """The most stages ``--stages auto`` tries: ``max_stages``, but no more than the model
-    has ops or the hardware devices (see :func:`best_stage_count`)."""
+def _best_stages_per_device(
+    costs: Costs,
+    request: PlanRequest,
+    origin: str,
+    max_stages: int | None,
+    cache: PlanCache | None,
+) -> Plan:
+    """:func:`plan_for` at each count of stages per device the schedule takes; the plan
+    with the least predicted step, noting what the others predicted."""
+    cache = _cache_for(costs, cache)
+    tried: list[tuple[int, Plan]] = []
+    refused: list[str] = []
+    last_error: SyncpassError | None = None
+    for per_device in stages_per_device_choices(request.schedule):
+        try:
+            plan = plan_for(
+                costs,
+                dataclasses.replace(request, stages_per_device=per_device),
+                origin,
+                max_stages,
+                cache,
+            )
+        except SyncpassError as error:
+            last_error = error
+            refused.append(f"{per_device}: {error.message}")
+            continue
+        tried.append((per_device, plan))
+    if not tried:
+        assert last_error is not None
+        raise last_error
+    chosen, best = min(tried, key=lambda entry: entry[1].predicted_step_s)
+    others = ", ".join(
+        f"{per_device}: {seconds(plan.predicted_step_s)}"
+        for per_device, plan in tried
+        if per_device != chosen
+    )
+    note = (
+        f"--stages-per-device auto: {chosen} stage(s) per device predict the least step "
+        f"({seconds(best.predicted_step_s)})"
+        + (f"; {others}" if others else "")
+        + (f"; refused {'; '.join(refused)}" if refused else "")
+    )
+    return dataclasses.replace(best, notes=(*best.notes, note))
+
+
+def auto_stage_limit(costs: Costs, max_stages: int, stages_per_device: int = 1) -> int:
+    """The most stages (ranks) ``--stages auto`` tries: ``max_stages``, but no more than the
+    model has ops for (``stages_per_device`` each) or the hardware devices (see
+    :func:`best_stage_count`)."""
     devices = costs.hardware.devices
-    limit = min(max_stages, len(costs.ops))
+    limit = min(max_stages, len(costs.ops) // stages_per_device)
     return limit if devices is None else min(limit, devices)
 
 
@@ -443,7 +586,7 @@ def best_stage_count(
     than the model has ops: a stage holds at least one."""
     cache = _cache_for(costs, cache)
     devices = costs.hardware.devices
-    limit = auto_stage_limit(costs, max_stages)
+    limit = auto_stage_limit(costs, max_stages, request.per_device)
     best: Plan | None = None
     last_error: SyncpassError | None = None
     for stages in range(1, limit + 1):
@@ -481,7 +624,10 @@ def _refusals(costs: Costs, request: PlanRequest) -> str:
 
 
 def _stage_count(problem: Problem, request: PlanRequest, origin: str, refusals: str = "") -> int:
+    """The plan's stage count: ``request.stages`` devices times the stages each holds, or
+    the marked sync points' for the manual strategy."""
     pins = int(problem.pinned.sum())
+    per_device = request.per_device
     if request.config.strategy == "manual":
         if pins == 0:
             raise SyncpassError(
@@ -489,16 +635,22 @@ def _stage_count(problem: Problem, request: PlanRequest, origin: str, refusals: 
                 'marked; pin cuts ("pinned": true in the cost file, or --cuts)',
                 origin,
             )
-        if request.stages is not None and request.stages != pins + 1:
+        if request.stages is not None and request.stages * per_device != pins + 1:
             raise SyncpassError(
-                f"{pins} marked sync point(s) make {pins + 1} stages, but {request.stages} "
-                "were asked for; drop --stages or mark more cuts",
+                f"{pins} marked sync point(s) make {pins + 1} stages, but "
+                f"{request.stages * per_device} were asked for; drop --stages or mark more cuts",
+                origin,
+            )
+        if (pins + 1) % per_device:
+            raise SyncpassError(
+                f"{pins} marked sync point(s) make {pins + 1} stages, which do not fill "
+                f"devices of {per_device} stage(s) each; mark more or fewer cuts",
                 origin,
             )
         return pins + 1
     if request.stages is None:
         raise SyncpassError("the number of stages is required (--stages S)")
-    stages = request.stages
+    stages = request.stages * per_device
     n, k = problem.num_ops, problem.min_ops
     cuts = int(problem.admissible.sum())
     if stages * k > n:
@@ -651,9 +803,15 @@ def default_microbatches(stages: int, batch_size: int) -> int:
 
 
 def predict(
-    costs: Costs, problem: Problem, cuts: tuple[int, ...], microbatches: int, schedule: str
+    costs: Costs,
+    problem: Problem,
+    cuts: tuple[int, ...],
+    microbatches: int,
+    schedule: str,
+    order: ScheduleOrder | None = None,
 ) -> Prediction:
-    """Simulated step of the plan with ``cuts`` under ``schedule``."""
+    """Simulated step of the plan with ``cuts`` under ``schedule``: with one stage per
+    device by :func:`simulate`, else by :func:`simulate_order` over ``order``."""
     bounds = (0, *cuts, problem.num_ops)
     training = costs.training
     crossing = costs.crossing_at
@@ -668,6 +826,9 @@ def predict(
             if training
             else 0.0,
             overhead_s=costs.hardware.stage_overhead_s,
+            input_gradient_s=sum(op.input_gradient_s() for op in costs.ops[start:end])
+            if training
+            else 0.0,
         )
         for start, end in itertools.pairwise(bounds)
     )
@@ -681,6 +842,8 @@ def predict(
         )
         for cut in cuts
     )
+    if order is not None:
+        return simulate_order(loads, links, order)
     return simulate(loads, links, microbatches, schedule, costs.training)
 
 
@@ -696,7 +859,10 @@ def _assemble(
 ) -> Plan:
     costs = cache.costs
     stages = len(cuts) + 1
-    microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
+    per_device = request.per_device
+    microbatches = request.microbatches or default_microbatches(
+        stages // per_device, costs.batch_size
+    )
     if microbatches > costs.batch_size:
         raise SyncpassError(
             f"{microbatches} micro-batches do not fit a batch of {costs.batch_size}; "
@@ -708,7 +874,8 @@ def _assemble(
             f"{microbatches}; use --microbatches {stages} or more, or --schedule gpipe",
             "microbatches",
         )
-    prediction = cache.predict(problem, cuts, microbatches, request.schedule)
+    prediction = cache.predict(problem, cuts, microbatches, request.schedule, per_device)
+    placement = stage_devices(request.schedule, stages // per_device, per_device)
     live = costs.live_bytes_at
     reasons = explain_sync_points(costs, problem, cuts, score, threshold.used)
     kinds_after = {cut.after: cut.kinds for cut in costs.cuts if cut.kinds}
@@ -734,8 +901,9 @@ def _assemble(
             comm_out_s=stage.comm_out,
             time_s=stage.time,
             memory_bytes=stage.memory,
-            sync_s=prediction.stages[index].sync_s,
-            idle_s=prediction.stages[index].idle_s,
+            sync_s=prediction.stages[placement[index]].sync_s,
+            idle_s=prediction.stages[placement[index]].idle_s,
+            device=placement[index],
         )
         for index, stage in enumerate(score.stages)
     )
@@ -766,4 +934,5 @@ def _assemble(
         notes=tuple(notes),
         hardware=costs.hardware.name,
         model=costs.model,
+        stages_per_device=per_device,
     )

@@ -25,6 +25,7 @@ def problem_from_costs(
     microbatches: int = 1,
     carries_values: bool = False,
     refused_kinds: tuple[str, ...] = (),
+    stages_per_device: int = 1,
 ) -> Problem:
     """The optimiser's arrays for ``costs``; ``pinned`` op ids must have cuts.
 
@@ -33,6 +34,10 @@ def problem_from_costs(
     a value may reach any later stage (each stage between sends it on, and every
     cut's live bytes already count it); otherwise only the next one. A cut where a
     value of one of ``refused_kinds`` crosses is not admissible (pinning it is an error).
+    With ``stages_per_device`` stages on a device, each stage may use that share of its
+    memory: a sufficient condition for the device's sum, which keeps the memory bound a
+    bound on one stage (the exact optimiser's); a plan that fits only with unequal shares
+    is not found.
     """
     n = len(costs.ops)
     index = costs.op_index
@@ -75,6 +80,9 @@ def problem_from_costs(
             )
         pins[position] = True
     memory = costs.hardware.device_memory_bytes
+    if memory is not None:
+        # A device holds stages_per_device stages: each may use its share.
+        memory = memory / stages_per_device
     return Problem(
         last_use=None if carries_values else last_use_positions(costs),
         op_compute=np.array(

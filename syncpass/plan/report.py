@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from syncpass.contracts.config import V_SHAPE_SCHEDULES
 from syncpass.core.units import num_bytes, percent, seconds
 from syncpass.plan.planner import Plan
 from syncpass.plan.retarget import PlanRange, SweepPoint
@@ -33,9 +34,15 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
     context = f"batch {plan.batch_size}, {mode}"
     if plan.hardware:
         context += f", hardware {plan.hardware}"
+    placed = ""
+    if plan.stages_per_device > 1:
+        placed = (
+            f" on {plan.devices} device(s), {plan.stages_per_device} each "
+            f"({'in a V' if plan.schedule in V_SHAPE_SCHEDULES else 'round-robin'})"
+        )
     lines = [
         f"{title} ({context})",
-        f"{len(plan.stages)} stage(s), strategy {plan.strategy}, "
+        f"{len(plan.stages)} stage(s){placed}, strategy {plan.strategy}, "
         f"min_sync_interval {plan.min_sync_interval}",
     ]
     tau = plan.threshold
@@ -61,13 +68,26 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
         verdict = f"not met by {over} sync point(s): {plan.strategy} ignores it" if over else "met"
         lines.append(f"threshold: {percent(tau.requested)} ({verdict})")
     lines.append("")
+    several = plan.stages_per_device > 1
     rows = [
-        ["stage", "ops", "#ops", "compute", "comm in", "comm out", "time", "memory", "comm/compute"]
+        [
+            "stage",
+            *(["device"] if several else []),
+            "ops",
+            "#ops",
+            "compute",
+            "comm in",
+            "comm out",
+            "time",
+            "memory",
+            "comm/compute",
+        ]
     ]
     for stage, point in zip(plan.stages, (*plan.sync_points, None), strict=True):
         rows.append(
             [
                 str(stage.index),
+                *([str(stage.device)] if several else []),
                 _span(stage.ops),
                 str(len(stage.ops)),
                 seconds(stage.compute_s),
@@ -78,11 +98,20 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
                 "-" if point is None else percent(point.ratio),
             ]
         )
-    lines += _table(rows, right=frozenset({2, 3, 4, 5, 6, 7, 8}))
+    shift = 1 if several else 0
+    lines += _table(rows, right=frozenset(column + shift for column in (2, 3, 4, 5, 6, 7, 8)))
     lines.append(
         f"* bottleneck {seconds(plan.bottleneck_s)} (stage {plan.bottleneck_stage}); "
         f"communication {seconds(plan.total_comm_s)} per step over all sync points"
     )
+    if several:
+        for device in range(plan.devices):
+            held = [stage for stage in plan.stages if stage.device == device]
+            lines.append(
+                f"  device {device}: stages {', '.join(str(stage.index) for stage in held)}; "
+                f"time {seconds(sum(stage.time_s for stage in held))}, memory "
+                f"{num_bytes(sum(stage.memory_bytes for stage in held))}"
+            )
     lines.append(
         f"predicted step ({plan.schedule}, {plan.microbatches} micro-batches): "
         f"{seconds(plan.predicted_step_s)}; communication wait {percent(plan.comm_wait_ratio)}, "

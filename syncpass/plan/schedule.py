@@ -35,6 +35,7 @@ This module is pure Python and imports nothing heavy.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -294,6 +295,12 @@ class ScheduleOrder:
     @property
     def stages(self) -> int:
         return len(self.stage_device)
+
+
+#: Where a plan gets a schedule's order from: ``(schedule, devices, stages_per_device,
+#: microbatches, training)``; the torch backend's is torch's own
+#: (``syncpass.backends.torch.schedules.schedule_order``).
+OrderSource = Callable[[str, int, int, int, bool], "ScheduleOrder"]
 
 
 def single_stage_order(

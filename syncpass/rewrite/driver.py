@@ -29,7 +29,8 @@ from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
 from syncpass.frontend.match import match_costs, steer_by_source
 from syncpass.frontend.source import SourceForm
-from syncpass.plan.planner import Plan, PlanRequest, plan_for
+from syncpass.plan.planner import Plan, PlanCache, PlanRequest, plan_for
+from syncpass.plan.schedule import single_stage_order
 from syncpass.rewrite.source import KnownOps, ModelSource, SyncWriter
 from syncpass.transformers.common import SyncSite
 
@@ -196,4 +197,5 @@ def _rewrite_plain(
     )
     source = backend.analyse(text, path, KnownOps.of_costs(costs), class_name)
     matched = steer_by_source(source.graph, match_costs(source.graph, costs))
-    return apply_plan(source, plan_for(matched, request, path, max_stages), backend, path)
+    cache = PlanCache(matched, backend.schedule_order or single_stage_order)
+    return apply_plan(source, plan_for(matched, request, path, max_stages, cache), backend, path)

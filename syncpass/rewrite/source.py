@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
     from syncpass.contracts.costs import Costs
     from syncpass.contracts.graph import OpGraph
+    from syncpass.plan.schedule import OrderSource
     from syncpass.transformers.common import SyncSite
 
 
@@ -71,6 +72,9 @@ class SyncWriter(Protocol):
 
     @property
     def refused_kinds(self) -> tuple[str, ...]: ...
+
+    @property
+    def schedule_order(self) -> OrderSource | None: ...
 
     @property
     def analyse(self) -> Callable[[str, str, KnownOps, str | None], ModelSource]: ...

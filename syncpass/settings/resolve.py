@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from syncpass.contracts.config import SyncConfig
+from syncpass.contracts.config import V_SHAPE_SCHEDULES, SyncConfig
 from syncpass.contracts.costs import Costs
 from syncpass.contracts.hardware import load_profile, retarget_hardware
 from syncpass.core.errors import SyncpassError
@@ -52,6 +52,7 @@ class Overrides:
     communication_cost_threshold: float | None = None
     microbatches: int | None = None
     schedule: str | None = None
+    stages_per_device: int | str | None = None  # "auto": try what the schedule takes
     pinned: tuple[str, ...] = ()
     hardware: str | None = None
     batch_size: int | None = None
@@ -104,13 +105,23 @@ class Settings:
 
     def request(self, costs: Costs) -> PlanRequest:
         """The plan request over ``costs``'s own settings."""
+        schedule = self.overrides.schedule or "1f1b"
+        given = self.overrides.stages_per_device
+        per_device: int | None
+        if given == "auto":
+            per_device = None
+        elif given is None:
+            per_device = 2 if schedule in V_SHAPE_SCHEDULES else 1
+        else:
+            per_device = int(given)
         try:
             return PlanRequest(
                 stages=None if self.auto or self.stages is None else int(self.stages),
                 config=self.sync_config(costs.config),
                 microbatches=self.overrides.microbatches,
-                schedule=self.overrides.schedule or "1f1b",
+                schedule=schedule,
                 pinned=self.overrides.pinned,
+                stages_per_device=per_device,
             )
         except ValueError as error:
             raise SyncpassError(str(error)) from None

@@ -416,7 +416,7 @@ def test_stages_auto_never_plans_more_stages_than_devices() -> None:
     # An explicit count beyond the devices is planned, with a warning in the notes.
     forced = make_plan(costs, request(4))
     assert len(forced.stages) == 4
-    assert any("4 stages on 2 device(s)" in note for note in forced.notes)
+    assert any("4 pipeline ranks on 2 device(s)" in note for note in forced.notes)
 
 
 @pytest.mark.parametrize("devices", [0, 1.5, True, "2"])

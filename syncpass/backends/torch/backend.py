@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from syncpass.backends.spec import Backend, Confirmation, EstimateRequest, MeasureRequest
 from syncpass.backends.torch.run import PRELOAD
+from syncpass.contracts.config import MULTI_STAGE_SCHEDULES
 from syncpass.rewrite.source import KnownOps, ModelSource
 
 if TYPE_CHECKING:
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
     from syncpass.contracts.costs import Costs
     from syncpass.contracts.graph import OpGraph
     from syncpass.frontend.findings import Finding
+    from syncpass.plan.schedule import ScheduleOrder
     from syncpass.runtime.contracts import RunRequest, RunResult
     from syncpass.runtime.prediction import RunPrediction
     from syncpass.transformers.common import SyncSite
@@ -141,6 +143,14 @@ def _predict_stages(text: str, path: str, costs: Costs, result: RunResult) -> Ru
     return predict_stages_run(text, path, costs, result)
 
 
+def _schedule_order(
+    schedule: str, devices: int, stages_per_device: int, microbatches: int, training: bool
+) -> ScheduleOrder:
+    from syncpass.backends.torch.schedules import schedule_order
+
+    return schedule_order(schedule, devices, stages_per_device, microbatches, training)
+
+
 def _run(request: RunRequest) -> RunResult:
     from syncpass.backends.torch.run import launch
 
@@ -171,7 +181,8 @@ BACKEND = Backend(
     run=_run,
     lint=_lint,
     predict=_predict,
-    schedules=("1f1b", "gpipe"),
+    schedules=("1f1b", "gpipe", *MULTI_STAGE_SCHEDULES),
+    schedule_order=_schedule_order,
     load_example=_load_example,
     confirm=_confirm,
     preload=tuple(PRELOAD),
@@ -195,7 +206,8 @@ STAGES_BACKEND = Backend(
     run=_run,
     lint=_lint,
     predict=_predict_stages,
-    schedules=("1f1b", "gpipe"),
+    schedules=("1f1b", "gpipe", *MULTI_STAGE_SCHEDULES),
+    schedule_order=_schedule_order,
     load_example=_load_example,
     carries_values=True,
     refused_kinds=("other",),  # PipelineStage sends tensors; numbers and tuples are packed
