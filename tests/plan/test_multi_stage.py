@@ -304,3 +304,24 @@ def test_plan_command_plans_stages_per_device(tmp_path: Path) -> None:
     text = render_plan(plan_text)
     assert "4 stage(s) on 2 device(s), 2 each (round-robin)" in text
     assert "device 1: stages 1, 3" in text
+
+
+def test_orders_are_read_from_torch_once_and_kept(tmp_path: Path, monkeypatch) -> None:
+    from syncpass.backends.torch import orders
+
+    monkeypatch.setenv("SYNCPASS_CACHE_DIR", str(tmp_path))
+    first = orders.cached_order("interleaved-zb", 2, 2, 4, True)
+    assert first == schedule_order("interleaved-zb", 2, 2, 4, True)
+    (kept,) = tmp_path.glob("orders/torch-*/interleaved-zb-2x2-m4-train.json")
+    # Answered from the file: a changed file is what comes back.
+    data = json.loads(kept.read_text())
+    data["actions"][0].reverse()
+    kept.write_text(json.dumps(data))
+    assert orders.cached_order("interleaved-zb", 2, 2, 4, True).actions[0] == tuple(
+        reversed(first.actions[0])
+    )
+    kept.write_text("not json")  # a damaged file is read from torch again
+    assert orders.cached_order("interleaved-zb", 2, 2, 4, True) == first
+    monkeypatch.setenv("SYNCPASS_CACHE_DIR", str(tmp_path / "file"))
+    (tmp_path / "file").write_text("")  # a folder that cannot be made: no error
+    assert orders.cached_order("looped-bfs", 2, 2, 4, True).stages == 4

@@ -146,9 +146,9 @@ def _predict_stages(text: str, path: str, costs: Costs, result: RunResult) -> Ru
 def _schedule_order(
     schedule: str, devices: int, stages_per_device: int, microbatches: int, training: bool
 ) -> ScheduleOrder:
-    from syncpass.backends.torch.schedules import schedule_order
+    from syncpass.backends.torch.orders import cached_order
 
-    return schedule_order(schedule, devices, stages_per_device, microbatches, training)
+    return cached_order(schedule, devices, stages_per_device, microbatches, training)
 
 
 def _run(request: RunRequest) -> RunResult:

@@ -75,6 +75,26 @@ def _no_loss(output: Any, target: Any) -> Any:  # pragma: no cover - never calle
     return output
 
 
+def _compute_only(schedule_class: type[Any]) -> type[Any]:
+    """``schedule_class``, computing every rank's order but not lowering it.
+
+    The constructor computes each rank's compute actions (``pipeline_order``), then
+    lowers them (``_prepare_schedule_with_comms``): it inserts the sends and receives,
+    and the unshard and reshard of FSDP, between them, in the same order. The
+    simulator models the transfers itself, so the lowering, which takes seconds at
+    hundreds of stages and micro-batches, is skipped.
+    """
+
+    def keep_compute_only(self: Any, actions: Any, format: str = "compute_only") -> None:
+        return None
+
+    return type(
+        schedule_class.__name__,
+        (schedule_class,),
+        {"_prepare_schedule_with_comms": keep_compute_only},
+    )
+
+
 def _compute_actions(action: _Action | None) -> list[Action]:
     """``action``'s compute, in the order it runs (an overlapped forward and backward: the
     forward first, as one worker runs them)."""
@@ -108,7 +128,7 @@ def schedule_order(
     stages = len(placement)
     local = [s for s in range(stages) if placement[s] == 0]
     try:
-        instance = SCHEDULE_CLASSES[schedule](
+        instance = _compute_only(SCHEDULE_CLASSES[schedule])(
             [_stand_in(s, stages, devices, 0) for s in local], microbatches, loss_fn=_no_loss
         )
     except ValueError as error:
