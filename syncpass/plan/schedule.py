@@ -111,12 +111,14 @@ class StageTimeline:
 @dataclass(frozen=True)
 class Prediction:
     """Simulated step of one schedule: ``stages`` holds one timeline per device (with one
-    stage per device, per stage)."""
+    stage per device, per stage). ``actions``, when asked for, holds what each device ran,
+    in the order it ran it, with its times (:class:`TimedAction`)."""
 
     schedule: str
     microbatches: int
     step_s: float
     stages: tuple[StageTimeline, ...]
+    actions: tuple[tuple[TimedAction, ...], ...] = ()
 
     @property
     def comm_wait_ratio(self) -> float:
@@ -261,6 +263,16 @@ class Action(NamedTuple):
     microbatch: int
 
 
+class TimedAction(NamedTuple):
+    """An action as the simulation ran it: busy from ``start_s`` to ``end_s``, its
+    transfers included; ``ready_s`` is when what it waited for was there."""
+
+    action: Action
+    ready_s: float
+    start_s: float
+    end_s: float
+
+
 @dataclass(frozen=True)
 class ScheduleOrder:
     """What each device runs, in order, for one step: ``actions[d]`` for device ``d``;
@@ -332,11 +344,11 @@ def simulate_order(
     loads: tuple[StageLoad, ...],
     links: tuple[Link, ...],
     order: ScheduleOrder,
-    executed: list[list[Action]] | None = None,
+    record: bool = False,
 ) -> Prediction:
     """Simulate one step of ``order``; ``loads[s]`` is stage ``s``'s work and ``links[s]``
-    joins stage ``s`` and ``s + 1``. ``executed``, when given, receives each device's
-    actions in the order the simulation ran them (a test compares it with the engine's).
+    joins stage ``s`` and ``s + 1``. With ``record`` the prediction keeps each action's
+    times (a test checks them against the order and its dependencies).
 
     The machine is :func:`simulate`'s, with devices for stages: a device runs its actions
     in order, each with its transfers (none between two stages on the device); an ``F``
@@ -368,6 +380,7 @@ def simulate_order(
     position = [0] * devices
     last = stages - 1
     remaining = sum(len(actions) for actions in order.actions)
+    timed: list[list[TimedAction]] = [[] for _ in range(devices)]
     progressed = True
     while progressed:
         progressed = False
@@ -377,6 +390,7 @@ def simulate_order(
             while at < len(actions):
                 kind, s, m = actions[at]
                 recv = send = 0.0
+                ready = 0.0
                 if kind == "F":
                     start = clock[d]
                     if s > 0:
@@ -413,10 +427,8 @@ def simulate_order(
                     forward_end[s][m] = end
                 elif kind != "W":
                     grad_end[s][m] = end
-                if executed is not None:
-                    while len(executed) < devices:
-                        executed.append([])
-                    executed[d].append(actions[at])
+                if record:
+                    timed[d].append(TimedAction(actions[at], ready, start, end))
                 clock[d] = end
                 sync[d] += recv + send
                 compute[d] += work
@@ -433,5 +445,9 @@ def simulate_order(
         for d in range(devices)
     )
     return Prediction(
-        schedule=order.schedule, microbatches=microbatches, step_s=step, stages=timelines
+        schedule=order.schedule,
+        microbatches=microbatches,
+        step_s=step,
+        stages=timelines,
+        actions=tuple(tuple(device) for device in timed) if record else (),
     )

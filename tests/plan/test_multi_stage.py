@@ -325,3 +325,39 @@ def test_orders_are_read_from_torch_once_and_kept(tmp_path: Path, monkeypatch) -
     monkeypatch.setenv("SYNCPASS_CACHE_DIR", str(tmp_path / "file"))
     (tmp_path / "file").write_text("")  # a folder that cannot be made: no error
     assert orders.cached_order("looped-bfs", 2, 2, 4, True).stages == 4
+
+
+@pytest.mark.parametrize("schedule", MULTI_STAGE_SCHEDULES)
+def test_the_simulation_runs_torchs_order_and_waits_for_each_dependency(schedule: str) -> None:
+    devices, per_device, microbatches = 3, 2, 6
+    order = schedule_order(schedule, devices, per_device, microbatches)
+    rng = random.Random(schedule)
+    loads = tuple(
+        StageLoad(rng.uniform(0.5, 2), rng.uniform(1, 4), input_gradient_s=None)
+        for _ in range(order.stages)
+    )
+    prediction = simulate_order(loads, (FREE,) * (order.stages - 1), order, record=True)
+    # Each device ran exactly torch's list for its rank, in its order, one action at a time.
+    assert [[timed.action for timed in device] for device in prediction.actions] == [
+        list(actions) for actions in order.actions
+    ]
+    end = {timed.action: timed.end_s for device in prediction.actions for timed in device}
+    last = order.stages - 1
+    for device in prediction.actions:
+        previous = 0.0
+        for timed in device:
+            kind, stage, m = timed.action
+            assert timed.start_s >= previous - 1e-12
+            previous = timed.end_s
+            if kind == "F" and stage > 0:
+                waited = end[("F", stage - 1, m)]
+            elif kind in ("B", "I") and stage < last:
+                waited = end.get(("B", stage + 1, m), end.get(("I", stage + 1, m)))
+            elif kind in ("B", "I"):
+                waited = end[("F", stage, m)]
+            elif kind == "W":
+                waited = end[("I", stage, m)]
+            else:
+                continue
+            assert waited is not None and timed.start_s >= waited - 1e-12
+    assert prediction.step_s == pytest.approx(max(end.values()))
