@@ -29,8 +29,18 @@ def num_bytes(value: float) -> str:
     return f"{value:.0f} B"
 
 
-def percent(value: float) -> str:
+def percent(value: float, digits: int = 3) -> str:
     """``0.123`` -> ``"12.3%"``; ``inf`` stays ``"inf"``."""
     if math.isinf(value):
         return "inf"
-    return f"{100 * value:.3g}%"
+    return f"{100 * value:.{digits}g}%"
+
+
+def percents_apart(first: float, second: float) -> tuple[str, str]:
+    """``first`` and ``second`` as percentages with the digits that tell them apart (three
+    at least, nine at most): ``11.9%`` and ``11.9%`` become ``11.92%`` and ``11.94%``."""
+    for digits in range(3, 10):
+        texts = percent(first, digits), percent(second, digits)
+        if texts[0] != texts[1]:
+            return texts
+    return percent(first, 9), percent(second, 9)

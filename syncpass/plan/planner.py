@@ -31,7 +31,7 @@ from syncpass.contracts.config import (
 from syncpass.contracts.costs import Costs
 from syncpass.contracts.graph import INPUT
 from syncpass.core.errors import InfeasibleError, SyncpassError
-from syncpass.core.units import num_bytes, percent, seconds
+from syncpass.core.units import num_bytes, percent, percents_apart, seconds
 from syncpass.plan.explain import broken_constraints, explain_sync_points
 from syncpass.plan.optimizer import (
     Infeasible,
@@ -355,7 +355,9 @@ def make_plan(
     if strategy in OPTIMISING_STRATEGIES:
         result = cache.solve(problem, stages, requested_tau, adaptive=strategy == "adaptive")
         if isinstance(result, Infeasible):
-            raise _infeasible_error(result, problem, stages, request.config, costs, origin)
+            raise _infeasible_error(
+                result, problem, stages, request.config, costs, origin, per_device
+            )
         cuts, used_tau = result.cuts, result.threshold_used
         admitting_cuts = cuts
         if strategy == "adaptive":
@@ -370,7 +372,9 @@ def make_plan(
     else:
         baseline = cache.baseline(problem, stages, strategy)
         if isinstance(baseline, Infeasible):
-            raise _infeasible_error(baseline, problem, stages, request.config, costs, origin)
+            raise _infeasible_error(
+                baseline, problem, stages, request.config, costs, origin, per_device
+            )
         cuts, used_tau = baseline, requested_tau
         notes.append(f"{strategy}: {BASELINE_RULES[strategy]}")
     forced_by = None
@@ -468,10 +472,11 @@ def _fastest(
         )
         return _SpeedRaise(cuts, None, first_step, note)
     whose = f" (the {rule} rule's sync points)" if rule else ""
+    before, after = percents_apart(first.threshold_used, threshold)
     note = (
-        f"raised the threshold from {percent(first.threshold_used)} to {percent(threshold)} "
+        f"raised the threshold from {before} to {after} "
         f"for speed{whose}: predicted step {seconds(faster_step)}, against "
-        f"{seconds(first_step)} within {percent(first.threshold_used)}"
+        f"{seconds(first_step)} within {before}"
     )
     return _SpeedRaise(cuts, threshold, first_step, note)
 
@@ -752,6 +757,7 @@ def _infeasible_error(
     config: SyncConfig,
     costs: Costs,
     origin: str,
+    per_device: int = 1,
 ) -> InfeasibleError:
     if result.constraint == "stages":
         message = (
@@ -771,11 +777,20 @@ def _infeasible_error(
     elif result.constraint == "memory":
         limit = costs.hardware.device_memory_bytes
         assert limit is not None and result.needed is not None
-        message = (
-            f"no {stages}-stage plan fits in device memory {num_bytes(limit)} "
-            f"(hardware.device_memory_bytes): the best plan needs {num_bytes(result.needed)} on "
-            "its fullest device; use more stages or a device with more memory"
-        )
+        if per_device == 1:
+            message = (
+                f"no {stages}-stage plan fits in device memory {num_bytes(limit)} "
+                f"(hardware.device_memory_bytes): the best plan needs {num_bytes(result.needed)} "
+                "on its fullest device; use more stages or a device with more memory"
+            )
+        else:
+            message = (
+                f"no {stages}-stage plan fits in device memory {num_bytes(limit)} "
+                f"(hardware.device_memory_bytes) with {per_device} stages per device, each "
+                f"within its share of {num_bytes(limit / per_device)}: the best plan's fullest "
+                f"stage needs {num_bytes(result.needed)}; use fewer stages per device, more "
+                "devices, or a device with more memory"
+            )
     else:
         needed = result.needed
         hint = (

@@ -6,7 +6,7 @@ import math
 from collections.abc import Sequence
 
 from syncpass.contracts.config import V_SHAPE_SCHEDULES
-from syncpass.core.units import num_bytes, percent, seconds
+from syncpass.core.units import num_bytes, percent, percents_apart, seconds
 from syncpass.plan.planner import Plan
 from syncpass.plan.retarget import PlanRange, SweepPoint
 
@@ -48,13 +48,13 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
     tau = plan.threshold
     if tau.raised_for_speed:
         assert tau.admitting is not None and tau.admitting_step_s is not None
-        start = f"{percent(tau.admitting)}"
+        start, used = percents_apart(tau.admitting, tau.used)
         if tau.forced_by is not None:
             start += (
                 f", the least that admits a plan (forced by the sync point after {tau.forced_by})"
             )
         lines.append(
-            f"threshold: requested {percent(tau.requested)}, raised to {percent(tau.used)} for "
+            f"threshold: requested {percent(tau.requested)}, raised to {used} for "
             f"speed: predicted step {seconds(plan.predicted_step_s)}, against "
             f"{seconds(tau.admitting_step_s)} at {start}"
         )
