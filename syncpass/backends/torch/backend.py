@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from syncpass.backends.spec import Backend, Confirmation, EstimateRequest, MeasureRequest
 from syncpass.backends.torch.run import PRELOAD
+from syncpass.contracts.config import MULTI_STAGE_SCHEDULES
 from syncpass.rewrite.source import KnownOps, ModelSource
 
 if TYPE_CHECKING:
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
     from syncpass.runtime.contracts import RunRequest, RunResult
     from syncpass.runtime.prediction import RunPrediction
     from syncpass.transformers.common import SyncSite
+
+
+#: What the torch run steps, its default first: torch.distributed.pipelining's schedules.
+RUN_SCHEDULES = ("1f1b", "gpipe", *MULTI_STAGE_SCHEDULES)
 
 
 def _analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> ModelSource:
@@ -171,7 +176,7 @@ BACKEND = Backend(
     run=_run,
     lint=_lint,
     predict=_predict,
-    schedules=("1f1b", "gpipe"),
+    schedules=RUN_SCHEDULES,
     load_example=_load_example,
     confirm=_confirm,
     preload=tuple(PRELOAD),
@@ -195,7 +200,7 @@ STAGES_BACKEND = Backend(
     run=_run,
     lint=_lint,
     predict=_predict_stages,
-    schedules=("1f1b", "gpipe"),
+    schedules=RUN_SCHEDULES,
     load_example=_load_example,
     carries_values=True,
     refused_kinds=("other",),  # PipelineStage sends tensors; numbers and tuples are packed
