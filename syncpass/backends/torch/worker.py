@@ -585,14 +585,11 @@ def choose_microbatches(size: int, request: RunRequest) -> int:
 
 
 def stage_count_text(request: RunRequest) -> str:
-    """What the run asks for, in the user's flags: ``--stages 4``, or ``--stages 2 x
-    --stages-per-device 2 = 4 stages``."""
+    """The flags that set the stage count: ``--stages``, or ``--stages 2 x
+    --stages-per-device 2``."""
     if request.stages_per_device == 1:
-        return f"--stages {request.stages}"
-    return (
-        f"--stages {request.stages} x --stages-per-device {request.stages_per_device} = "
-        f"{request.total_stages} stages"
-    )
+        return "--stages"
+    return f"--stages {request.stages} x --stages-per-device {request.stages_per_device}"
 
 
 def eager_stages(model: torch.nn.Module, request: RunRequest) -> tuple[torch.nn.Module, ...]:
