@@ -147,6 +147,7 @@ def test_each_rank_runs_the_order_syncpass_plans_with(
     assert document["order_notes"] == []
 
 
+@pytest.mark.slow
 def test_a_file_with_another_stage_count_is_refused_with_its_line(
     folder: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
