@@ -231,3 +231,17 @@ def test_the_report_shows_each_rank_with_the_stages_it_holds() -> None:
     assert [entry["stages"] for entry in document["stage_reports"]] == [[0, 3], [1, 2]]
     assert document["stage_reports"][0]["actions"] == [["F", 0, 0]]
     assert document["order_notes"] == [note]
+
+
+@pytest.mark.slow
+def test_the_timeline_covers_every_stage_of_a_rank_and_the_weight_gradients(
+    folder: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = rewritten(folder, 4, "torch_stages", capsys)
+    timeline = folder / "timeline"
+    options = f"--stages 2 --stages-per-device 2 --schedule interleaved-zb {QUICK}"
+    run_report(path, f"{options} --timeline {timeline}", capsys)
+    ranks = json.loads(timeline.with_suffix(".json").read_text())["ranks"]
+    # Two stages a rank, four micro-batches: 8 forwards; each backward split into I and W.
+    assert [(r["forward_calls"], r["backward_calls"]) for r in ranks] == [(8, 16), (8, 16)]
+    assert timeline.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
