@@ -18,6 +18,11 @@ from typing import Any
 
 from syncpass.backends.registry import load_backend
 from syncpass.commands.cliargs import EXIT_FOUND, EXIT_OK, positive_float, positive_int
+from syncpass.contracts.config import (
+    MULTI_STAGE_SCHEDULES,
+    SINGLE_STAGE_SCHEDULES,
+    V_SHAPE_SCHEDULES,
+)
 from syncpass.contracts.hardware import cpu_devices
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import refuse_clobbering, write_atomically
@@ -61,7 +66,20 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "(default: example)",
     )
     run.add_argument(
-        "--stages", type=positive_int, required=True, metavar="N", help="pipeline stages"
+        "--stages",
+        type=positive_int,
+        required=True,
+        metavar="N",
+        help="pipeline ranks: one process (and device) each; FILE holds N x V stages",
+    )
+    run.add_argument(
+        "--stages-per-device",
+        type=positive_int,
+        default=1,
+        metavar="V",
+        help="stages each rank holds (default 1): FILE holds N x V stages, placed round-robin "
+        "(interleaved-1f1b, looped-bfs, interleaved-zb) or in a V (zbv, dualpipev: V is 2); "
+        "gpipe and 1f1b hold one",
     )
     run.add_argument(
         "--microbatches",
@@ -74,8 +92,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--schedule",
         choices=SCHEDULES,
         default=None,
-        help="pipeline schedule (default 1f1b; --backend jax runs gpipe, its default, and "
-        "refuses 1f1b)",
+        help="pipeline schedule, as torch.distributed.pipelining names it (default 1f1b; "
+        "--backend jax runs gpipe, its default, and refuses the others)",
     )
     run.add_argument(
         "--steps",
@@ -175,6 +193,8 @@ def request_from_args(args: argparse.Namespace, schedule_default: str = "1f1b") 
         raise SyncpassError(
             f"--schedule 1f1b needs --microbatches >= --stages ({args.microbatches} < {args.stages})"
         )
+    per_device = getattr(args, "stages_per_device", 1)
+    _check_placement(schedule, args.stages, per_device)
     return RunRequest(
         file=str(file),
         example=example_for_file(file, args.example),
@@ -189,7 +209,24 @@ def request_from_args(args: argparse.Namespace, schedule_default: str = "1f1b") 
         atol=args.atol,
         timeout_s=args.timeout,
         timeline=None if args.timeline is None else str(args.timeline.resolve()),
+        stages_per_device=per_device,
     )
+
+
+def _check_placement(schedule: str, stages: int, per_device: int) -> None:
+    """Refuse a schedule that cannot hold ``per_device`` stages on each rank, saying what can."""
+    if schedule in SINGLE_STAGE_SCHEDULES and per_device != 1:
+        raise SyncpassError(
+            f"--schedule {schedule} holds one stage per rank, and --stages-per-device asks for "
+            f"{per_device}: choose one of {', '.join(MULTI_STAGE_SCHEDULES)}, or run the "
+            f"{stages * per_device} stages on as many ranks with --stages {stages * per_device}"
+        )
+    if schedule in V_SHAPE_SCHEDULES and per_device != 2:
+        raise SyncpassError(
+            f"--schedule {schedule} places exactly two stages on each rank (a V: rank r holds "
+            f"stages r and 2N-1-r), and --stages-per-device is {per_device}: use "
+            "--stages-per-device 2 (the file then holds 2 x --stages stages)"
+        )
 
 
 def _crowded(stages: int, threads: int, device: str) -> str | None:
@@ -220,6 +257,11 @@ def run_command(args: argparse.Namespace) -> int:
         from syncpass.contracts.costs import load_costs
 
         predict = backend.need("predict", "drop --costs (syncpass plan shows a plan's figures)")
+        if request.stages_per_device != 1:
+            raise SyncpassError(
+                "--costs predicts runs with one stage per rank; drop --costs, or "
+                "--stages-per-device"
+            )
         costs = load_costs(args.costs)
     crowded = _crowded(request.stages, request.threads, request.device)
     if crowded is not None:

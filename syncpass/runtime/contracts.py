@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from syncpass.contracts.config import SCHEDULES as SCHEDULES  # what run may be asked for
+from syncpass.contracts.config import stage_devices
 from syncpass.plan.planner import default_microbatches as plan_microbatches
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -29,6 +30,11 @@ class RunRequest:
     :func:`syncpass.backends.torch.verify.tolerances`). ``timeline``, when set, is
     where the timed steps' profile goes (``.json`` and ``.png``, by
     :class:`syncpass.backends.torch.profiler.Profile`).
+
+    ``stages`` is the number of ranks (devices, processes); each holds
+    ``stages_per_device`` pipeline stages, so the file holds
+    ``stages * stages_per_device`` of them (:attr:`total_stages`), placed on the
+    ranks as :attr:`placement` says.
     """
 
     file: str
@@ -45,6 +51,29 @@ class RunRequest:
     timeout_s: float = 300.0
     port: int = 0
     timeline: str | None = None
+    stages_per_device: int = 1
+
+    def __post_init__(self) -> None:
+        if self.stages < 1 or self.stages_per_device < 1:
+            raise ValueError(
+                f"stages and stages_per_device must be at least 1, got {self.stages} and "
+                f"{self.stages_per_device}"
+            )
+
+    @property
+    def total_stages(self) -> int:
+        """The pipeline stages of the file: ``stages_per_device`` on each of ``stages`` ranks."""
+        return self.stages * self.stages_per_device
+
+    @property
+    def placement(self) -> tuple[int, ...]:
+        """The rank of each stage under the schedule (round-robin, or a V for zbv and
+        dualpipev: :func:`syncpass.contracts.config.stage_devices`)."""
+        return stage_devices(self.schedule, self.stages, self.stages_per_device)
+
+    def stages_of(self, rank: int) -> tuple[int, ...]:
+        """The stages ``rank`` holds, in order."""
+        return tuple(stage for stage, holder in enumerate(self.placement) if holder == rank)
 
 
 @dataclass(frozen=True)
@@ -92,6 +121,14 @@ class StageFigures:
     ``device`` is the stage's own device where one process holds several
     stages (JAX: ``cpu:1``), and empty where each stage is a process of its
     own (``rank`` says which; the run's ``device`` is rank 0's).
+
+    Under a schedule with several stages per rank (torch's ``--stages-per-device``)
+    one figure covers one rank: ``held`` lists the stages it holds, ``stage`` is the
+    first of them, and the parameters and times are those of all of them together.
+    ``actions`` is what the rank's schedule ran in the checked (warm-up) step, in
+    order: ``(kind, stage, microbatch)`` with kind ``F`` forward, ``B`` backward,
+    ``I`` the inputs' gradient and ``W`` the weights' (zero-bubble schedules); empty
+    where the backend does not record it.
     """
 
     stage: int
@@ -103,6 +140,13 @@ class StageFigures:
     checks: tuple[ParamCheck, ...] = ()
     loss_checks: tuple[LossCheck, ...] = ()
     device: str = ""
+    held: tuple[int, ...] = ()
+    actions: tuple[tuple[str, int, int], ...] = ()
+
+    @property
+    def stages_held(self) -> tuple[int, ...]:
+        """The stages these figures cover: ``held``, or ``stage`` alone."""
+        return self.held or (self.stage,)
 
     @property
     def median_step(self) -> int:
@@ -147,6 +191,14 @@ class RunResult:
     own_threads: bool = True
     # With --verify: why the unsplit forward is random (dropout), when it is; else None.
     randomness: str | None = None
+    # The ranks whose executed actions differ from the order syncpass plans with
+    # (syncpass.backends.torch.schedules.schedule_order), each with a short reason.
+    order_notes: tuple[str, ...] = ()
+
+    @property
+    def stage_count(self) -> int:
+        """How many pipeline stages ran (over all ranks)."""
+        return sum(len(figures.stages_held) for figures in self.stages)
 
     @property
     def checks(self) -> tuple[ParamCheck, ...]:

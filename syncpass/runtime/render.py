@@ -1,4 +1,5 @@
-"""The ``syncpass run`` report: a per-stage table, the verification summary, and its JSON form."""
+"""The ``syncpass run`` report: a per-stage table (per rank, with the stages it holds, where a
+rank holds several), the verification summary, and its JSON form."""
 
 from __future__ import annotations
 
@@ -77,24 +78,43 @@ def render_verification(result: RunResult) -> list[str]:
     return lines
 
 
+def _held(result: RunResult) -> bool:
+    """Whether a rank held several stages: then the rows are ranks."""
+    return any(len(figures.stages_held) > 1 for figures in result.stages)
+
+
+def _stages_text(result: RunResult) -> str:
+    count = result.stage_count
+    if not _held(result):
+        return f"{count} stage(s)"
+    ranks = len(result.stages)
+    return f"{count} stage(s) on {ranks} rank(s), {result.request.stages_per_device} per rank"
+
+
 def render_run(result: RunResult) -> str:
-    """The text report: the run's settings, one row per stage, the verification summary."""
+    """The text report: the run's settings, one row per stage (per rank, with the stages it
+    holds, where ranks hold several), the verification summary."""
     request = result.request
     header = (
-        f"syncpass run: {request.file}, example {request.example}, {len(result.stages)} stage(s), "
+        f"syncpass run: {request.file}, example {request.example}, {_stages_text(result)}, "
         f"{request.schedule}, {result.microbatches} micro-batch(es) of "
         f"{result.batch // result.microbatches}, {request.steps} step(s) after 1 warm-up, "
         f"{result.backend} on {result.device}, {_threads_text(result)}"
     )
     # One process holding several stages names each stage's device beside its rank.
     devices = any(stage.device for stage in result.stages)
+    held = _held(result)
     head = ["stage", "rank", "device", "params", "step", "compute", "comm wait", "wait/step"]
+    if held:
+        head[:2] = ["rank", "stages"]
     rows = [head if devices else [name for name in head if name != "device"]]
     for stage in result.stages:
+        first = [str(stage.stage), str(stage.rank)]
+        if held:
+            first = [str(stage.rank), ", ".join(map(str, stage.stages_held))]
         rows.append(
             [
-                str(stage.stage),
-                str(stage.rank),
+                *first,
                 *([stage.device or "-"] if devices else []),
                 f"{stage.parameters:,}",
                 seconds(stage.step_s),
@@ -106,11 +126,22 @@ def render_run(result: RunResult) -> str:
     slowest = max(result.stages, key=lambda stage: stage.compute_s)
     shift = 1 if devices else 0
     lines = [header, "", *_table(rows, frozenset(col + shift for col in (2, 3, 4, 5, 6)))]
-    lines += [
-        "figures of each stage's median step; comm wait: the part of the step not spent in the",
-        "stage's own forward, backward, loss or update (waiting for neighbours, bubbles);",
-        f"most compute: stage {slowest.stage} ({seconds(slowest.compute_s)})",
-    ]
+    if held:
+        lines += [
+            "figures of each rank's median step, its stages together; comm wait: the part of the",
+            "step not spent in its stages' own forward, backward, loss or update (waiting for",
+            "neighbours, bubbles);",
+            f"most compute: rank {slowest.rank}, stages "
+            f"{', '.join(map(str, slowest.stages_held))} ({seconds(slowest.compute_s)})",
+        ]
+    else:
+        lines += [
+            "figures of each stage's median step; comm wait: the part of the step not spent in the",
+            "stage's own forward, backward, loss or update (waiting for neighbours, bubbles);",
+            f"most compute: stage {slowest.stage} ({seconds(slowest.compute_s)})",
+        ]
+    for note in result.order_notes:
+        lines.append(f"note: not the order syncpass plans with: {note}")
     verification = render_verification(result)
     if verification:
         lines += ["", *verification]
@@ -135,7 +166,9 @@ def report_document(result: RunResult) -> dict[str, Any]:
         "version": REPORT_VERSION,
         "file": request.file,
         "example": request.example,
-        "stages": len(result.stages),
+        "stages": result.stage_count,
+        "ranks": len(result.stages),
+        "stages_per_device": request.stages_per_device,
         "schedule": request.schedule,
         "batch": result.batch,
         "microbatches": result.microbatches,
@@ -147,6 +180,7 @@ def report_document(result: RunResult) -> dict[str, Any]:
             {
                 "stage": stage.stage,
                 "rank": stage.rank,
+                "stages": list(stage.stages_held),
                 "device": stage.device or None,
                 "parameters": stage.parameters,
                 "parameter_tensors": stage.parameter_tensors,
@@ -155,9 +189,11 @@ def report_document(result: RunResult) -> dict[str, Any]:
                 "comm_wait_s": stage.comm_wait_s,
                 "step_times_s": list(stage.step_times_s),
                 "compute_times_s": list(stage.compute_times_s),
+                "actions": [list(action) for action in stage.actions],
             }
             for stage in result.stages
         ],
+        "order_notes": list(result.order_notes),
         "verify": None,
     }
     if request.verify:

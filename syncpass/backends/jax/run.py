@@ -59,6 +59,11 @@ def refusals(request: RunRequest) -> list[str]:
             f"--schedule {request.schedule}: the JAX run has the gpipe schedule only; drop "
             f"--schedule {request.schedule}"
         )
+    if request.stages_per_device != 1:
+        found.append(
+            f"--stages-per-device {request.stages_per_device}: the JAX run puts one stage on "
+            "each device; drop --stages-per-device"
+        )
     if request.device == "cuda":
         found.append(
             "--device cuda: the JAX run puts its stages on N host (CPU) devices made with "

@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     from syncpass.transformers.common import SyncSite
 
 
+#: What the torch run steps, its default first: torch.distributed.pipelining's schedules.
+RUN_SCHEDULES = ("1f1b", "gpipe", *MULTI_STAGE_SCHEDULES)
+
+
 def _analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> ModelSource:
     from syncpass.backends.torch.analysis import analyse
 
@@ -181,7 +185,7 @@ BACKEND = Backend(
     run=_run,
     lint=_lint,
     predict=_predict,
-    schedules=("1f1b", "gpipe", *MULTI_STAGE_SCHEDULES),
+    schedules=RUN_SCHEDULES,
     schedule_order=_schedule_order,
     load_example=_load_example,
     confirm=_confirm,
@@ -206,7 +210,7 @@ STAGES_BACKEND = Backend(
     run=_run,
     lint=_lint,
     predict=_predict_stages,
-    schedules=("1f1b", "gpipe", *MULTI_STAGE_SCHEDULES),
+    schedules=RUN_SCHEDULES,
     schedule_order=_schedule_order,
     load_example=_load_example,
     carries_values=True,

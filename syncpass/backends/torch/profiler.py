@@ -9,9 +9,11 @@
 
 Inside the block, each rank records the spans its pipeline stage
 (``torch.distributed.pipelining.PipelineStage``, or anything with
-``forward_one_chunk``/``backward_one_chunk``) spends computing forward and
-backward micro-batches, and the spans it is blocked waiting for transfers
-(the schedule's waits on its sends and receives). From them:
+``forward_one_chunk``/``backward_one_chunk``; a list of them where a rank holds
+several stages) spends computing forward and backward micro-batches (a
+zero-bubble schedule's ``backward_weight_one_chunk`` counts as backward), and
+the spans it is blocked waiting for transfers (the schedule's waits on its
+sends and receives). From them:
 
 * ``compute_s``: time in the stage's own forward and backward;
 * ``sync_time_s``: time blocked on transfers;
@@ -96,14 +98,14 @@ class ProfileReport:
 class Profile:
     """Context manager that profiles a pipeline stage's run; see the module docstring.
 
-    ``output`` is the path without suffix of the report (``.json``) and the
-    picture (``.png``); ``None`` writes nothing (the figures stay in
-    :attr:`report`).
+    ``stage`` is the rank's pipeline stage, or a list or tuple of them. ``output`` is
+    the path without suffix of the report (``.json``) and the picture (``.png``);
+    ``None`` writes nothing (the figures stay in :attr:`report`).
     """
 
     def __init__(self, name: str, stage: Any, output: str | Path | None = None) -> None:
         self.name = name
-        self.stage = stage
+        self.stages = list(stage) if isinstance(stage, list | tuple) else [stage]
         self.output = None if output is None else Path(output)
         self.report: ProfileReport | None = None
         self._spans: list[Span] = []
@@ -118,8 +120,11 @@ class Profile:
         self._spans = []
         self._calls = {"forward": 0, "backward": 0}
         try:
-            for kind in ("forward", "backward"):
-                self._wrap_method(f"{kind}_one_chunk", kind)
+            for stage in self.stages:
+                for kind in ("forward", "backward"):
+                    self._wrap_method(stage, f"{kind}_one_chunk", kind)
+                if hasattr(stage, "backward_weight_one_chunk"):
+                    self._wrap_method(stage, "backward_weight_one_chunk", "backward")
             self._wrap_waits()
         except BaseException:
             for restore in reversed(self._restore):
@@ -164,8 +169,7 @@ class Profile:
 
         return timed
 
-    def _wrap_method(self, name: str, kind: str) -> None:
-        stage = self.stage
+    def _wrap_method(self, stage: Any, name: str, kind: str) -> None:
         original = getattr(stage, name, None)
         if original is None:
             raise TypeError(f"{type(stage).__name__} has no {name}(); profile a pipeline stage")

@@ -1,10 +1,12 @@
 """Starting, watching and stopping the stage processes of ``syncpass run``.
 
-One process per stage, rendezvous on a free localhost port. Processes come
+One process per rank (each holds ``request.stages_per_device`` stages),
+rendezvous on a free localhost port. Processes come
 from a fork server that has imported torch and the worker module once
 (seconds of imports that every stage would otherwise repeat); where there is
-no fork server (Windows) they are spawned. This module itself never imports
-torch.
+no fork server (Windows) they are spawned. This module imports torch only
+to check a given micro-batch count against a schedule with several stages per
+rank (:func:`check_microbatches`).
 
 Nothing may hang: each stage reports success or its failure on a queue; the
 first failure (or a process that dies without a word, or the deadline) stops
@@ -22,6 +24,7 @@ from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
+from syncpass.contracts.config import MULTI_STAGE_SCHEDULES
 from syncpass.core.errors import SyncpassError
 from syncpass.runtime.contracts import RunRequest, RunResult, WorkerDone, WorkerFailed
 from syncpass.runtime.processes import process_context, stop_processes
@@ -58,12 +61,29 @@ def _worker_entry(request: RunRequest, rank: int, messages: Any) -> None:
     run_worker(request, rank, messages)
 
 
+def check_microbatches(request: RunRequest) -> None:
+    """Refuse, before any process starts, a ``--microbatches`` count that torch's schedule
+    with several stages per rank refuses (with torch's reason); a default count is chosen
+    among those it takes (:func:`syncpass.backends.torch.worker.choose_microbatches`)."""
+    if request.microbatches is None or request.schedule not in MULTI_STAGE_SCHEDULES:
+        return
+    from syncpass.backends.torch.schedules import schedule_order
+
+    try:
+        schedule_order(
+            request.schedule, request.stages, request.stages_per_device, request.microbatches
+        )
+    except SyncpassError as error:
+        raise SyncpassError(f"--microbatches {request.microbatches}: {error.message}") from None
+
+
 def launch(request: RunRequest) -> RunResult:
     """Run ``request`` on ``request.stages`` local processes and return rank 0's result.
 
     Raises SyncpassError when a stage fails (bad input, a crash, a process that
     died) or when ``request.timeout_s`` passes; every process is stopped first.
     """
+    check_microbatches(request)
     if request.port == 0:
         request = replace(request, port=free_port())
     ready = request

@@ -268,8 +268,7 @@ def check_stage(
 
 def sum_replicated(
     groups: Iterable[Mapping[str, str]],
-    own_submodule: str,
-    stage_module: nn.Module,
+    own: Mapping[str, nn.Module],
     aliases: Mapping[str, str],
     reference: Reference,
     device: torch.device,
@@ -278,10 +277,15 @@ def sum_replicated(
 
     ``groups`` is ``Pipe.replicated_params`` (stage submodule name -> the
     parameter's name there), the same on every rank, so every rank joins the
-    same collectives in the same order. Returns original name -> summed
-    gradient for the copies this rank holds.
+    same collectives in the same order. ``own`` maps the names of the stages this
+    rank holds (one, or several under a schedule with several stages per rank) to
+    their modules; the copies they hold are added up before the all-reduce. Returns
+    original name -> summed gradient for the copies this rank holds.
     """
-    local = dict(stage_module.named_parameters(remove_duplicate=False))
+    local = {
+        submodule: dict(stage_module.named_parameters(remove_duplicate=False))
+        for submodule, stage_module in own.items()
+    }
     ordered = sorted(groups, key=lambda group: sorted(group.values()))
     summed: dict[str, torch.Tensor] = {}
     for group in ordered:
@@ -290,15 +294,16 @@ def sum_replicated(
         if original not in reference.shapes:
             continue  # not a model parameter: check_stage reports it; every rank skips it alike
         shape, dtype = reference.shapes[original]
-        held = group.get(own_submodule)
-        gradient = local[held].grad if held is not None and held in local else None
-        buffer = (
-            gradient.detach().clone()
-            if gradient is not None
-            else torch.zeros(shape, dtype=dtype, device=device)
-        )
+        buffer = torch.zeros(shape, dtype=dtype, device=device)
+        held = False
+        for submodule, name in group.items():
+            parameter = local.get(submodule, {}).get(name)
+            if submodule in local:
+                held = True
+            if parameter is not None and parameter.grad is not None:
+                buffer += parameter.grad.detach()
         dist.all_reduce(buffer)
-        if held is not None:
+        if held:
             summed[original] = buffer
     return summed
 

@@ -1,12 +1,14 @@
-"""One stage's process of ``syncpass run``: trace, build the stage, train, measure, check.
+"""One rank's process of ``syncpass run``: build its stages, train, measure, check.
 
 Each process does what a ``torchrun`` training script would: it builds the
-example (seeded, so every rank has the same weights and batch), traces the
-model with ``torch.distributed.pipelining.pipeline`` at the shape of one
-micro-batch (the tracer cuts at the ``pipe_split()`` calls), builds its own
-stage with ``Pipe.build_stage`` and runs ``ScheduleGPipe`` or ``Schedule1F1B``
-on the example batch. The outcome, or the failure, goes to the parent through
-a queue; nothing here raises out of :func:`run_worker`.
+example (seeded, so every rank has the same weights and batch), builds the
+file's eager stage modules (``<Model>Stage<k>.of(model)``) or traces the model
+with ``torch.distributed.pipelining.pipeline`` at the shape of one micro-batch
+(the tracer cuts at the ``pipe_split()`` calls), builds the stages this rank
+holds (one, or ``--stages-per-device`` of them, placed as the schedule places
+them) and steps torch's schedule class (:data:`SCHEDULE_CLASSES`) on the
+example batch. The outcome, or the failure, goes to the parent through a
+queue; nothing here raises out of :func:`run_worker`.
 """
 
 from __future__ import annotations
@@ -30,21 +32,18 @@ from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import (
-    Pipe,
-    PipelineStage,
-    Schedule1F1B,
-    ScheduleGPipe,
-    pipeline,
-)
+from torch.distributed.pipelining import Pipe, PipelineStage, pipeline
 from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from syncpass.backends.torch import verify
 from syncpass.backends.torch.example import Example, load_example
 from syncpass.backends.torch.rendezvous import join_local_group
+from syncpass.backends.torch.schedules import SCHEDULE_CLASSES, schedule_order
 from syncpass.backends.torch.traceable import values_past_the_next_stage
+from syncpass.contracts.config import SINGLE_STAGE_SCHEDULES
 from syncpass.core.errors import SyncpassError
+from syncpass.plan.schedule import Action
 from syncpass.runtime.contracts import (
     LossCheck,
     ParamCheck,
@@ -78,7 +77,8 @@ class MessageQueue(Protocol):
 
 
 def run_worker(request: RunRequest, rank: int, queue: MessageQueue) -> None:
-    """Run stage ``rank`` of ``request`` and put a WorkerDone or WorkerFailed on ``queue``."""
+    """Run rank ``rank``'s stages of ``request`` and put a WorkerDone or WorkerFailed on
+    ``queue``."""
     message: WorkerDone | WorkerFailed
     try:
         message = WorkerDone(rank, _run(request, rank))
@@ -169,8 +169,58 @@ class ComputeClock:
 
 
 @dataclass
+class ActionLog:
+    """The compute actions a rank's schedule runs, in order, while ``on``: ``(kind, stage,
+    microbatch)`` as :class:`syncpass.plan.schedule.Action` names them."""
+
+    on: bool = False
+    actions: list[tuple[str, int, int]] = field(default_factory=list)
+
+    def record(self, kind: str, stage: int, microbatch: int) -> None:
+        if self.on:
+            self.actions.append((kind, stage, microbatch))
+
+
+def watch(stage: _PipelineStageBase, clock: ComputeClock, log: ActionLog) -> None:
+    """Time and log the compute the schedule runs on ``stage``.
+
+    torch 2.13's schedules compute through three methods of the stage: a forward
+    (``F``) is ``forward_one_chunk``; a full backward (``B``) is ``backward_one_chunk``
+    with ``full_backward=True``; the zero-bubble schedules split it into the inputs'
+    gradient (``I``: ``backward_one_chunk`` with ``full_backward=False``) and the
+    weights' (``W``: ``backward_weight_one_chunk``). Instance attributes shadow the
+    methods the schedule calls.
+    """
+    index = stage.stage_index
+    methods = (
+        ("forward_one_chunk", lambda _: "F"),
+        ("backward_one_chunk", lambda arguments: "B" if arguments["full_backward"] else "I"),
+        ("backward_weight_one_chunk", lambda _: "W"),
+    )
+    for name, kind_of in methods:
+        method = getattr(stage, name)
+        signature = inspect.signature(method)
+
+        def watched(
+            *args: Any,
+            _method: Callable[..., Any] = method,
+            _signature: inspect.Signature = signature,
+            _kind_of: Callable[[dict[str, Any]], str] = kind_of,
+            **kwargs: Any,
+        ) -> Any:
+            bound = _signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            chunk = next(iter(bound.arguments.values()))  # the micro-batch, first in each
+            log.record(_kind_of(bound.arguments), index, int(chunk))
+            with clock.measure():
+                return _method(*args, **kwargs)
+
+        setattr(stage, name, watched)
+
+
+@dataclass
 class StageRun:
-    """One rank's stage, ready to step: what :func:`_prepare` builds."""
+    """One rank's stages, ready to step: what :func:`_prepare` builds."""
 
     request: RunRequest
     rank: int
@@ -179,21 +229,44 @@ class StageRun:
     example: Example
     batch: Batch
     pipe: Pipe | None  # None for eager stages
-    stage_modules: tuple[torch.nn.Module, ...]  # every rank's eager stage, sharing the weights
-    stage: Any
-    schedule: ScheduleGPipe | Schedule1F1B
+    stage_modules: tuple[torch.nn.Module, ...]  # every eager stage, sharing the weights
+    stages: tuple[Any, ...]  # this rank's PipelineStages, in stage order
+    schedule: Any  # torch's schedule class of request.schedule
     optimizer: torch.optim.Optimizer | None
     clock: ComputeClock
+    log: ActionLog
     aliases: dict[str, str]
     identity: dict[int, str]
     reference: verify.Reference | None
     randomness: str | None = None  # rank 0, with --verify: why the forward is random
 
+    @property
+    def is_first(self) -> bool:
+        """Whether this rank holds the first stage (it feeds the batch in)."""
+        return any(stage.is_first for stage in self.stages)
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this rank holds the last stage (it computes the loss): the last rank, or
+        rank 0 under a V-shaped placement."""
+        return any(stage.is_last for stage in self.stages)
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        """The parameters of every stage this rank holds, each once."""
+        seen: dict[int, torch.nn.Parameter] = {}
+        for stage in self.stages:
+            for parameter in stage.submod.parameters():
+                seen.setdefault(id(parameter), parameter)
+        return list(seen.values())
+
 
 def _run(request: RunRequest, rank: int) -> RunResult | None:
     run = _prepare(request, rank)
-    # Warm-up step: sets up the stage's communication; its gradients are the ones checked.
+    # Warm-up step: sets up the stages' communication; its gradients are the ones checked,
+    # and its actions the ones reported.
+    run.log.on = True
     losses = _step(run, timed=False)
+    run.log.on = False
     checks: tuple[ParamCheck, ...] = ()
     loss_checks: tuple[LossCheck, ...] = ()
     if run.reference is not None:
@@ -203,26 +276,34 @@ def _run(request: RunRequest, rank: int) -> RunResult | None:
     if request.timeline is not None:
         from syncpass.backends.torch.profiler import Profile
 
-        with Profile("syncpass run", run.stage, output=request.timeline):
+        with Profile("syncpass run", run.stages, output=request.timeline):
             step_times, compute_times = _timed_steps(run)
     else:
         step_times, compute_times = _timed_steps(run)
+    parameters = run.parameters()
+    held = tuple(stage.stage_index for stage in run.stages)
     figures = StageFigures(
-        stage=rank,
+        stage=held[0],
         rank=rank,
-        parameters=sum(p.numel() for p in run.stage.submod.parameters()),
-        parameter_tensors=len(list(run.stage.submod.parameters())),
+        parameters=sum(p.numel() for p in parameters),
+        parameter_tensors=len(parameters),
         step_times_s=step_times,
         compute_times_s=compute_times,
         checks=checks,
         loss_checks=loss_checks,
+        held=held if request.stages_per_device > 1 else (),
+        actions=tuple(run.log.actions),
     )
     return _gather(run, figures)
 
 
 def _prepare(request: RunRequest, rank: int) -> StageRun:
-    """Load the example, trace it, join the process group and build this rank's stage."""
+    """Load the example, trace it, join the process group and build this rank's stages."""
     _quiet_torch_warnings()
+    try:
+        held = request.stages_of(rank)
+    except ValueError as error:
+        raise SyncpassError(f"--schedule {request.schedule}: {error}") from None
     torch.set_num_threads(request.threads)
     device, backend = _device(request, rank)
     # As torchrun sets them: an example may read its rank.
@@ -246,35 +327,37 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
     join_local_group(
         backend, request.port, rank, request.stages, timedelta(seconds=request.timeout_s), device
     )
-    stage: _PipelineStageBase
+    total = request.total_stages
     loss_fn = example.loss_fn
-    if pipe is not None:
-        stage = pipe.build_stage(rank, device)
-        _contiguous_transfers(stage)
-    else:
-        inputs, outputs = stage_examples(stage_modules, rank, batch.arg_chunks[0])
-        stage = PipelineStage(
-            stage_modules[rank],
-            rank,
-            request.stages,
-            device,
-            input_args=inputs,
-            output_args=outputs,
-        )
-        if rank == request.stages - 1:
-            loss_fn = StructuredOutput().wrap(stage_modules[rank], loss_fn)
-    clock = ComputeClock(device)
-    # Instance attributes shadow the methods the schedule calls on the stage.
-    stage.forward_one_chunk = clock.wrap(stage.forward_one_chunk)  # type: ignore[method-assign]
-    stage.backward_one_chunk = clock.wrap(stage.backward_one_chunk)  # type: ignore[method-assign]
-    schedule_type = ScheduleGPipe if request.schedule == "gpipe" else Schedule1F1B
-    schedule = schedule_type(
-        stage,
+    clock, log = ComputeClock(device), ActionLog()
+    stages: list[_PipelineStageBase] = []
+    for index in held:
+        stage: _PipelineStageBase
+        if pipe is not None:
+            stage = pipe.build_stage(index, device)
+            _contiguous_transfers(stage)
+            _no_warmup_to_self(stage)
+        else:
+            inputs, outputs = stage_examples(stage_modules, index, batch.arg_chunks[0])
+            stage = PipelineStage(
+                stage_modules[index],
+                index,
+                total,
+                device,
+                input_args=inputs,
+                output_args=outputs,
+            )
+            if index == total - 1:
+                loss_fn = StructuredOutput().wrap(stage_modules[index], loss_fn)
+        watch(stage, clock, log)
+        stages.append(stage)
+    schedule_class = SCHEDULE_CLASSES[request.schedule]
+    schedule = schedule_class(
+        stages[0] if request.schedule in SINGLE_STAGE_SCHEDULES else stages,
         n_microbatches=len(batch.arg_chunks),
         loss_fn=clock.wrap(loss_fn),
         scale_grads=True,
     )
-    parameters = list(stage.submod.parameters())
     reference, randomness = None, None
     if reference_model is not None:
         reference = verify.run_reference(
@@ -286,7 +369,7 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
         )
         if rank == 0:  # after the reference: its extra forwards change no gradient
             randomness = verify.randomness(reference_model, batch.arg_chunks[0])
-    return StageRun(
+    run = StageRun(
         request=request,
         rank=rank,
         device=device,
@@ -295,15 +378,20 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
         batch=batch,
         pipe=pipe,
         stage_modules=stage_modules,
-        stage=stage,
+        stages=tuple(stages),
         schedule=schedule,
-        optimizer=torch.optim.SGD(parameters, lr=SGD_LR) if parameters else None,
+        optimizer=None,
         clock=clock,
+        log=log,
         aliases=aliases,
         identity=identity,
         reference=reference,
         randomness=randomness,
     )
+    parameters = run.parameters()
+    if parameters:
+        run.optimizer = torch.optim.SGD(parameters, lr=SGD_LR)
+    return run
 
 
 def _timed_steps(run: StageRun) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -322,7 +410,10 @@ def _timed_steps(run: StageRun) -> tuple[tuple[float, ...], tuple[float, ...]]:
 
 
 def _gather(run: StageRun, figures: StageFigures) -> RunResult | None:
-    """Collect every stage's figures on rank 0; rank 0 returns the whole result, others None."""
+    """Collect every rank's figures on rank 0; rank 0 returns the whole result, others None.
+
+    Rank 0 also holds every rank's executed actions against the order syncpass plans
+    with (:func:`schedule_order`) and notes where they differ."""
     request = run.request
     gathered: list[StageFigures] | None = [figures] * request.stages if run.rank == 0 else None
     dist.gather_object(figures, gathered, dst=0)
@@ -342,7 +433,41 @@ def _gather(run: StageRun, figures: StageFigures) -> RunResult | None:
         model_parameters=len(set(run.aliases.values())),
         unplaced=unplaced,
         randomness=run.randomness,
+        order_notes=order_notes(request, len(run.batch.arg_chunks), gathered),
     )
+
+
+def order_notes(
+    request: RunRequest, microbatches: int, figures: Sequence[StageFigures]
+) -> tuple[str, ...]:
+    """Where a rank's executed actions differ from the order :func:`schedule_order` gives
+    (what the planner simulates): one line per such rank, naming the first difference."""
+    order = schedule_order(
+        request.schedule, request.stages, request.stages_per_device, microbatches
+    )
+    notes = []
+    for rank_figures in figures:
+        ran = [Action(*action) for action in rank_figures.actions]
+        planned = list(order.actions[rank_figures.rank])
+        if ran == planned:
+            continue
+        at = next(
+            (i for i, (a, b) in enumerate(zip(ran, planned, strict=False)) if a != b),
+            min(len(ran), len(planned)),
+        )
+        shown = {
+            "ran": _action_text(ran[at]) if at < len(ran) else "nothing",
+            "planned": _action_text(planned[at]) if at < len(planned) else "nothing",
+        }
+        notes.append(
+            f"rank {rank_figures.rank} ran {len(ran)} action(s), {len(planned)} planned; "
+            f"action {at} is {shown['ran']}, planned {shown['planned']}"
+        )
+    return tuple(notes)
+
+
+def _action_text(action: Action) -> str:
+    return f"{action.kind}{action.microbatch} of stage {action.stage}"
 
 
 def _quiet_torch_warnings() -> None:
@@ -409,7 +534,7 @@ def _split_batch(example: Example, request: RunRequest, device: torch.device) ->
                 f"size {size}",
                 example.origin,
             )
-    microbatches = request.microbatches or default_microbatches(size, request.stages)
+    microbatches = request.microbatches or choose_microbatches(size, request)
     if size % microbatches:
         raise SyncpassError(
             f"a batch of {size} does not split into {microbatches} equal micro-batches (the "
@@ -422,6 +547,13 @@ def _split_batch(example: Example, request: RunRequest, device: torch.device) ->
             f"--schedule 1f1b needs at least one micro-batch per stage: {microbatches} "
             f"micro-batch(es) for {request.stages} stages (use gpipe, or a larger batch)"
         )
+    try:
+        schedule_order(request.schedule, request.stages, request.stages_per_device, microbatches)
+    except SyncpassError as error:
+        raise SyncpassError(
+            f"{microbatches} micro-batch(es) of a batch of {size}: {error.message}",
+            example.origin,
+        ) from None
     arg_chunks, _ = split_args_kwargs_into_chunks(args, None, microbatches)
     (target_chunks, _) = split_args_kwargs_into_chunks((target,), None, microbatches)
     return Batch(
@@ -433,9 +565,41 @@ def _split_batch(example: Example, request: RunRequest, device: torch.device) ->
     )
 
 
+def choose_microbatches(size: int, request: RunRequest) -> int:
+    """The default micro-batch count: the largest divisor of the batch ``size`` that is at
+    most four per rank and that torch's schedule takes (one with several stages per rank
+    may want a multiple of the ranks, or at least two per rank); the plain default when
+    none is taken (the caller then says why)."""
+    plain = default_microbatches(size, request.stages)
+    if request.schedule in SINGLE_STAGE_SCHEDULES:
+        return plain
+    for count in sorted((d for d in range(1, size + 1) if size % d == 0), reverse=True):
+        if count > 4 * request.stages:
+            continue
+        try:
+            schedule_order(request.schedule, request.stages, request.stages_per_device, count)
+        except SyncpassError:
+            continue
+        return count
+    return plain
+
+
+def stage_count_text(request: RunRequest) -> str:
+    """The flags that set the stage count: ``--stages``, or ``--stages 2 x
+    --stages-per-device 2``."""
+    if request.stages_per_device == 1:
+        return "--stages"
+    return f"--stages {request.stages} x --stages-per-device {request.stages_per_device}"
+
+
 def eager_stages(model: torch.nn.Module, request: RunRequest) -> tuple[torch.nn.Module, ...]:
     """Every stage of ``model`` as the eager stage classes of its file build it (``Stage<k>.of``),
-    or ``()`` when the file has none (then the model is traced at its ``pipe_split()`` calls)."""
+    or ``()`` when the file has none (then the model is traced at its ``pipe_split()`` calls).
+
+    Stages that one rank holds together get parameter objects of their own (a tied
+    embedding and head under a V-shaped placement): each stage scales and checks its
+    own gradient, as stages on different ranks do.
+    """
     name = type(model).__name__
     module = sys.modules.get(type(model).__module__)
     classes: list[Any] = []
@@ -443,22 +607,76 @@ def eager_stages(model: torch.nn.Module, request: RunRequest) -> tuple[torch.nn.
         classes.append(getattr(module, f"{name}Stage{len(classes)}"))
     if not classes:
         return ()
-    if len(classes) != request.stages:
+    if len(classes) != request.total_stages:
         raise SyncpassError(
             f"the file has {len(classes)} stage classes ({name}Stage0 .. {name}Stage"
-            f"{len(classes) - 1}); --stages asks for {request.stages}",
-            request.file,
+            f"{len(classes) - 1}); {stage_count_text(request)} asks for {request.total_stages}"
+            + _rewrite_hint(len(classes), request),
+            _class_line(classes[-1]) or request.file,
         )
-    stages = tuple(stage_class.of(model) for stage_class in classes)
+    stages = own_parameters([stage_class.of(model) for stage_class in classes], request.placement)
     for index, stage_module in enumerate(stages[:-1]):
         _check_sends(stage_module, index)
     return stages
 
 
+def _rewrite_hint(found: int, request: RunRequest) -> str:
+    """How to make the counts agree: other flags, or a file rewritten with the stages asked."""
+    per_device = request.stages_per_device
+    hints = []
+    if found % per_device == 0:
+        hints.append(f"run it with --stages {found // per_device}")
+    hints.append(f"rewrite the model with --stages {request.total_stages}")
+    return f" ({', or '.join(hints)})"
+
+
+def _class_line(stage_class: type[Any]) -> str:
+    """``file:line`` of a class statement, or ``""``."""
+    try:
+        _, line = inspect.getsourcelines(stage_class)
+    except (OSError, TypeError):
+        return ""
+    file = inspect.getsourcefile(stage_class)
+    return f"{file}:{line}" if file else ""
+
+
+def own_parameters(
+    stage_modules: Sequence[torch.nn.Module], placement: Sequence[int]
+) -> tuple[torch.nn.Module, ...]:
+    """``stage_modules`` where no two stages on one rank (``placement[k]`` is stage k's)
+    share a parameter or buffer object: a later one gets a copy of what an earlier one
+    on its rank holds (its own submodules, then, around the same other tensors).
+
+    torch's stages each divide their parameters' gradients by the micro-batch count
+    once the step is done; a parameter two local stages shared would be divided twice.
+    """
+    stages = list(stage_modules)
+    for index, stage_module in enumerate(stages):
+        earlier = {
+            id(tensor)
+            for other in range(index)
+            if placement[other] == placement[index]
+            for tensor in _tensors_of(stages[other])
+        }
+        shared = [tensor for tensor in _tensors_of(stage_module) if id(tensor) in earlier]
+        if not shared:
+            continue
+        # deepcopy copies the modules; the memo keeps every tensor but the shared ones.
+        keep = {id(tensor): tensor for tensor in _tensors_of(stage_module)}
+        for tensor in shared:
+            del keep[id(tensor)]
+        stages[index] = copy.deepcopy(stage_module, memo=dict(keep))
+    return tuple(stages)
+
+
+def _tensors_of(module: torch.nn.Module) -> list[torch.Tensor]:
+    return [*module.parameters(), *module.buffers()]
+
+
 def stage_examples(
-    stages: Sequence[torch.nn.Module], rank: int, chunk: tuple[Any, ...]
+    stages: Sequence[torch.nn.Module], index: int, chunk: tuple[Any, ...]
 ) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
-    """What stage ``rank`` receives and returns for the micro-batch ``chunk``: the stages
+    """What stage ``index`` receives and returns for the micro-batch ``chunk``: the stages
     before it run on it first (every rank holds the whole model).
 
     Handed to ``PipelineStage`` as ``input_args`` / ``output_args``, these spare torch its
@@ -471,9 +689,9 @@ def stage_examples(
         values: tuple[Any, ...] = chunk
         received: tuple[Any, ...] = chunk
         returned: Any = ()
-        for index in range(rank + 1):
+        for before in range(index + 1):
             received = values
-            returned = stages[index](*values)
+            returned = stages[before](*values)
             flat = returned if isinstance(returned, tuple) else (returned,)
             values = tuple(
                 value.detach().requires_grad_(value.requires_grad)
@@ -481,7 +699,7 @@ def stage_examples(
                 else value
                 for value in flat
             )
-    if rank == len(stages) - 1:
+    if index == len(stages) - 1:
         outputs = tuple(_tensors_in(returned)) or (torch.zeros(()),)
     else:
         outputs = tuple(value for value in values if isinstance(value, torch.Tensor))
@@ -587,6 +805,26 @@ def _contiguous_transfers(stage: _PipelineStageBase) -> None:
             setattr(stage, name, _with_contiguous_buffers(create))
 
 
+def _no_warmup_to_self(stage: _PipelineStageBase) -> None:
+    """Keep a traced stage from greeting a neighbour on its own rank.
+
+    Before the first step torch 2.13 sends a dummy tensor between neighbouring stages
+    (``_get_init_p2p_neighbors_ops``; the schedules use it for stages that are not
+    ``PipelineStage``, as traced ones are). Under a V-shaped placement (zbv, dualpipev)
+    the two middle stages sit on one rank, and gloo fails on the send to itself ("Pair
+    is not connected"); the schedule hands values between those two in memory anyway.
+    """
+    create = getattr(stage, "_get_init_p2p_neighbors_ops", None)
+    if create is None:
+        return
+    rank = dist.get_rank()
+
+    def to_others() -> list[dist.P2POp]:
+        return [op for op in create() if op.peer != rank]
+
+    stage._get_init_p2p_neighbors_ops = to_others  # type: ignore[method-assign]
+
+
 def _with_contiguous_buffers(create: Callable[..., Any]) -> Callable[..., Any]:
     def created(*args: Any, **kwargs: Any) -> Any:
         infos = create(*args, **kwargs)
@@ -645,11 +883,12 @@ def _trace(model: torch.nn.Module, batch: Batch, request: RunRequest) -> Pipe:
             location,
         ) from None
     sys.stderr.write(captured.getvalue())
-    if pipe.num_stages != request.stages:
+    if pipe.num_stages != request.total_stages:
         cuts = pipe.num_stages - 1
         message = (
             f"the traced forward has {cuts} pipe_split() sync point(s), which make "
-            f"{pipe.num_stages} stage(s); --stages asks for {request.stages}"
+            f"{pipe.num_stages} stage(s); {stage_count_text(request)} asks for "
+            f"{request.total_stages}, which {request.total_stages - 1} pipe_split() calls make"
         )
         source = inspect.getsourcefile(type(model))
         if source is not None and Path(source).resolve() != Path(request.file).resolve():
@@ -684,11 +923,11 @@ def _step(run: StageRun, timed: bool) -> list[torch.Tensor]:
     losses: list[torch.Tensor] = []
     if timed and run.optimizer is not None:
         run.optimizer.zero_grad(set_to_none=True)
-    inputs = run.batch.args if run.stage.is_first else ()
+    inputs = run.batch.args if run.is_first else ()
     if run.pipe is not None:
         # The traced graph has no input for a None argument (torch.export keeps it constant).
         inputs = tuple(value for value in inputs if value is not None)
-    if run.stage.is_last:
+    if run.is_last:
         run.schedule.step(*inputs, target=run.batch.target, losses=losses)
     else:
         run.schedule.step(*inputs)
@@ -701,24 +940,37 @@ def _step(run: StageRun, timed: bool) -> list[torch.Tensor]:
 def _check(
     run: StageRun, reference: verify.Reference, losses: list[torch.Tensor]
 ) -> tuple[tuple[ParamCheck, ...], tuple[LossCheck, ...]]:
-    """This stage's gradient checks and, on the last stage, the loss checks."""
-    request, stage_module = run.request, run.stage.submod
+    """The gradient checks of this rank's stages (each under its own stage index) and, on
+    the rank holding the last stage, the loss checks."""
+    request = run.request
+    modules = {stage.stage_index: stage.submod for stage in run.stages}
     if run.pipe is not None:
-        own = next(
-            name for name, child in run.pipe.split_gm.named_children() if child is stage_module
-        )
+        submodules = dict(run.pipe.split_gm.named_children())
+        own = {
+            name: child
+            for name, child in submodules.items()
+            if any(child is module for module in modules.values())
+        }
         groups = run.pipe.replicated_params
     else:
-        own, groups = f"stage{run.rank}", shared_parameters(run.stage_modules, run.aliases)
-    replicated = verify.sum_replicated(
-        groups, own, stage_module, run.aliases, reference, run.device
-    )
-    names = verify.stage_parameter_names(stage_module, run.identity, run.aliases)
-    checks = verify.check_stage(
-        run.rank, stage_module, names, replicated, reference, run.device, request.rtol, request.atol
-    )
+        own = {f"stage{index}": module for index, module in modules.items()}
+        groups = shared_parameters(run.stage_modules, run.aliases)
+    replicated = verify.sum_replicated(groups, own, run.aliases, reference, run.device)
+    checks: list[ParamCheck] = []
+    for index, stage_module in modules.items():
+        names = verify.stage_parameter_names(stage_module, run.identity, run.aliases)
+        checks += verify.check_stage(
+            index,
+            stage_module,
+            names,
+            replicated,
+            reference,
+            run.device,
+            request.rtol,
+            request.atol,
+        )
     loss_checks: tuple[LossCheck, ...] = ()
-    if run.stage.is_last:
+    if run.is_last:
         rtol, atol = verify.tolerances(torch.float32, run.device, request.rtol, request.atol)
         loss_checks = verify.check_losses(losses, reference, rtol, atol)
-    return checks, loss_checks
+    return tuple(checks), loss_checks
