@@ -257,11 +257,6 @@ def run_command(args: argparse.Namespace) -> int:
         from syncpass.contracts.costs import load_costs
 
         predict = backend.need("predict", "drop --costs (syncpass plan shows a plan's figures)")
-        if request.stages_per_device != 1:
-            raise SyncpassError(
-                "--costs predicts runs with one stage per rank; drop --costs, or "
-                "--stages-per-device"
-            )
         costs = load_costs(args.costs)
     crowded = _crowded(request.stages, request.threads, request.device)
     if crowded is not None:

@@ -33,13 +33,21 @@ def render_prediction(prediction: RunPrediction) -> str:
         f"predicted by the cost model ({plan.schedule}, {plan.microbatches} micro-batches) "
         "beside the measured run:",
     ]
-    for index, (stage, measured) in enumerate(
-        zip(plan.stages, prediction.measured_stage_steps_s, strict=False)
-    ):
-        lines.append(
-            f"  stage {index}: {stage.ops[0]} .. {stage.ops[-1]}: predicted busy "
-            f"{seconds(stage.time_s)} per step, measured step {seconds(measured)}"
-        )
+    measured_by_rank = prediction.measured_stage_steps_s
+    if plan.stages_per_device == 1:
+        for index, (stage, measured) in enumerate(zip(plan.stages, measured_by_rank, strict=False)):
+            lines.append(
+                f"  stage {index}: {stage.ops[0]} .. {stage.ops[-1]}: predicted busy "
+                f"{seconds(stage.time_s)} per step, measured step {seconds(measured)}"
+            )
+    else:
+        for rank, measured in enumerate(measured_by_rank):
+            held = [stage for stage in plan.stages if stage.device == rank]
+            lines.append(
+                f"  rank {rank} (stages {', '.join(str(stage.index) for stage in held)}): "
+                f"predicted busy {seconds(sum(stage.time_s for stage in held))} per step, "
+                f"measured step {seconds(measured)}"
+            )
     lines.append(
         f"  step: predicted {seconds(plan.predicted_step_s)}, measured "
         f"{seconds(prediction.measured_step_s)} (predicted/measured {prediction.ratio:.2f}); "
@@ -62,8 +70,11 @@ def prediction_to_json(prediction: RunPrediction) -> dict[str, Any]:
             {
                 "ops": [stage.ops[0], stage.ops[-1]],
                 "predicted_time_s": stage.time_s,
-                "measured_step_s": measured,
+                "device": stage.device,
+                "measured_step_s": measured,  # of its device
             }
-            for stage, measured in zip(plan.stages, prediction.measured_stage_steps_s, strict=False)
+            for stage in plan.stages
+            if stage.device < len(prediction.measured_stage_steps_s)
+            for measured in (prediction.measured_stage_steps_s[stage.device],)
         ],
     }

@@ -14,13 +14,14 @@ import dataclasses
 from collections.abc import Iterable
 
 from syncpass.backends.torch.analysis import analyse_model, loop_containers, sequential_calls
+from syncpass.backends.torch.orders import cached_order
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs
 from syncpass.contracts.graph import INPUT, OUTPUT, OpGraph
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.match import container_sizes, match_costs
 from syncpass.frontend.source import parse_source
-from syncpass.plan.planner import PlanRequest, make_plan
+from syncpass.plan.planner import PlanCache, PlanRequest, make_plan
 from syncpass.rewrite.source import KnownOps
 from syncpass.runtime.contracts import RunResult
 from syncpass.runtime.prediction import RunPrediction
@@ -68,14 +69,16 @@ def predict_cuts(
         cuts=tuple(dataclasses.replace(cut, pinned=cut.after in cut_after) for cut in costs.cuts),
         edges=tuple((as_measured[a], as_measured[b]) for a, b in graph.edges),
     )
+    per_device = result.request.stages_per_device
     request = PlanRequest(
-        stages=len(cut_after) + 1 if cut_after else 1,
+        stages=(len(cut_after) + 1) // per_device if cut_after else 1,
         config=SyncConfig(strategy="manual" if cut_after else "adaptive"),
         microbatches=result.microbatches,
         schedule=result.request.schedule,
         carries_values=carries_values,
+        stages_per_device=per_device,
     )
-    plan = make_plan(costs, request, path)
+    plan = make_plan(costs, request, path, PlanCache(costs, cached_order))
     steps = tuple(stage.step_s for stage in result.stages)
     slowest = max(range(len(steps)), key=steps.__getitem__)
     stage = result.stages[slowest]

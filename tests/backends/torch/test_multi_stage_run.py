@@ -245,3 +245,29 @@ def test_the_timeline_covers_every_stage_of_a_rank_and_the_weight_gradients(
     # Two stages a rank, four micro-batches: 8 forwards; each backward split into I and W.
     assert [(r["forward_calls"], r["backward_calls"]) for r in ranks] == [(8, 16), (8, 16)]
     assert timeline.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
+
+
+@pytest.mark.slow
+def test_a_user_profiles_plans_rewrites_and_runs_interleaved_with_its_prediction(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The whole flow a user follows: profile, rewrite for 2 ranks x 2 stages under
+    # interleaved 1F1B, run that with --verify and the prediction beside the measurement.
+    source = tmp_path / MODEL.name
+    shutil.copy(MODEL, source)
+    costs = tmp_path / "costs.json"
+    assert main(["profile", str(source), "-o", str(costs), "--repeats", "2"]) == 0
+    out = tmp_path / "lm_sync.py"
+    plan_flags = ["--stages", "2", "--schedule", "interleaved-1f1b", "--stages-per-device", "2"]
+    status = main(["rewrite", str(source), "--costs", str(costs), *plan_flags, "-o", str(out)])
+    captured = capsys.readouterr()
+    assert status == 0, captured.err
+    assert "4 stage(s)" in captured.err
+    assert out.read_text().count("# syncpass sync ") == 3
+    options = f"--stages 2 --stages-per-device 2 --schedule interleaved-1f1b {QUICK} --verify"
+    document = run_report(out, f"{options} --costs {costs}", capsys)
+    assert_verified(document)
+    assert "rank 0 (stages 0, 2): predicted busy" in document["text"]
+    prediction = document["prediction"]
+    assert prediction["predicted_step_s"] > 0
+    assert [stage["device"] for stage in prediction["stages"]] == [0, 1, 0, 1]
