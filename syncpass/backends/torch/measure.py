@@ -15,6 +15,11 @@ What each op gets:
   loss, which a pipeline's last stage computes.
 * ``backward_s``: see :class:`_Boundary`. The gradient of the loss and the
   backward of the ``return`` expression go to the last op.
+* ``backward_input_s``: the part of ``backward_s`` that computes the inputs'
+  gradients (torch's ``I``), timed in a backward asked for nothing else before
+  each step's whole backward (:meth:`_Session.step`); 0 for an op whose inputs
+  need no gradient, all of ``backward_s`` for one without weights, None (half)
+  where it cannot be timed (:meth:`_SplitFacts.measured`).
 * ``fixed_s`` and ``backward_fixed_s``: the part of each time that does not
   shrink with the batch (dispatch, kernel launches, Python), from a second
   set of timed runs on a smaller batch (:data:`SMALL_BATCH_DIVISOR`) taken in
@@ -1062,8 +1067,9 @@ def profile_costs(
 
     With ``counted_on`` (a model and inputs as fake tensors: no data) nothing is
     timed: one step counts each op's FLOPs and bytes, and its forward time is
-    its FLOPs at ``counted_on.flops_per_s``, its backward twice that; the cost
-    file's hardware is ``counted_on``.
+    its FLOPs at ``counted_on.flops_per_s``, its backward twice that (the inputs'
+    part as :meth:`_SplitFacts.counted` says); the cost file's hardware is
+    ``counted_on``.
 
     ``depth`` 2 plans calls of ``nn.Sequential`` submodules per child.
 
