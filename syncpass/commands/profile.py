@@ -144,12 +144,23 @@ def _summary(costs: Costs, target: str, repeats: int) -> str:
     from syncpass.core.units import seconds
 
     forward = sum(op.compute_s for op in costs.ops)
-    backward = sum(op.backward_s for op in costs.ops)
     return (
         f"syncpass: wrote {target}: {len(costs.ops)} op(s), {len(costs.cuts)} admissible sync "
-        f"point(s); forward {seconds(forward)}, backward {seconds(backward)} per step at batch "
+        f"point(s); forward {seconds(forward)}, {_backward_text(costs)} per step at batch "
         f"{costs.batch_size} (median of {repeats})"
     )
+
+
+def _backward_text(costs: Costs) -> str:
+    """The step's backward, with the part of it that computes the inputs' gradients (the
+    zero-bubble schedules' ``I``) where the profile says."""
+    from syncpass.core.units import seconds
+
+    text = f"backward {seconds(sum(op.backward_s for op in costs.ops))}"
+    if all(op.backward_input_s is None for op in costs.ops):
+        return text
+    inputs = sum(op.input_gradient_s() for op in costs.ops)
+    return f"{text} ({seconds(inputs)} of it the inputs' gradients)"
 
 
 def profile_command(args: argparse.Namespace) -> int:
@@ -249,9 +260,8 @@ def _static_summary(costs: Costs, target: str, how: str) -> str:
     from syncpass.core.units import seconds
 
     forward = sum(op.compute_s for op in costs.ops)
-    backward = sum(op.backward_s for op in costs.ops)
     return (
         f"syncpass: wrote {target}: {len(costs.ops)} op(s), {len(costs.cuts)} admissible sync "
-        f"point(s); forward {seconds(forward)}, backward {seconds(backward)} per step at batch "
+        f"point(s); forward {seconds(forward)}, {_backward_text(costs)} per step at batch "
         f"{costs.batch_size}, {how} (nothing timed)"
     )

@@ -15,6 +15,11 @@ What each op gets:
   loss, which a pipeline's last stage computes.
 * ``backward_s``: see :class:`_Boundary`. The gradient of the loss and the
   backward of the ``return`` expression go to the last op.
+* ``backward_input_s``: the part of ``backward_s`` that computes the inputs'
+  gradients (torch's ``I``), timed in a backward asked for nothing else before
+  each step's whole backward (:meth:`_Session.step`); 0 for an op whose inputs
+  need no gradient, all of ``backward_s`` for one without weights, None (half)
+  where it cannot be timed (:meth:`_SplitFacts.measured`).
 * ``fixed_s`` and ``backward_fixed_s``: the part of each time that does not
   shrink with the batch (dispatch, kernel launches, Python), from a second
   set of timed runs on a smaller batch (:data:`SMALL_BATCH_DIVISOR`) taken in
@@ -430,10 +435,22 @@ class _Boundary(torch.autograd.Function):
     Outputs are copies, not views: user code may modify a live tensor in place
     (``x += y``, ``ReLU(inplace=True)``), which autograd forbids on a view a
     custom function returns.
+
+    ``anchor`` (the probe's :attr:`_Probe.anchor`, or None) is a scalar leaf that
+    needs a gradient and gets none: every boundary node has an edge to it, so a
+    backward asked for the anchor's gradient alone runs every boundary node and
+    everything between them on the way to the inputs, and none of the weights'
+    gradients (:meth:`_Session.step`).
     """
 
     @staticmethod
-    def forward(ctx: Any, probe: _Probe, position: int, *tensors: torch.Tensor) -> Any:
+    def forward(
+        ctx: Any,
+        probe: _Probe,
+        position: int,
+        anchor: torch.Tensor | None,
+        *tensors: torch.Tensor,
+    ) -> Any:
         ctx.probe = probe
         ctx.position = position
         ctx.set_materialize_grads(False)
@@ -442,7 +459,7 @@ class _Boundary(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: Any) -> Any:
         ctx.probe.passed(ctx.position)
-        return (None, None, *grads)
+        return (None, None, None, *grads)
 
 
 def _gradient_tensors(value: object, found: dict[int, torch.Tensor], seen: set[int]) -> None:
@@ -455,6 +472,50 @@ def _gradient_tensors(value: object, found: dict[int, torch.Tensor], seen: set[i
     seen.add(id(value))
     for item in value.values() if isinstance(value, dict) else value:
         _gradient_tensors(item, found, seen)
+
+
+#: Values that hold no tensor an op could take a gradient through (a submodule's
+#: parameters are its weights, not its inputs).
+_NO_GRADIENT = (
+    type(None),
+    bool,
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    slice,
+    range,
+    torch.Size,
+    torch.dtype,
+    torch.device,
+    torch.nn.Module,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+)
+
+
+def _needs_gradient(value: object, seen: set[int] | None = None) -> bool | None:
+    """Whether a tensor in ``value`` (tuples, lists and dicts recursed) needs a
+    gradient; None when it holds a value of another kind, which may hold tensors."""
+    if isinstance(value, torch.Tensor):
+        return value.requires_grad
+    if isinstance(value, _NO_GRADIENT):
+        return False
+    if not isinstance(value, (tuple, list, dict)):
+        return None
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return False
+    seen.add(id(value))
+    answers = [
+        _needs_gradient(item, seen)
+        for item in (value.values() if isinstance(value, dict) else value)
+    ]
+    if any(answers):
+        return True
+    return None if None in answers else False
 
 
 def _substitute(value: Any, swap: Mapping[int, torch.Tensor], seen: set[int]) -> Any:
@@ -522,6 +583,10 @@ class _Probe:
         self.counter: FlopCounterMode | None = None
         self.measure_bytes = False
         self.watch_random = True  # not on fake tensors, whose random draws cannot be seen
+        # What the input-gradient pass asks the gradient of (see _Boundary); None: no such pass.
+        self.anchor: torch.Tensor | None = None
+        self.input_pass = False  # whether the backward running is that pass
+        self.inputs: frozenset[int] = frozenset()  # ids of the forward's argument tensors
         self.reset()
 
     def _position(self, op_id: str) -> int:
@@ -531,6 +596,7 @@ class _Probe:
         self.begun: float | None = None
         self.forward: dict[int, tuple[float, float]] = {}
         self.backward: dict[int, float] = {}
+        self.backward_input: dict[int, float] = {}  # the same, in the input-gradient pass
         self.flops: dict[int, int] = {}  # running FLOP total at each boundary
         self.forward_flops = 0  # the total when the forward returned
         self.live_bytes: dict[int, int] = {}
@@ -540,6 +606,12 @@ class _Probe:
         self.random: set[int] = set()  # ops that drew random numbers
         self.rng_state: torch.Tensor | None = None
         self.out_bytes: dict[int, int] = {}
+        # Per op, from the measuring step: whether its backward computes the gradient of a
+        # weight (a leaf that is no input of the forward), and whether a tensor it reads
+        # needs a gradient (where the op's boundaries tell: see weights_below and boundary).
+        self.weights: dict[int, bool] = {}
+        self.reads_grad: dict[int, bool] = {}
+        self.nodes: dict[int, Any] = {}  # the boundaries' autograd nodes, by id
         self.last = -1
 
     def now(self) -> float:
@@ -586,6 +658,11 @@ class _Probe:
                         for name in names
                         if name in values
                     }
+            if position + 1 < len(self.graph.ops):
+                reads = self.graph.ops[position + 1].reads
+                needs = _needs_gradient([values[name] for name in reads if name in values])
+                if needs is not None:
+                    self.reads_grad[position + 1] = needs
             if self.watch_random:
                 state = torch.random.get_rng_state()
                 if self.rng_state is not None and not torch.equal(state, self.rng_state):
@@ -603,14 +680,46 @@ class _Probe:
             _gradient_tensors(values[name], found, seen)
         if not found:
             return {}
+        if self.measure_bytes:
+            self.see_weights(position, (tensor.grad_fn for tensor in found.values()))
         # One node for all of them: its backward runs once every gradient has arrived.
-        outputs = _Boundary.apply(self, position, *found.values())  # type: ignore[no-untyped-call]
+        outputs = _Boundary.apply(self, position, self.anchor, *found.values())  # type: ignore[no-untyped-call]
+        node = outputs[0].grad_fn
+        self.nodes[id(node)] = node
         swap = dict(zip(found, outputs, strict=True))
         seen = set()
         return {name: _substitute(values[name], swap, seen) for name in names}
 
+    def see_weights(self, position: int, roots: Iterable[Any]) -> None:
+        """Record in :attr:`weights` whether op ``position``'s backward computes weights'
+        gradients: whether the autograd graph below ``roots`` (``grad_fn`` nodes), down
+        to the boundaries' nodes, reaches a leaf that needs a gradient and is not one
+        of the forward's inputs. Parameters read without a submodule call
+        (``x @ self.weight``) count too. Nothing is recorded when the graph has none
+        but passes through a custom ``autograd.Function``, which may use weights it was
+        not given (reentrant activation checkpointing runs the forward again inside)."""
+        stack = [root for root in roots if root is not None]
+        seen: dict[int, Any] = {}  # the nodes themselves are kept, so no id is reused
+        opaque = False
+        while stack:
+            node = stack.pop()
+            if id(node) in seen or id(node) in self.nodes:
+                continue
+            seen[id(node)] = node
+            variable = getattr(node, "variable", None)  # an AccumulateGrad node's leaf
+            if isinstance(variable, torch.Tensor):
+                if id(variable) not in self.inputs:
+                    self.weights[position] = True
+                    return
+                continue
+            opaque = opaque or isinstance(node, torch.autograd.function.BackwardCFunction)
+            stack.extend(child for child, _ in node.next_functions if child is not None)
+        if not opaque:
+            self.weights[position] = False
+
     def passed(self, position: int) -> None:
-        self.backward[position] = self.now()
+        times = self.backward_input if self.input_pass else self.backward
+        times[position] = self.now()
 
 
 # --- one step ------------------------------------------------------------------------------
@@ -678,6 +787,10 @@ def _backward_spans(
 class _StepTimes:
     forward_s: tuple[float, ...]
     backward_s: tuple[float, ...]
+    # Per op, from the input-gradient pass when it ran: its time, and whether both
+    # boundaries around the op were passed (else the time is a share of several ops').
+    backward_input_s: tuple[float, ...] | None = None
+    input_own: tuple[bool, ...] | None = None
 
 
 def _library_folders() -> tuple[Path, ...]:
@@ -733,11 +846,33 @@ class _Session:
         self.args = args
         self.loss_fn = loss_fn
         self.probe = probe
+        self.split_failure: str | None = None
 
-    def step(self, measure: bool) -> _StepTimes:
-        """One forward, loss and backward; with ``measure``, FLOPs and sizes too."""
+    def step(self, measure: bool, split: bool = False) -> _StepTimes:
+        """One forward, loss and backward; with ``measure``, FLOPs and sizes too.
+
+        With ``split`` (and the probe's anchor set), a backward asked only for the
+        anchor's gradient (and the inputs' that need one) runs first and keeps the
+        graph: what torch's pipelining runs as ``I`` (``stage_backward_input``:
+        ``autograd.grad`` on the stage's inputs, the graph kept for the weights), here
+        for every op at once. Autograd runs only what leads to the anchor, so that
+        pass skips the weights' gradients, in the nodes that compute both too (a
+        linear layer's backward computes ``dX`` and not ``dW``). The whole backward
+        follows, timed as without it. The pass costs each step the inputs' part of
+        its backward once more: about a third more time per step for a model of
+        linear layers (forward 1, backward 2, of which inputs 1), and no more memory
+        than the whole backward, since it makes no weight gradient. A failure of
+        that pass (reentrant activation checkpointing refuses ``autograd.grad``) is
+        kept in :attr:`split_failure` and the pass is not tried again.
+        """
         probe = self.probe
         probe.reset()
+        split = split and probe.anchor is not None and self.split_failure is None
+        probe.inputs = frozenset(id(tensor) for tensor in _tensors(self.args))
+        # The first op reads only the forward's arguments (and the model's own tensors).
+        needs = _needs_gradient(self.args)
+        if needs is not None:
+            probe.reads_grad[0] = needs
         self.model.zero_grad(set_to_none=True)
         start = probe.now()
         probe.measure_bytes = measure
@@ -762,7 +897,12 @@ class _Session:
                 f"the loss function failed: {_describe(error)}",
                 _user_frame(error, self.graph.path) or self.graph.path,
             ) from None
+        count = len(self.graph.ops)
+        if measure and isinstance(loss, torch.Tensor):
+            probe.see_weights(count - 1, [loss.grad_fn])
         loss_end = probe.now()
+        inputs = self._input_pass(loss) if split else None
+        input_end = probe.now()
         try:
             loss.backward()  # type: ignore[no-untyped-call]
         except Exception as error:
@@ -772,7 +912,6 @@ class _Session:
                 _user_frame(error, self.graph.path) or self.graph.path,
             ) from None
         backward_end = probe.now()
-        count = len(self.graph.ops)
         forward = _forward_spans(
             [probe.forward.get(position) for position in range(count)],
             start if probe.begun is None else probe.begun,
@@ -780,11 +919,35 @@ class _Session:
         )
         backward = _backward_spans(
             [probe.backward.get(position) for position in range(count)],
-            loss_end,
+            input_end,
             backward_end,
             forward,
         )
-        return _StepTimes(tuple(forward), tuple(backward))
+        if inputs is None:
+            return _StepTimes(tuple(forward), tuple(backward))
+        marks = [probe.backward_input.get(position) for position in range(count)]
+        own = tuple(
+            (position == 0 or marks[position - 1] is not None)
+            and (position == count - 1 or marks[position] is not None)
+            for position in range(count)
+        )
+        spans = _backward_spans(marks, loss_end, input_end, forward)
+        return _StepTimes(tuple(forward), tuple(backward), tuple(spans), own)
+
+    def _input_pass(self, loss: torch.Tensor) -> bool | None:
+        """The backward to the inputs only (see :meth:`step`); None if it failed."""
+        probe = self.probe
+        assert probe.anchor is not None
+        wanted = [probe.anchor, *(t for t in _tensors(self.args) if t.requires_grad)]
+        probe.input_pass = True
+        try:
+            torch.autograd.grad(loss, wanted, retain_graph=True, allow_unused=True)
+        except Exception as error:
+            self.split_failure = _describe(error)
+            return None
+        finally:
+            probe.input_pass = False
+        return True
 
     def _forward_failure(self, error: Exception) -> SyncpassError:
         ops = self.graph.ops
@@ -904,8 +1067,9 @@ def profile_costs(
 
     With ``counted_on`` (a model and inputs as fake tensors: no data) nothing is
     timed: one step counts each op's FLOPs and bytes, and its forward time is
-    its FLOPs at ``counted_on.flops_per_s``, its backward twice that; the cost
-    file's hardware is ``counted_on``.
+    its FLOPs at ``counted_on.flops_per_s``, its backward twice that (the inputs'
+    part as :meth:`_SplitFacts.counted` says); the cost file's hardware is
+    ``counted_on``.
 
     ``depth`` 2 plans calls of ``nn.Sequential`` submodules per child.
 
@@ -938,6 +1102,10 @@ def profile_costs(
     sync: Callable[[], None] = torch.cuda.synchronize if _on_gpu(model, args) else _no_sync
     probe = _Probe(graph, boundary_names(graph), sync)
     probe.watch_random = counted_on is None
+    if counted_on is None:
+        tensors = itertools.chain(model.parameters(), _tensors(args))
+        device = next((tensor.device for tensor in tensors), torch.device("cpu"))
+        probe.anchor = torch.zeros((), device=device, requires_grad=True)
     function = _instrument(graph, text, model, probe)
 
     saved_grads = {parameter: parameter.grad for parameter in model.parameters()}
@@ -958,18 +1126,19 @@ def profile_costs(
         kinds = dict(probe.kinds)
         values = _Values(dict(probe.values), frozenset(probe.random), counted_on is not None)
         out_bytes = dict(probe.out_bytes)
+        split = _SplitFacts(dict(probe.weights), dict(probe.reads_grad))
         if counted_on is not None:
             warmup, repeats = 0, 0
         for run in range(warmup):
             report(f"warm-up run {run + 1}/{warmup}")
-            session.step(measure=False)
+            session.step(measure=False, split=True)
             if small is not None:
                 small.step()
         steps: list[_StepTimes] = []
         small_steps: list[_StepTimes] = []
         for run in range(repeats):
             report(f"timed run {run + 1}/{repeats}")
-            steps.append(session.step(measure=False))
+            steps.append(session.step(measure=False, split=True))
             small_times = small.step() if small is not None else None
             if small_times is not None:
                 small_steps.append(small_times)
@@ -985,12 +1154,27 @@ def profile_costs(
     params = parameter_bytes(model, graph)
     if counted_on is not None:
         return _counted_costs(
-            graph, counted_on, flops, params, live_bytes, kinds, values, out_bytes, batch_size
+            graph,
+            counted_on,
+            flops,
+            params,
+            live_bytes,
+            kinds,
+            values,
+            out_bytes,
+            batch_size,
+            split,
         )
     small_size = batch_size_of(small_batch[0], path) if small_batch is not None else batch_size
     if small is not None and small.failure is not None:
         small_steps = []
     fixed_note = _fixed_note(small_batch is not None, small.failure if small else None)
+    notes = [] if fixed_note is None else [fixed_note]
+    if session.split_failure is not None:
+        notes.append(
+            f"the inputs' part of each backward not measured ({session.split_failure}): "
+            "half, for an op with weights whose inputs need a gradient"
+        )
     ops = []
     for position, op in enumerate(graph.ops):
         forward_s = _median(step.forward_s[position] for step in steps)
@@ -1020,6 +1204,7 @@ def profile_costs(
                 source=str(op.location),
                 fixed_s=fixed_s,
                 backward_fixed_s=backward_fixed_s,
+                backward_input_s=split.measured(position, backward_s, steps),
             )
         )
     cuts = _cut_costs(graph, live_bytes, kinds, values)
@@ -1040,9 +1225,61 @@ def profile_costs(
         cuts=cuts,
         model=graph.model_class,
         edges=graph.edges,
-        notes=() if fixed_note is None else (fixed_note,),
+        notes=tuple(notes),
         containers=graph.containers,
     )
+
+
+@dataclass(frozen=True)
+class _SplitFacts:
+    """What the measuring step saw of each op's backward (by op position): whether it
+    computes a weight's gradient, and whether a tensor the op reads needs a gradient.
+    An op missing from either was not seen alone (no gradient crossed the boundary
+    after it, or before it)."""
+
+    weights: Mapping[int, bool]
+    reads_grad: Mapping[int, bool]
+
+    def known(self, position: int, backward_s: float) -> float | None:
+        """``backward_input_s`` where the structure decides it: 0 when nothing the op
+        reads needs a gradient (the first op, reading token ids), all of ``backward_s``
+        when the op has no weight whose gradient it computes."""
+        if self.reads_grad.get(position) is False:
+            return 0.0
+        if self.weights.get(position) is False:
+            return backward_s
+        return None
+
+    def measured(
+        self, position: int, backward_s: float, steps: Sequence[_StepTimes]
+    ) -> float | None:
+        """``backward_input_s`` of a measured profile: :meth:`known`, else the median
+        of the input-gradient pass's times, at most ``backward_s``. None (half, when
+        read) where that pass did not run or did not time the op alone: no gradient
+        crossed a boundary next to it (an op whose outputs are not tensors that need
+        one), so its time is a share of several ops'."""
+        known = self.known(position, backward_s)
+        if known is not None:
+            return known
+        timed = [
+            step.backward_input_s[position]
+            for step in steps
+            if step.backward_input_s is not None and step.input_own is not None
+            if step.input_own[position]
+        ]
+        if not steps or len(timed) < len(steps) or position not in self.weights:
+            return None
+        return min(max(_median(timed), 0.0), backward_s)
+
+    def counted(self, position: int, backward_s: float) -> float | None:
+        """``backward_input_s`` of a counted profile: :meth:`known`, else half, the
+        gradient of the input of each of the op's matrix products and not of its weight
+        (a linear layer's backward is two products of its forward's size). None where the
+        op's weights were not seen alone."""
+        known = self.known(position, backward_s)
+        if known is not None or position not in self.weights:
+            return known
+        return backward_s / 2
 
 
 @dataclass(frozen=True)
@@ -1127,8 +1364,10 @@ def _counted_costs(
     values: _Values,
     out_bytes: Mapping[int, int],
     batch_size: int,
+    split: _SplitFacts,
 ) -> Costs:
-    """The cost file of a step counted on fake tensors (:func:`profile_costs`)."""
+    """The cost file of a step counted on fake tensors (:func:`profile_costs`); each op's
+    ``backward_input_s`` as :meth:`_SplitFacts.counted` says."""
     rate = hardware.flops_per_s
     assert rate is not None and rate > 0
     ops = tuple(
@@ -1140,6 +1379,7 @@ def _counted_costs(
             out_bytes=out_bytes.get(position, 0),
             flops=flops[position],
             source=str(op.location),
+            backward_input_s=split.counted(position, BACKWARD_FLOPS_RATIO * flops[position] / rate),
         )
         for position, op in enumerate(graph.ops)
     )

@@ -196,6 +196,37 @@ def test_flops_compute_and_bytes_of_two_linear_layers() -> None:
     assert estimate.costs.batch_size == 4
 
 
+ATTENTION = """
+    import torch.nn as nn
+
+    WIDTH = 8
+
+
+    class Scores(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.stem = nn.Linear(WIDTH, WIDTH)
+            self.query = nn.Linear(WIDTH, WIDTH)
+
+        def forward(self, x):
+            h = self.stem(x)
+            q = self.query(h)
+            scores = q @ h.transpose(-1, -2)
+            return scores.relu()
+"""
+
+
+def test_the_inputs_part_of_the_backward_leaves_out_the_weights_half() -> None:
+    hardware = Hardware(alpha_s=1e-5, beta_bytes_per_s=1e9, flops_per_s=1e9)
+    text = textwrap.dedent(ATTENTION)
+    estimate = estimate_costs(text, "m.py", None, [(2, 4, 8)], hardware)
+    stem, query, scores, relu = estimate.costs.ops
+    assert stem.backward_input_s == 0  # its input is data: only the weight's gradient
+    assert query.backward_input_s == pytest.approx(query.backward_s / 2)
+    assert scores.backward_input_s == scores.backward_s > 0  # two activations, no weight
+    assert relu.backward_input_s == relu.backward_s > 0
+
+
 def test_without_a_hardware_flop_rate_the_default_is_used_and_recorded() -> None:
     hardware = Hardware(alpha_s=1e-5, beta_bytes_per_s=1e9)
     estimate = estimate_with(TWO_LINEAR, [(4, 16)], hardware)

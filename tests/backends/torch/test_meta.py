@@ -42,6 +42,10 @@ def test_counts_flops_and_bytes_on_the_meta_device(
         assert op["compute_s"] == pytest.approx(op["flops"] / rate)
         assert op["backward_s"] == pytest.approx(2 * op["compute_s"])
     assert all(op["param_bytes"] == 2 * (32 * 32 + 32) * 4 for op in layers)
+    # The inputs' gradients are one of each linear layer's two backward products; the
+    # stem's input is data, which needs none.
+    assert all(op["backward_input_s"] == op["backward_s"] / 2 for op in layers)
+    assert costs["ops"][0]["id"] == "stem" and costs["ops"][0]["backward_input_s"] == 0
     assert costs["hardware"]["name"] == load_profile("nvlink-8xh100").hardware.name
     assert any("fake tensors" in note for note in costs["notes"])
     cut = next(cut for cut in costs["cuts"] if cut["after"] == "layers.2")

@@ -47,6 +47,7 @@ MODELS = f"""\
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 BATCH, IN, WIDTH, OUT = {BATCH}, {IN}, {WIDTH}, {OUT}
 SEQ, HEADS = {SEQ}, {HEADS}
@@ -127,6 +128,35 @@ class Broken(nn.Module):
         return self.head(h)
 
 
+class Tokens(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(10, WIDTH)
+        self.fc = nn.Linear(WIDTH, WIDTH)
+        self.proj = nn.Parameter(torch.randn(WIDTH, WIDTH))
+        self.head = nn.Linear(WIDTH, OUT)
+
+    def forward(self, idx):
+        h = self.embed(idx)
+        h = torch.relu(self.fc(h))
+        h = h @ self.proj
+        h = h * 2
+        return self.head(h)
+
+
+class Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Linear(IN, WIDTH)
+        self.mid = nn.Linear(WIDTH, WIDTH)
+        self.head = nn.Linear(WIDTH, OUT)
+
+    def forward(self, x):
+        h = self.stem(x)
+        h = checkpoint(self.mid, h, use_reentrant=True)
+        return self.head(h)
+
+
 class Doubled(Tiny):
     def forward(self, x):
         y = super().forward(x)
@@ -147,6 +177,14 @@ def skip_example():
 
 def sliced_example():
     return Sliced(), (torch.randn(BATCH, WIDTH),)
+
+
+def tokens_example():
+    return Tokens(), (torch.randint(0, 10, (BATCH, SEQ)),)
+
+
+def checkpointed_example():
+    return Checkpointed(), (torch.randn(BATCH, IN),)
 
 
 def broken_example():
@@ -253,6 +291,54 @@ def test_ops_with_parameters_have_backward_time(profiled: Callable[[str], Profil
     tiny = profiled("example")
     for op_id in ("stem", "blocks.0", "blocks.1", "blocks.2", "head"):
         assert tiny.op(op_id).backward_s > 0, op_id
+
+
+# --- the inputs' part of the backward (torch's I) ------------------------------------------
+
+
+@pytest.mark.parametrize("factory", ["example", "skip_example", "tokens_example"])
+def test_the_inputs_part_of_each_backward_is_within_the_backward(
+    profiled: Callable[[str], Profiled], factory: str
+) -> None:
+    for op in profiled(factory).costs.ops:
+        assert op.backward_input_s is not None, op.id
+        assert 0 <= op.backward_input_s <= op.backward_s, op.id
+
+
+def test_an_op_without_weights_computes_only_its_inputs_gradients(
+    profiled: Callable[[str], Profiled],
+) -> None:
+    skip = profiled("skip_example")
+    added = next(op.id for op in skip.costs.ops if op.id.startswith("stmt@"))
+    for op_id in ("attn", added):  # attention without projections; h += skip
+        op = skip.op(op_id)
+        assert op.param_bytes == 0
+        assert op.backward_input_s == op.backward_s, op_id
+    tokens = profiled("tokens_example")
+    doubled = next(op for op in tokens.costs.ops if op.id.startswith("operator.mul"))
+    assert doubled.backward_input_s == doubled.backward_s
+
+
+def test_an_op_whose_inputs_need_no_gradient_has_no_inputs_part(
+    profiled: Callable[[str], Profiled],
+) -> None:
+    # Token ids into an embedding, float data into a linear layer: all weights.
+    assert profiled("tokens_example").op("embed").backward_input_s == 0
+    assert profiled("example").op("stem").backward_input_s == 0
+
+
+def test_where_the_inputs_part_cannot_be_timed_it_is_left_to_half(
+    profiled: Callable[[str], Profiled],
+) -> None:
+    # Reentrant checkpointing refuses autograd.grad: the cost file says so, and only the
+    # ops whose structure settles the split get one.
+    checkpointed = profiled("checkpointed_example")
+    assert any("inputs' part of each backward not measured" in n for n in checkpointed.costs.notes)
+    assert checkpointed.op("stem").backward_input_s == 0  # float data: no gradient wanted
+    assert checkpointed.op("head").backward_input_s is None
+    # It hides its weights from autograd's graph, so it is not taken as having none.
+    middle = next(op for op in checkpointed.costs.ops if "checkpoint" in op.id)
+    assert middle.backward_input_s is None
 
 
 def test_linear_flops_are_two_batch_in_out(profiled: Callable[[str], Profiled]) -> None:
@@ -503,6 +589,11 @@ def test_command_writes_a_cost_file_that_rewrite_accepts(
     # cost is most of its time, so some op must show one.
     assert any(op.fixed_s > 0 for op in costs.ops)
     assert all(op.fixed_s <= op.compute_s for op in costs.ops)
+    # The inputs' part of the backward comes back from the file as measured.
+    assert all(
+        op.backward_input_s is not None and op.backward_input_s <= op.backward_s for op in costs.ops
+    )
+    assert load_costs(output).ops == costs.ops == parse_costs(costs_to_json(costs)).ops
     rewrite = subprocess.run(
         [
             *(sys.executable, "-m", "syncpass", "rewrite", str(model_file)),
@@ -515,6 +606,21 @@ def test_command_writes_a_cost_file_that_rewrite_accepts(
     )
     assert rewrite.returncode == 0, rewrite.stderr
     assert "# syncpass sync 1/1: sends " in rewrite.stdout  # the eager stages
+
+
+@pytest.mark.usefixtures("_restore_imports")
+def test_counted_on_fake_tensors_the_inputs_part_is_half_of_an_op_with_weights(
+    model_file: Path, tmp_path: Path
+) -> None:
+    output = tmp_path / "tokens.meta.json"
+    argv = ["profile", str(model_file), "--example", "tokens_example", "-o", str(output)]
+    assert run_command([*argv, "--meta", "--hardware", "nvlink-8xh100"]) == 0
+    ops = {op.id.split("@")[0]: op for op in load_costs(output).ops}
+    assert ops["embed"].backward_input_s == 0  # token ids need no gradient
+    for op_id in ("fc", "head", "operator.matmul"):  # h @ self.proj: a weight, no call
+        assert ops[op_id].backward_s > 0
+        assert ops[op_id].backward_input_s == ops[op_id].backward_s / 2, op_id
+    assert ops["operator.mul"].backward_input_s == ops["operator.mul"].backward_s
 
 
 @pytest.mark.usefixtures("_restore_imports")

@@ -34,7 +34,12 @@ source:
    An op's ``compute_s`` is its forward FLOPs over the hardware's
    ``flops_per_s`` (:data:`DEFAULT_FLOPS_PER_S` when the hardware gives none,
    and then the cost file's hardware records that rate, so ``--hardware``
-   scales from it), ``backward_s`` likewise. ``param_bytes`` are the parameters
+   scales from it), ``backward_s`` likewise. ``backward_input_s``, the part of
+   the backward that computes the inputs' gradients (torch's ``I``), is the
+   backward less half of each product with a weight (the weight's gradient),
+   and 0 for an op none of whose inputs needs a gradient (the forward's inputs
+   need none; what an op writes needs one when what it reads does or it calls a
+   submodule with parameters). ``param_bytes`` are the parameters
    of the submodules the op calls, each counted once at its first use, as
    ``syncpass profile`` attributes them; ``out_bytes`` the tensors the op
    writes; a cut's ``live_bytes`` the tensors its live names hold (one tensor

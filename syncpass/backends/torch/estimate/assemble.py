@@ -126,6 +126,7 @@ def estimate_costs(
     frame = bind_inputs(interp, model, model_def.forward, graph, input_shapes, input_dtypes)
     figures = ForwardRun(interp, model, graph, model_def.forward, frame, dtype_bytes).run()
     params = _attributed_parameters(model, graph, dtype_bytes)
+    reads_grad = _reads_gradient(model, graph)
 
     rate = hardware.flops_per_s or DEFAULT_FLOPS_PER_S
     sized = [figure for figure in figures if figure.unsized is None]
@@ -133,16 +134,22 @@ def estimate_costs(
     median_backward = statistics.median(f.backward_flops for f in sized) if sized else 0.0
     ops = []
     unsized = []
-    for op, figure, param_bytes in zip(graph.ops, figures, params, strict=True):
+    for op, figure, param_bytes, needs in zip(graph.ops, figures, params, reads_grad, strict=True):
         forward_flops, backward_flops = figure.forward_flops, figure.backward_flops
+        input_flops: float | None = backward_flops - figure.weight_backward_flops
         if figure.unsized is not None:
-            forward_flops, backward_flops = median_forward, median_backward
+            forward_flops, backward_flops, input_flops = median_forward, median_backward, None
             unsized.append(UnsizedOp(op.id, str(op.location), figure.unsized))
+        if not needs:
+            input_flops = 0.0
         ops.append(
             OpCost(
                 id=op.id,
                 compute_s=forward_flops / rate,
                 backward_s=backward_flops / rate,
+                backward_input_s=(
+                    None if input_flops is None else min(input_flops, backward_flops) / rate
+                ),
                 param_bytes=param_bytes,
                 out_bytes=figure.out_bytes,
                 flops=forward_flops,
@@ -245,6 +252,36 @@ def _attributed_parameters(model: Instance, graph: OpGraph, dtype_bytes: int) ->
                     seen.add(identity)
                     total += count
         result.append(float(total * dtype_bytes))
+    return result
+
+
+def _reads_gradient(model: Instance, graph: OpGraph) -> list[bool]:
+    """Per op, whether a name it reads holds a value that needs a gradient.
+
+    The forward's inputs need none (training data; token ids). What an op writes
+    needs one when a name it reads does or it calls a submodule with parameters (an
+    embedding of token ids): the same rule autograd follows, by name and not by value.
+    """
+    needing: set[str] = set()
+    result = []
+    for op in graph.ops:
+        needs = any(name in needing for name in op.reads)
+        result.append(needs)
+        weighted = False
+        for call in op.calls:
+            target = (
+                resolve_path(model, call.removeprefix("self."))
+                if call.startswith("self.")
+                else None
+            )
+            found: dict[int, int] = {}
+            if isinstance(target, (*MODULES, Tensor)):
+                _parameters(target, found)
+            weighted = weighted or any(count > 0 for count in found.values())
+        if needs or weighted:
+            needing.update(op.writes)
+        else:
+            needing.difference_update(op.writes)
     return result
 
 

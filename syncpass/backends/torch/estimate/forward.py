@@ -77,6 +77,7 @@ class OpFigures:
 
     forward_flops: float = 0.0
     backward_flops: float = 0.0
+    weight_backward_flops: float = 0.0  # the part of backward_flops for weights' gradients
     out_bytes: float = 0.0
     live_bytes: float = 0.0
     unsized: str | None = None
@@ -159,7 +160,8 @@ class ForwardRun:
             value = self.frame.get(name)
             if isinstance(value, Tensor) and value.kind == "float":
                 self.last_activation = value
-        return OpFigures(interp.counter.forward, interp.counter.backward)
+        counter = interp.counter
+        return OpFigures(counter.forward, counter.backward, counter.weight_backward)
 
     def _execute(self, op: Op, statement: cst.BaseStatement) -> None:
         interp = self.interp

@@ -17,6 +17,7 @@ from syncpass.backends.torch.estimate.flops import (
     ELEMENTWISE_BACKWARD,
     MATMUL_BACKWARD,
     NORMALISE_FLOPS,
+    WEIGHT_SHARE,
     Counter,
 )
 from syncpass.backends.torch.estimate.shapes import flatten, pooled, unflatten, window_output
@@ -162,7 +163,7 @@ def _linear(layer: Layer, x: Tensor, counter: Counter) -> object:
         raise Unsized(
             f"{layer.text} expects a last dimension of {inputs}, gets {shape_text(shape)}"
         )
-    counter.add(2 * numel(shape[:-1]) * inputs * outputs, MATMUL_BACKWARD)
+    counter.add(2 * numel(shape[:-1]) * inputs * outputs, MATMUL_BACKWARD, WEIGHT_SHARE)
     return Tensor((*shape[:-1], outputs))
 
 
@@ -254,7 +255,7 @@ def _convolution(layer: Layer, x: Tensor, counter: Counter) -> object:
                 for size, k, s, p, d in zip(spatial, kernel, stride, padding, dilation, strict=True)
             )
         flops = 2 * batch * outputs * numel(out) * (inputs // groups) * numel(kernel)
-    counter.add(flops, MATMUL_BACKWARD)
+    counter.add(flops, MATMUL_BACKWARD, WEIGHT_SHARE)
     return Tensor((*shape[:channel], outputs, *out))
 
 
@@ -494,7 +495,8 @@ def _multihead_attention(
     projections = 2 * batch * (target * embed * embed + source * (kdim + vdim) * embed)
     attention = 4 * batch * target * source * embed
     output = 2 * batch * target * embed * embed
-    counter.add(projections + attention + output, MATMUL_BACKWARD)
+    counter.add(projections + output, MATMUL_BACKWARD, WEIGHT_SHARE)
+    counter.add(attention, MATMUL_BACKWARD)
     counter.add(NORMALISE_FLOPS * batch * heads * target * source, MATMUL_BACKWARD)
     out = Tensor(query.shape)
     need = bound.get("need_weights", True)

@@ -17,6 +17,7 @@ from syncpass.backends.torch.estimate.flops import (
     ELEMENTWISE_BACKWARD,
     MATMUL_BACKWARD,
     NORMALISE_FLOPS,
+    WEIGHT_SHARE,
     Counter,
 )
 from syncpass.backends.torch.estimate.layers import LAYERS, REQUIRED, Signature, bind, pool, resize
@@ -510,7 +511,7 @@ def _linear(counter: Counter, args: list[object], kwargs: dict[str, object]) -> 
     weight = as_tensor(argument(args, kwargs, 1, "weight", None), "the weight")
     if len(weight.shape) != 2 or not x.shape or x.shape[-1] != weight.shape[1]:
         raise Unsized(f"applies a weight {shape_text(weight.shape)} to {shape_text(x.shape)}")
-    counter.add(2 * numel(x.shape) * weight.shape[0], MATMUL_BACKWARD)
+    counter.add(2 * numel(x.shape) * weight.shape[0], MATMUL_BACKWARD, WEIGHT_SHARE)
     return Tensor((*x.shape[:-1], weight.shape[0]))
 
 
