@@ -113,9 +113,8 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--schedule",
         choices=SCHEDULES,
-        default="1f1b",
         help="pipeline schedule to predict, as torch.distributed.pipelining runs it "
-        "(default 1f1b; interleaved-1f1b, looped-bfs, interleaved-zb, zbv and dualpipev hold "
+        "(default 1f1b, or the config's; interleaved-1f1b, looped-bfs, interleaved-zb, zbv and dualpipev hold "
         "--stages-per-device stages per rank)",
     )
     parser.add_argument(

@@ -8,7 +8,9 @@ pre-commit hook)::
     min_sync_interval = 2
     communication_cost_threshold = 0.1
     backend = "torch_stages"               # what the sync points are written for
-    stages = 4                             # or "auto"
+    stages = 4                             # or "auto"; pipeline ranks
+    schedule = "interleaved-1f1b"          # the schedule plans are predicted (and checked) for
+    stages_per_device = 2                  # or "auto"; the stages each rank holds
     hardware = "pcie4-gpus"                # a shipped profile, or a .toml file
 
     [[tool.syncpass.models]]               # one per generated file `syncpass check` keeps current
@@ -38,6 +40,7 @@ from typing import Any
 
 from syncpass.contracts.config import (
     CONFIG_KEYS,
+    SCHEDULES,
     SyncConfig,
     default_sync_config,
     read_config_table,
@@ -50,7 +53,7 @@ from syncpass.core.plugins import DEFAULT_BACKEND, backend_names
 #: Backends the sync points can be written for. ``torch``: ``pipe_split()`` calls
 #: of ``torch.distributed.pipelining``.
 #: Keys of the project table besides the sync settings.
-PROJECT_KEYS = ("backend", "stages", "hardware", "models")
+PROJECT_KEYS = ("backend", "stages", "schedule", "stages_per_device", "hardware", "models")
 #: Keys of one ``[[tool.syncpass.models]]`` entry.
 MODEL_KEYS = ("source", "generated", "costs", "stages", "model")
 _REQUIRED_MODEL_KEYS = ("source", "generated", "costs")
@@ -106,6 +109,8 @@ class ProjectConfig:
     stages: Stages | None = None
     hardware: str | None = None
     models: tuple[ModelEntry, ...] = ()
+    schedule: str | None = None
+    stages_per_device: Stages | None = None
 
     def __post_init__(self) -> None:
         unknown = set(self.sync_keys) - set(CONFIG_KEYS)
@@ -138,11 +143,11 @@ class ProjectConfig:
         return None
 
 
-def _check_stages(stages: object) -> None:
+def _check_stages(stages: object, key: str = "stages") -> None:
     if stages == "auto":
         return
     if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise ValueError(f'stages must be a whole number >= 1 or "auto", got {stages!r}')
+        raise ValueError(f'{key} must be a whole number >= 1 or "auto", got {stages!r}')
 
 
 def find_project_config(start: Path) -> Path | None:
@@ -199,6 +204,18 @@ def load_project_config(path: Path) -> ProjectConfig:
     stages = _read_stages(table, None, where)
     hardware = _read_hardware(table.get("hardware"), where)
     models = _read_models(table.get("models", []), where)
+    schedule = table.get("schedule")
+    if schedule is not None and schedule not in SCHEDULES:
+        raise SyncpassError(
+            f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}",
+            where.line(None, "schedule"),
+        )
+    per_device = table.get("stages_per_device")
+    if per_device is not None:
+        try:
+            _check_stages(per_device, "stages_per_device")
+        except ValueError as error:
+            raise SyncpassError(str(error), where.line(None, "stages_per_device")) from None
     return ProjectConfig(
         path=path,
         sync=sync,
@@ -207,6 +224,8 @@ def load_project_config(path: Path) -> ProjectConfig:
         stages=stages,
         hardware=hardware,
         models=models,
+        schedule=schedule,
+        stages_per_device=per_device,
     )
 
 

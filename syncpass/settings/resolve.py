@@ -105,8 +105,11 @@ class Settings:
 
     def request(self, costs: Costs) -> PlanRequest:
         """The plan request over ``costs``'s own settings."""
-        schedule = self.overrides.schedule or "1f1b"
+        project = self.project
+        schedule = self.overrides.schedule or (project and project.schedule) or "1f1b"
         given = self.overrides.stages_per_device
+        if given is None and project is not None:
+            given = project.stages_per_device
         per_device: int | None
         if given == "auto":
             per_device = None

@@ -116,7 +116,7 @@ def test_nothing_found_gives_the_defaults(tmp_path: Path) -> None:
             "[tool.syncpass]\nstages = 2\nstrategie = 'fixed'\n",
             ":3",
             "unknown setting 'strategie' in [tool.syncpass]; valid settings are strategy, "
-            "min_sync_interval, communication_cost_threshold, backend, stages, hardware, models",
+            "min_sync_interval, communication_cost_threshold, backend, stages, schedule, stages_per_device, hardware, models",
         ),
         (
             "[tool.syncpass]\n\n[[tool.syncpass.models]]\nsource = 'a.py'\ngenerated = 'b.py'\n"
@@ -231,3 +231,34 @@ def test_a_config_path_through_a_symlink_out_of_the_project_is_refused(
         load_project_config(Path("pyproject.toml"))
     assert caught.value.location == "pyproject.toml:3"
     assert f"which resolves to {outside}" in caught.value.message
+
+
+def test_the_schedule_and_its_stages_per_device_come_from_the_file_unless_flags_say(
+    tmp_path: Path,
+) -> None:
+    config_text = '[tool.syncpass]\nstages = 2\nschedule = "zbv"\n'
+    write(tmp_path / "pyproject.toml", config_text)
+    costs = write(tmp_path / "c.json", json.dumps(cost_dict([1.0] * 8, [0.0] * 7)))
+    settings = resolve_settings(costs)
+    request = settings.request(settings.retarget(load_costs_of(costs)))
+    assert (request.schedule, request.stages, request.stages_per_device) == ("zbv", 2, 2)
+    flagged = resolve_settings(costs, Overrides(schedule="interleaved-1f1b", stages_per_device=4))
+    request = flagged.request(load_costs_of(costs))
+    assert (request.schedule, request.stages_per_device) == ("interleaved-1f1b", 4)
+    write(tmp_path / "pyproject.toml", config_text + "stages_per_device = 'auto'\n")
+    request = resolve_settings(costs).request(load_costs_of(costs))
+    assert request.stages_per_device is None  # plan_for tries what the schedule takes
+    for bad, message in (
+        ('schedule = "pipedream"', "schedule must be one of gpipe, 1f1b"),
+        ("stages_per_device = 0", 'stages_per_device must be a whole number >= 1 or "auto"'),
+    ):
+        write(tmp_path / "pyproject.toml", f"[tool.syncpass]\n{bad}\n")
+        with pytest.raises(SyncpassError, match=message) as raised:
+            load_project_config(tmp_path / "pyproject.toml")
+        assert raised.value.location.endswith("pyproject.toml:2")
+
+
+def load_costs_of(path: Path):  # type: ignore[no-untyped-def]
+    from syncpass.contracts.costs import load_costs
+
+    return load_costs(path)
