@@ -37,6 +37,7 @@ MODELS = [
             "named_sequential",
             "pair_layers",
             "rope_cache_gpt",
+            "rotary_mapping",
             "stage_named",
             "zipped_layers",
         )

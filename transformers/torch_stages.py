@@ -41,6 +41,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -104,20 +105,28 @@ def tensor_count(kind: str | None) -> int | None:
 
 def tensor_pieces(kind: str | None) -> tuple[str, ...] | None:
     """The subscripts of a value of ``kind`` that cross as tensors, when it crosses as its
-    tensors: ``("0", "1")`` for ``tensors:2``; ``('"sliding"',)`` for
-    ``mapping:full=none,sliding=tensor``; else ``None``."""
+    tensors: ``("[0]", "[1]")`` for ``tensors:2``; ``('["sliding"]',)`` for
+    ``mapping:full=none,sliding=tensor``; ``('["local"][0]', '["local"][1]')`` for
+    ``mapping:local=tensors:2``; else ``None``."""
     if kind is None:
         return None
     if kind.startswith("tensors:"):
-        return tuple(str(k) for k in range(int(kind.removeprefix("tensors:"))))
+        return tuple(f"[{k}]" for k in range(int(kind.removeprefix("tensors:"))))
     entries = mapping_entries(kind)
     if entries is None:
         return None
-    return tuple(f'"{key}"' for key, entry in entries if entry == "tensor")
+    pieces: list[str] = []
+    for key, entry in entries:
+        if entry == "tensor":
+            pieces.append(f'["{key}"]')
+        elif entry.startswith("tensors:"):
+            pieces.extend(f'["{key}"]{at}' for at in tensor_pieces(entry) or ())
+    return tuple(pieces)
 
 
 def mapping_entries(kind: str) -> tuple[tuple[str, str], ...] | None:
-    """``(key, "none" | "tensor")`` of a ``mapping:KEY=none,KEY=tensor`` kind, else ``None``."""
+    """``(key, entry)`` of a ``mapping:KEY=none,KEY=tensor,KEY=tensors:N`` kind (``entry``
+    ``none``, ``tensor`` or ``tensors:N``), else ``None``."""
     if not kind.startswith("mapping:"):
         return None
     pairs = [entry.partition("=") for entry in kind.removeprefix("mapping:").split(",")]
@@ -128,7 +137,7 @@ def _one_per_tensor(
     names: Sequence[str], kinds: Sequence[tuple[str, str]], piece: str
 ) -> list[str]:
     """``names`` with each value that crosses as its tensors spelled as its pieces (``piece``
-    formats one from ``name``, its position ``k`` and its subscript ``at``)."""
+    formats one from ``name``, its position ``k`` and its subscripts ``at``)."""
     kind_of = dict(kinds)
     spelled = []
     for name in names:
@@ -149,7 +158,7 @@ def _received_names(stage: StageCode) -> list[str]:
 def _sent_names(stage: StageCode) -> list[str]:
     """What a stage's outputs are, one per tensor sent (``position_embeddings[1]``,
     ``causal_mask_mapping["sliding_attention"]``)."""
-    return _one_per_tensor(stage.sends, stage.sent_kinds, "{name}[{at}]")
+    return _one_per_tensor(stage.sends, stage.sent_kinds, "{name}{at}")
 
 
 def stage_class_name(model: str, index: int | None = None) -> str:
@@ -464,7 +473,7 @@ def _sent(stage: StageCode) -> list[str]:
         elif kind.startswith("tensors:"):
             sent.append(f"*{name}")
         elif (pieces := tensor_pieces(kind)) is not None:  # a mapping: its tensor entries
-            sent.extend(f"{name}[{at}]" for at in pieces)
+            sent.extend(f"{name}{at}" for at in pieces)
         else:
             sent.append(f"torch.as_tensor({name}{device})")
     return sent
@@ -480,6 +489,23 @@ _UNPACK = {
 }
 
 
+def _rebuilt_mapping(name: str, entries: Sequence[tuple[str, str]]) -> str:
+    """The items of a mapping put together again from the tensors received for it
+    (``name_0``, ``name_1``, ... in the order :func:`tensor_pieces` sends them)."""
+    received = itertools.count()
+    items = []
+    for key, entry in entries:
+        if entry == "tensor":
+            value = f"{name}_{next(received)}"
+        elif entry.startswith("tensors:"):
+            parts = [f"{name}_{next(received)}" for _ in tensor_pieces(entry) or ()]
+            value = f"({', '.join(parts)},)"
+        else:
+            value = "None"
+        items.append(f'"{key}": {value}')
+    return ", ".join(items)
+
+
 def _prelude(stage: StageCode, config: cst.Module) -> list[cst.BaseStatement]:
     """What a stage sets before its own statements: received values unpacked, values that
     were None."""
@@ -488,11 +514,7 @@ def _prelude(stage: StageCode, config: cst.Module) -> list[cst.BaseStatement]:
         count = tensor_count(kind)
         entries = mapping_entries(kind)
         if entries is not None:
-            received = iter(range(len(entries)))
-            items = ", ".join(
-                f'"{key}": {f"{name}_{next(received)}" if entry == "tensor" else "None"}'
-                for key, entry in entries
-            )
+            items = _rebuilt_mapping(name, entries)
             why = f"its {count} tensor(s) sent" if count else "no tensor in it"
             lines.append(f"{name} = {{{items}}}  # a mapping, {why}\n")
         elif count is None:

@@ -178,9 +178,11 @@ VALUE_KINDS = (
 )
 
 
-#: ``mapping:KEY=none,KEY=tensor``: a dict of identifier-like string keys to tensors or
-#: None (Hugging Face's Qwen2 ``causal_mask_mapping``); it crosses as its tensors.
-_MAPPING = re.compile(r"mapping:[A-Za-z_]\w*=(none|tensor)(,[A-Za-z_]\w*=(none|tensor))*")
+#: ``mapping:KEY=none,KEY=tensor,KEY=tensors:2``: a dict of identifier-like string keys to
+#: tensors, None or tuples of tensors (Hugging Face's Qwen2 ``causal_mask_mapping``, Gemma
+#: 3's rotary tables by layer type); it crosses as its tensors.
+_ENTRY = r"[A-Za-z_]\w*=(none|tensor|tensors:[1-9]\d*)"
+_MAPPING = re.compile(rf"mapping:{_ENTRY}(,{_ENTRY})*")
 
 
 def known_kind(kind: str) -> bool:

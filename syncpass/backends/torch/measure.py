@@ -300,13 +300,22 @@ def value_kind(value: object) -> str:
     # A plain dict only: a subclass (Hugging Face's ModelOutput, an OrderedDict) is more
     # than its items, which is all the next stage would put together again.
     if type(value) is dict and value:
-        kind = "mapping:" + ",".join(
-            f"{key}={'none' if item is None else 'tensor'}" for key, item in value.items()
-        )
-        if known_kind(kind) and all(
-            item is None or isinstance(item, torch.Tensor) for item in value.values()
-        ):
+        entries = [f"{key}={_entry_kind(item)}" for key, item in value.items()]
+        kind = "mapping:" + ",".join(entries)
+        if known_kind(kind):
             return kind
+    return "other"
+
+
+def _entry_kind(item: object) -> str:
+    """What one entry of a crossing dict is: ``none``, ``tensor``, ``tensors:N`` (a tuple of
+    tensors), or ``other`` (which no mapping kind admits)."""
+    if item is None:
+        return "none"
+    if isinstance(item, torch.Tensor):
+        return "tensor"
+    if type(item) is tuple and item and all(isinstance(part, torch.Tensor) for part in item):
+        return f"tensors:{len(item)}"
     return "other"
 
 

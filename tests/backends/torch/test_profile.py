@@ -744,6 +744,11 @@ def test_what_a_cut_sends_that_is_no_tensor_is_recorded_by_kind() -> None:
     assert value_kind(mapping) == "mapping:full_attention=none,sliding=tensor"
     assert value_kind({"a b": torch.zeros(1)}) == "other"  # a key that is no identifier
     assert value_kind({"a": 3}) == "other"
+    # Entries that are tuples of tensors (Gemma 3's rotary tables by layer type) too.
+    tables = {"local": (torch.zeros(1), torch.ones(1)), "none": None, "t": torch.zeros(1)}
+    assert value_kind(tables) == "mapping:local=tensors:2,none=none,t=tensor"
+    assert value_kind({"a": {"b": torch.zeros(1)}}) == "other"  # deeper: not sent
+    assert value_kind({"a": ()}) == "other"
     assert value_kind(collections.OrderedDict(a=torch.zeros(1))) == "other"  # not a plain dict
     assert value_kind({}) == "other"
     assert value_kind((torch.zeros(1), 3)) == "other"
