@@ -381,62 +381,81 @@ def simulate_order(
     last = stages - 1
     remaining = sum(len(actions) for actions in order.actions)
     timed: list[list[TimedAction]] = [[] for _ in range(devices)]
-    progressed = True
-    while progressed:
-        progressed = False
-        for d in range(devices):
-            actions = order.actions[d]
-            at = position[d]
-            while at < len(actions):
-                kind, s, m = actions[at]
-                recv = send = 0.0
-                ready = 0.0
-                if kind == "F":
-                    start = clock[d]
-                    if s > 0:
-                        ready = forward_end[s - 1][m]
-                        if ready == unset:
-                            break
-                        recv = forward_link[s - 1]
-                        start = max(start, ready - recv)
-                    if s < last:
-                        send = forward_link[s]
-                    work = forward_work[s]
-                elif kind == "W":
-                    ready = grad_end[s][m]
+    # A device runs until it waits; one that moved wakes the devices of the stages next to
+    # its own (any order that respects each action's predecessors gives the same times).
+    neighbours = [
+        sorted(
+            {
+                where[t]
+                for s in range(stages)
+                if where[s] == d
+                for t in (s - 1, s + 1)
+                if 0 <= t < stages
+            }
+            - {d}
+        )
+        for d in range(devices)
+    ]
+    waiting = list(range(devices - 1, -1, -1))
+    queued = [True] * devices
+    while waiting:
+        d = waiting.pop()
+        queued[d] = False
+        actions = order.actions[d]
+        at = started = position[d]
+        while at < len(actions):
+            kind, s, m = actions[at]
+            recv = send = 0.0
+            ready = 0.0
+            if kind == "F":
+                start = clock[d]
+                if s > 0:
+                    ready = forward_end[s - 1][m]
                     if ready == unset:
                         break
-                    start, work = max(clock[d], ready), split[s][1]
+                    recv = forward_link[s - 1]
+                    start = max(start, ready - recv)
+                if s < last:
+                    send = forward_link[s]
+                work = forward_work[s]
+            elif kind == "W":
+                ready = grad_end[s][m]
+                if ready == unset:
+                    break
+                start, work = max(clock[d], ready), split[s][1]
+            else:
+                if s == last:
+                    ready = forward_end[s][m]
+                    if ready == unset:
+                        break
+                    start = max(clock[d], ready)
                 else:
-                    if s == last:
-                        ready = forward_end[s][m]
-                        if ready == unset:
-                            break
-                        start = max(clock[d], ready)
-                    else:
-                        ready = grad_end[s + 1][m]
-                        if ready == unset:
-                            break
-                        recv = backward_link[s]
-                        start = max(clock[d], ready - recv)
-                    if s > 0:
-                        send = backward_link[s - 1]
-                    work = backward_work[s] if kind == "B" else split[s][0]
-                end = start + recv + work + send
-                if kind == "F":
-                    forward_end[s][m] = end
-                elif kind != "W":
-                    grad_end[s][m] = end
-                if record:
-                    timed[d].append(TimedAction(actions[at], ready, start, end))
-                clock[d] = end
-                sync[d] += recv + send
-                compute[d] += work
-                at += 1
-            if at > position[d]:
-                remaining -= at - position[d]
-                position[d] = at
-                progressed = True
+                    ready = grad_end[s + 1][m]
+                    if ready == unset:
+                        break
+                    recv = backward_link[s]
+                    start = max(clock[d], ready - recv)
+                if s > 0:
+                    send = backward_link[s - 1]
+                work = backward_work[s] if kind == "B" else split[s][0]
+            end = start + recv + work + send
+            if kind == "F":
+                forward_end[s][m] = end
+            elif kind != "W":
+                grad_end[s][m] = end
+            if record:
+                timed[d].append(TimedAction(actions[at], ready, start, end))
+            clock[d] = end
+            sync[d] += recv + send
+            compute[d] += work
+            at += 1
+        position[d] = at
+        remaining -= at - started
+        if at > started:
+            for other in neighbours[d]:
+                if not queued[other]:
+                    queued[other] = True
+                    waiting.append(other)
     if remaining:
         raise RuntimeError(f"the {order.schedule} order deadlocked; this is a bug in syncpass")
     step = max(clock) if clock else 0.0
