@@ -31,7 +31,11 @@ from typing import Any
 import libcst as cst
 
 from syncpass.backends.registry import load_backend
-from syncpass.contracts.config import SyncConfig, sync_config_from_mapping
+from syncpass.contracts.config import (
+    SyncConfig,
+    default_stages_per_device,
+    sync_config_from_mapping,
+)
 from syncpass.contracts.costs import Costs, load_costs
 from syncpass.core.errors import SyncpassError, unexpected_error
 from syncpass.core.plugins import DEFAULT_BACKEND
@@ -69,7 +73,7 @@ def rewrite_source(
     sync_config: SyncConfig | Mapping[str, Any] | None = None,
     microbatches: int | None = None,
     schedule: str = "1f1b",
-    stages_per_device: int | None = 1,
+    stages_per_device: int | str | None = None,
     class_name: str | None = None,
     max_stages: int | None = None,
     backend: str = DEFAULT_BACKEND,
@@ -78,7 +82,8 @@ def rewrite_source(
 
     ``stages`` of ``None`` with ``max_stages`` picks the stage count with the
     least predicted step. ``stages`` counts pipeline ranks; under a multi-stage
-    ``schedule`` each holds ``stages_per_device`` stages (``None``: the count with the
+    ``schedule`` each holds ``stages_per_device`` stages (``None``: the schedule's
+    default, 2 for ``zbv`` and ``dualpipev``, else 1; ``"auto"``: the count with the
     least predicted step). Bad input (a syntax error, a cost file of another
     model, an impossible constraint) comes back in :attr:`ApiResult.error`.
     """
@@ -89,7 +94,7 @@ def rewrite_source(
             config=_config(sync_config, loaded.config),
             microbatches=microbatches,
             schedule=schedule,
-            stages_per_device=stages_per_device,
+            stages_per_device=_stages_per_device(schedule, stages_per_device),
         )
         result = rewrite_text(
             code,
@@ -119,6 +124,7 @@ def rewrite_module(
     sync_config: SyncConfig | Mapping[str, Any] | None = None,
     microbatches: int | None = None,
     schedule: str = "1f1b",
+    stages_per_device: int | str | None = None,
     class_name: str | None = None,
     max_stages: int | None = None,
     backend: str = DEFAULT_BACKEND,
@@ -133,6 +139,7 @@ def rewrite_module(
         sync_config=sync_config,
         microbatches=microbatches,
         schedule=schedule,
+        stages_per_device=stages_per_device,
         class_name=class_name,
         max_stages=max_stages,
         backend=backend,
@@ -140,6 +147,17 @@ def rewrite_module(
     if not result.ok or not result.changed:
         return ApiResult(module.code, module, result.plan, result.warnings, result.error)
     return result
+
+
+def _stages_per_device(schedule: str, given: int | str | None) -> int | None:
+    """``PlanRequest.stages_per_device`` for the API's ``stages_per_device``."""
+    if given == "auto":
+        return None
+    if given is None:
+        return default_stages_per_device(schedule)
+    if isinstance(given, bool) or not isinstance(given, int):
+        raise ValueError(f'stages_per_device must be a whole number or "auto", got {given!r}')
+    return given
 
 
 def _config(given: SyncConfig | Mapping[str, Any] | None, base: SyncConfig) -> SyncConfig:

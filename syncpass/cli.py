@@ -50,7 +50,7 @@ from syncpass.plan.planner import (
 )
 from syncpass.plan.report import render_plan, render_sweep
 from syncpass.plan.retarget import sweep_batch, sweep_to_json
-from syncpass.plan.schedule import single_stage_order
+from syncpass.plan.schedule import OrderSource, single_stage_order
 from syncpass.runtime.example import example_location
 from syncpass.runtime.guard import call_guarded
 from syncpass.settings.resolve import Overrides, Settings, resolve_settings
@@ -318,10 +318,11 @@ def _run_plan(args: argparse.Namespace) -> int:
         refused_kinds=backend.refused_kinds,
     )
     auto = settings.auto
+    orders = backend.schedule_order or single_stage_order
     if args.sweep_batch is not None:
-        return _run_sweep(args, costs, request)
+        return _run_sweep(args, costs, request, orders)
     # The baselines reuse what planning computed; the schedule's order is the engine's.
-    cache = PlanCache(costs, backend.schedule_order or single_stage_order)
+    cache = PlanCache(costs, orders)
     plan = plan_for(costs, request, str(args.costs), settings.auto_limit, cache)
     baselines: tuple[Plan, ...] = ()
     if not args.no_baselines and len(plan.stages) > 1:
@@ -345,15 +346,19 @@ def _run_plan(args: argparse.Namespace) -> int:
     else:
         if auto and settings.auto_limit is not None:
             tried = auto_stage_limit(costs, settings.auto_limit, plan.stages_per_device)
+            chosen = f"{len(plan.stages)} stage(s)"
+            if plan.stages_per_device > 1:
+                chosen = f"{plan.devices} rank(s) of {plan.stages_per_device} stages"
             sys.stdout.write(
-                f"--stages auto: {len(plan.stages)} stage(s) give the least predicted step time "
-                f"(tried 1..{tried})\n"
+                f"--stages auto: {chosen} give the least predicted step time (tried 1..{tried})\n"
             )
         sys.stdout.write(render_plan(plan, baselines))
     return EXIT_OK
 
 
-def _run_sweep(args: argparse.Namespace, costs: Costs, request: PlanRequest) -> int:
+def _run_sweep(
+    args: argparse.Namespace, costs: Costs, request: PlanRequest, orders: OrderSource
+) -> int:
     if args.output is not None:
         raise SyncpassError("--sweep-batch prints its table; drop -o (use --json for JSON)")
     try:
@@ -364,7 +369,7 @@ def _run_sweep(args: argparse.Namespace, costs: Costs, request: PlanRequest) -> 
         ) from None
     if request.stages is None and request.config.strategy != "manual":
         raise SyncpassError("--sweep-batch needs a fixed --stages S")
-    points, ranges = sweep_batch(costs, request, sizes, str(args.costs))
+    points, ranges = sweep_batch(costs, request, sizes, str(args.costs), orders)
     if args.json:
         sys.stdout.write(json.dumps(sweep_to_json(points, ranges), indent=2) + "\n")
     else:
@@ -423,6 +428,7 @@ def _saved_plan(args: argparse.Namespace) -> Plan:
         for flag, value in (
             ("--stages", args.stages),
             ("--stages-per-device", args.stages_per_device),
+            ("--schedule", args.schedule),
             ("--strategy", args.strategy),
             ("--min-sync-interval", args.min_sync_interval),
             ("--threshold", args.threshold),

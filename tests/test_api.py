@@ -234,3 +234,16 @@ def test_the_codemod_writes_for_the_project_backend(tmp_path: Path) -> None:
     done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
     assert (tmp_path / "mlp.py").read_text() == expected
+
+
+def test_the_api_takes_the_schedules_own_stages_per_device() -> None:
+    # zbv holds two stages a device: 2 devices, 4 stages, without saying so.
+    common = {"costs": CASE.costs_path, "sync_config": CASE.config, "class_name": CASE.model}
+    result = rewrite_source(CASE.source, "model.py", stages=2, schedule="zbv", **common)
+    assert result.ok, result.error
+    assert result.plan is not None and len(result.plan.stages) == 4
+    assert [stage.device for stage in result.plan.stages] == [0, 1, 1, 0]
+    refused = rewrite_source(
+        CASE.source, "model.py", stages=2, schedule="zbv", stages_per_device=3, **common
+    )
+    assert refused.error is not None and "use 2" in str(refused.error)

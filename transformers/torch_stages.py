@@ -61,6 +61,14 @@ from syncpass.transformers.common import (
 #: The comment that opens the block of stage classes syncpass writes.
 STAGES_COMMENT = "# syncpass stages"
 _STAGES_COMMENT = re.compile(r"^#\s*syncpass stages\b")
+_STAGE_COUNT = re.compile(r"^# syncpass stages: [\w.]+ in (\d+) PipelineStage modules$", re.M)
+
+
+def written_stage_count(text: str) -> int | None:
+    """How many stages the file's eager stage classes say they are (their header comment),
+    or ``None`` for a file without them."""
+    found = _STAGE_COUNT.search(text)
+    return None if found is None else int(found.group(1))
 
 
 @dataclass(frozen=True)

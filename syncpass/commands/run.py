@@ -18,11 +18,7 @@ from typing import Any
 
 from syncpass.backends.registry import load_backend
 from syncpass.commands.cliargs import EXIT_FOUND, EXIT_OK, positive_float, positive_int
-from syncpass.contracts.config import (
-    MULTI_STAGE_SCHEDULES,
-    SINGLE_STAGE_SCHEDULES,
-    V_SHAPE_SCHEDULES,
-)
+from syncpass.contracts.config import MULTI_STAGE_SCHEDULES, default_stages_per_device
 from syncpass.contracts.hardware import cpu_devices
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import refuse_clobbering, write_atomically
@@ -30,6 +26,8 @@ from syncpass.core.plugins import DEFAULT_BACKEND, backend_names
 from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
 from syncpass.runtime.example import example_for_file
 from syncpass.runtime.render import render_run, report_document
+from syncpass.settings.resolve import Overrides, resolve_settings
+from syncpass.transformers.torch_stages import written_stage_count
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -75,9 +73,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument(
         "--stages-per-device",
         type=positive_int,
-        default=1,
         metavar="V",
-        help="stages each rank holds (default 1): FILE holds N x V stages, placed round-robin "
+        help="stages each rank holds (default 1, 2 for zbv and dualpipev, or the project "
+        "configuration's): FILE holds N x V stages, placed round-robin "
         "(interleaved-1f1b, looped-bfs, interleaved-zb) or in a V (zbv, dualpipev: V is 2); "
         "gpipe and 1f1b hold one",
     )
@@ -182,19 +180,33 @@ def checked_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
     return file, report
 
 
-def request_from_args(args: argparse.Namespace, schedule_default: str = "1f1b") -> RunRequest:
+def request_from_args(
+    args: argparse.Namespace,
+    schedule_default: str = "1f1b",
+    schedules: tuple[str, ...] = SCHEDULES,
+) -> RunRequest:
     """The RunRequest of parsed ``syncpass run`` arguments; checks what needs no process.
 
-    ``schedule_default`` is the schedule of the backend's run when ``--schedule`` is not given.
+    ``schedule_default`` is the schedule of the backend's run when neither ``--schedule``
+    nor the project's configuration names one; ``schedules`` are those the backend runs
+    (it refuses the others itself, with its reasons). The stages per rank come from
+    ``--stages-per-device``, else the configuration (with its schedule, as ``rewrite``
+    reads it), else the schedule's default.
     """
     file, _ = checked_paths(args)
-    schedule = args.schedule or schedule_default
+    runs_several = any(name in schedules for name in MULTI_STAGE_SCHEDULES)
+    given = Overrides(schedule=args.schedule, stages_per_device=args.stages_per_device)
+    schedule, per_device = resolve_settings(file, given).schedule_and_stages_per_device(
+        schedule_default, check=runs_several
+    )
+    if per_device is None:  # "auto" in the configuration: the file says how many it holds
+        written = written_stage_count(file.read_text()) if file.suffix == ".py" else None
+        fits = written is not None and written % args.stages == 0
+        per_device = written // args.stages if fits else default_stages_per_device(schedule)
     if schedule == "1f1b" and args.microbatches is not None and args.microbatches < args.stages:
         raise SyncpassError(
             f"--schedule 1f1b needs --microbatches >= --stages ({args.microbatches} < {args.stages})"
         )
-    per_device = getattr(args, "stages_per_device", 1)
-    _check_placement(schedule, args.stages, per_device)
     return RunRequest(
         file=str(file),
         example=example_for_file(file, args.example),
@@ -211,22 +223,6 @@ def request_from_args(args: argparse.Namespace, schedule_default: str = "1f1b") 
         timeline=None if args.timeline is None else str(args.timeline.resolve()),
         stages_per_device=per_device,
     )
-
-
-def _check_placement(schedule: str, stages: int, per_device: int) -> None:
-    """Refuse a schedule that cannot hold ``per_device`` stages on each rank, saying what can."""
-    if schedule in SINGLE_STAGE_SCHEDULES and per_device != 1:
-        raise SyncpassError(
-            f"--schedule {schedule} holds one stage per rank, and --stages-per-device asks for "
-            f"{per_device}: choose one of {', '.join(MULTI_STAGE_SCHEDULES)}, or run the "
-            f"{stages * per_device} stages on as many ranks with --stages {stages * per_device}"
-        )
-    if schedule in V_SHAPE_SCHEDULES and per_device != 2:
-        raise SyncpassError(
-            f"--schedule {schedule} places exactly two stages on each rank (a V: rank r holds "
-            f"stages r and 2N-1-r), and --stages-per-device is {per_device}: use "
-            "--stages-per-device 2 (the file then holds 2 x --stages stages)"
-        )
 
 
 def _crowded(stages: int, threads: int, device: str) -> str | None:
@@ -251,7 +247,9 @@ def run_command(args: argparse.Namespace) -> int:
     """
     backend = load_backend(getattr(args, "backend", DEFAULT_BACKEND))
     run = backend.need("run", "choose a backend that runs pipelines with --backend")
-    request = request_from_args(args, backend.schedules[0] if backend.schedules else "1f1b")
+    request = request_from_args(
+        args, backend.schedules[0] if backend.schedules else "1f1b", backend.schedules
+    )
     costs = predict = None
     if args.costs is not None:  # checked and read before the run: a bad cost file fails fast
         from syncpass.contracts.costs import load_costs

@@ -58,6 +58,30 @@ MULTI_STAGE_SCHEDULES = ("interleaved-1f1b", "looped-bfs", "interleaved-zb", "zb
 V_SHAPE_SCHEDULES = ("zbv", "dualpipev")
 
 
+def default_stages_per_device(schedule: str) -> int:
+    """The stages a device holds when nobody says: two for the V, else one."""
+    return 2 if schedule in V_SHAPE_SCHEDULES else 1
+
+
+def placement_error(
+    schedule: str, stages_per_device: int, given_by: str = "--stages-per-device"
+) -> str | None:
+    """Why ``schedule`` cannot hold ``stages_per_device`` stages on each device (``given_by``
+    names where that count comes from, a flag or a config line), or ``None``."""
+    if schedule in SINGLE_STAGE_SCHEDULES and stages_per_device != 1:
+        return (
+            f"--schedule {schedule} holds one stage per device, and {given_by} asks for "
+            f"{stages_per_device}: choose a schedule that holds several "
+            f"({', '.join(MULTI_STAGE_SCHEDULES)}), or give the stages a device each"
+        )
+    if schedule in V_SHAPE_SCHEDULES and stages_per_device != 2:
+        return (
+            f"--schedule {schedule} places exactly two stages on each device (a V: device d "
+            f"holds stages d and 2S-1-d), and {given_by} is {stages_per_device}: use 2"
+        )
+    return None
+
+
 def stage_devices(schedule: str, devices: int, stages_per_device: int) -> tuple[int, ...]:
     """The device (pipeline rank) of each of the ``devices * stages_per_device`` stages
     under ``schedule``: round-robin, or the V of :data:`V_SHAPE_SCHEDULES`."""
@@ -65,10 +89,9 @@ def stage_devices(schedule: str, devices: int, stages_per_device: int) -> tuple[
         raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if devices < 1 or stages_per_device < 1:
         raise ValueError("devices and stages_per_device must be at least 1")
-    if schedule in SINGLE_STAGE_SCHEDULES and stages_per_device != 1:
-        raise ValueError(f"{schedule} holds one stage per device")
-    if schedule in V_SHAPE_SCHEDULES and stages_per_device != 2:
-        raise ValueError(f"{schedule} holds exactly two stages per device")
+    refused = placement_error(schedule, stages_per_device)
+    if refused is not None:
+        raise ValueError(refused)
     stages = devices * stages_per_device
     if schedule in V_SHAPE_SCHEDULES:
         return tuple(s if s < devices else 2 * devices - 1 - s for s in range(stages))

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from syncpass.contracts.config import stage_devices
 from syncpass.core.errors import SyncpassError
 from syncpass.core.jsonio import read_json
 from syncpass.plan.planner import Plan, StagePlan, SyncPoint, Threshold
@@ -114,6 +116,7 @@ def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
         raise fail("$", "must be a JSON object")
     if data.get("version") != PLAN_FILE_VERSION:
         raise fail("$.version", f"unsupported version {data.get('version')!r}; expected 1")
+    _check_placement(data, fail)
     try:
         threshold = data["threshold"]
         plan = Plan(
@@ -178,6 +181,33 @@ def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
     except (TypeError, ValueError) as error:
         raise fail("$", f"malformed plan: {error}") from None
     return plan
+
+
+def _check_placement(data: dict[str, Any], fail: Callable[[str, str], SyncpassError]) -> None:
+    """``stages_per_device`` a whole number that fills every device alike, and each stage's
+    ``device`` where the schedule places it."""
+    per_device = data.get("stages_per_device", 1)
+    stages = data.get("stages")
+    if isinstance(per_device, bool) or not isinstance(per_device, int) or per_device < 1:
+        raise fail("$.stages_per_device", f"must be a whole number >= 1, got {per_device!r}")
+    if not isinstance(stages, list) or not stages:
+        return  # reported with the other fields
+    if len(stages) % per_device:
+        raise fail(
+            "$.stages_per_device",
+            f"{per_device} stages per device do not divide the plan's {len(stages)} stages",
+        )
+    try:
+        placement = stage_devices(data.get("schedule", ""), len(stages) // per_device, per_device)
+    except ValueError as error:
+        raise fail("$.stages_per_device", str(error)) from None
+    for index, (stage, device) in enumerate(zip(stages, placement, strict=True)):
+        given = stage.get("device", device) if isinstance(stage, dict) else device
+        if given != device:
+            raise fail(
+                f"$.stages[{index}].device",
+                f"is {given!r}, but {data.get('schedule')} places stage {index} on device {device}",
+            )
 
 
 def _names(value: Any) -> tuple[str, ...]:

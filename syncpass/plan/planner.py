@@ -258,6 +258,12 @@ class PlanCache:
         :class:`SyncpassError` when the schedule refuses the counts."""
         key = (schedule, devices, stages_per_device, microbatches)
         if key not in self._orders:
+            if schedule in MULTI_STAGE_SCHEDULES and self.orders is single_stage_order:
+                raise SyncpassError(
+                    f"--schedule {schedule} holds several stages per device, and the backend "
+                    "planned for runs gpipe and 1f1b only; plan for a torch backend "
+                    "(--backend torch_stages or torch), or use --schedule gpipe or 1f1b"
+                )
             try:
                 found = self.orders(
                     schedule, devices, stages_per_device, microbatches, self.costs.training
@@ -336,12 +342,9 @@ def make_plan(
     # From here on ``stages`` counts the plan's stages, ``per_device`` to a device.
     stages = _stage_count(problem, request, origin, _refusals(costs, request))
     if request.schedule in MULTI_STAGE_SCHEDULES:
-        try:
-            cache.order(request.schedule, stages // per_device, per_device, microbatches)
-        except SyncpassError as error:
-            raise InfeasibleError(
-                f"{error.message}; choose --microbatches to suit it", "microbatches", origin
-            ) from None
+        _check_order(
+            cache, request.schedule, stages // per_device, per_device, microbatches, origin
+        )
     notes: list[str] = list(costs.notes)
     devices = costs.hardware.devices
     if devices is not None and stages // per_device > devices:
@@ -592,6 +595,13 @@ def best_stage_count(
     cache = _cache_for(costs, cache)
     devices = costs.hardware.devices
     limit = auto_stage_limit(costs, max_stages, request.per_device)
+    if limit < 1:
+        raise InfeasibleError(
+            f"the model has {len(costs.ops)} op(s): too few for {request.per_device} stages "
+            "on even one device; use fewer stages per device (--stages-per-device)",
+            "stages",
+            origin,
+        )
     best: Plan | None = None
     last_error: SyncpassError | None = None
     for stages in range(1, limit + 1):
@@ -611,9 +621,44 @@ def best_stage_count(
             if devices is not None and devices == limit
             else f"the model has {len(costs.ops)} op(s)"
         )
-        note = f"--stages auto tried 1 to {limit} stage(s), not {max_stages}: {why}"
+        counted = "stage(s)" if request.per_device == 1 else "rank(s)"
+        note = f"--stages auto tried 1 to {limit} {counted}, not {max_stages}: {why}"
         best = dataclasses.replace(best, notes=(*best.notes, note))
     return best
+
+
+def _check_order(
+    cache: PlanCache,
+    schedule: str,
+    devices: int,
+    per_device: int,
+    microbatches: int,
+    origin: str,
+) -> None:
+    """Raise, as an :class:`InfeasibleError` saying which micro-batch counts would do,
+    when the engine's ``schedule`` refuses ``microbatches`` for these counts."""
+    try:
+        cache.order(schedule, devices, per_device, microbatches)
+    except SyncpassError as error:
+        if schedule in MULTI_STAGE_SCHEDULES and cache.orders is single_stage_order:
+            raise
+        batch = cache.costs.batch_size
+        taken = []
+        for count in (d for d in range(1, min(batch, 4096) + 1) if batch % d == 0):
+            try:
+                cache.order(schedule, devices, per_device, count)
+            except SyncpassError:
+                continue
+            taken.append(str(count))
+        advice = (
+            f"--microbatches {', '.join(taken[:8])}{', ...' if len(taken) > 8 else ''} would do "
+            f"(each divides the batch of {batch})"
+            if taken
+            else f"no micro-batch count that divides the batch of {batch} will do: plan for a "
+            "larger batch (--batch-size), fewer devices or fewer stages per device"
+        )
+        message = f"{error.message.rstrip('.')}; {advice}"
+        raise InfeasibleError(message, "microbatches", origin) from None
 
 
 def _refusals(costs: Costs, request: PlanRequest) -> str:
@@ -660,6 +705,8 @@ def _stage_count(problem: Problem, request: PlanRequest, origin: str, refusals: 
     cuts = int(problem.admissible.sum())
     if stages * k > n:
         advice = f"use at most {n // k} stages" if n // k else f"lower min_sync_interval to {n}"
+        if per_device > 1:
+            advice = _per_device_advice(n // k, per_device)
         raise InfeasibleError(
             f"{stages} stages need at least {stages * k} ops (min_sync_interval {k}), "
             f"but the model has {n}; {advice}",
@@ -667,9 +714,12 @@ def _stage_count(problem: Problem, request: PlanRequest, origin: str, refusals: 
             origin,
         )
     if stages - 1 > cuts:
+        advice = f"use at most {cuts + 1} stages"
+        if per_device > 1:
+            advice = _per_device_advice(cuts + 1, per_device)
         raise InfeasibleError(
             f"{stages} stages need {stages - 1} sync points, but the cost file lists only "
-            f"{cuts} admissible cut(s){refusals}; use at most {cuts + 1} stages",
+            f"{cuts} admissible cut(s){refusals}; {advice}",
             "stages",
             origin,
         )
@@ -680,6 +730,14 @@ def _stage_count(problem: Problem, request: PlanRequest, origin: str, refusals: 
             origin,
         )
     return stages
+
+
+def _per_device_advice(most: int, per_device: int) -> str:
+    """What to ask for when at most ``most`` stages fit and each device holds
+    ``per_device``: fewer devices (``--stages``), or fewer stages per device."""
+    devices = most // per_device
+    fewer = f"use --stages {devices} or fewer, or " if devices else "use "
+    return f"at most {most} stages fit: {fewer}fewer stages per device (--stages-per-device)"
 
 
 def _fewer(problem: Problem, stages: int) -> str:

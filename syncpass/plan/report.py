@@ -105,6 +105,19 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
         f"communication {seconds(plan.total_comm_s)} per step over all sync points"
     )
     if several:
+        local = [
+            point.after
+            for point, stage, following in zip(
+                plan.sync_points, plan.stages, plan.stages[1:], strict=False
+            )
+            if stage.device == following.device
+        ]
+        if local:
+            lines.append(
+                f"  the sync point(s) after {', '.join(local)} join two stages of one device: "
+                "nothing is sent there, and the predicted step charges nothing (the stage "
+                "times above do)"
+            )
         for device in range(plan.devices):
             held = [stage for stage in plan.stages if stage.device == device]
             lines.append(

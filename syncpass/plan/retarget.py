@@ -24,7 +24,8 @@ from typing import Any
 
 from syncpass.contracts.costs import Costs, OpCost
 from syncpass.core.errors import SyncpassError
-from syncpass.plan.planner import Plan, PlanRequest, make_plan
+from syncpass.plan.planner import Plan, PlanCache, PlanRequest, make_plan
+from syncpass.plan.schedule import OrderSource, single_stage_order
 
 
 def _input_share(op: OpCost, scale: float) -> float | None:
@@ -126,22 +127,29 @@ class PlanRange:
 
 
 def sweep_batch(
-    costs: Costs, request: PlanRequest, batch_sizes: Sequence[int], origin: str = ""
+    costs: Costs,
+    request: PlanRequest,
+    batch_sizes: Sequence[int],
+    origin: str = "",
+    orders: OrderSource = single_stage_order,
 ) -> tuple[tuple[SweepPoint, ...], tuple[PlanRange, ...]]:
     """Plan at each of ``batch_sizes``; then the exact batch ranges of each plan.
 
     Between two swept sizes whose plans differ, the batch size where the plan
     changes is found by bisection over whole batch sizes (assuming one change
-    between them; a sweep with closer sizes shows more).
+    between them; a sweep with closer sizes shows more). ``orders`` gives a multi-stage
+    schedule's order (:class:`~syncpass.plan.planner.PlanCache`).
     """
     sizes = sorted(set(batch_sizes))
     if not sizes:
         raise SyncpassError("--sweep-batch needs at least one batch size")
+    if request.stages_per_device is None:
+        raise SyncpassError("--sweep-batch needs a fixed --stages-per-device V")
 
     def cuts_at(batch: int) -> tuple[str, ...] | None:
-        return _point(costs, request, batch, origin).cuts
+        return _point(costs, request, batch, origin, orders).cuts
 
-    points = tuple(_point(costs, request, batch, origin) for batch in sizes)
+    points = tuple(_point(costs, request, batch, origin, orders) for batch in sizes)
     ranges: list[PlanRange] = []
     low = sizes[0]
     for left, right in itertools.pairwise(points):
@@ -153,9 +161,12 @@ def sweep_batch(
     return points, tuple(ranges)
 
 
-def _point(costs: Costs, request: PlanRequest, batch: int, origin: str) -> SweepPoint:
+def _point(
+    costs: Costs, request: PlanRequest, batch: int, origin: str, orders: OrderSource
+) -> SweepPoint:
     try:
-        plan = make_plan(retarget_batch(costs, batch), request, origin)
+        at_batch = retarget_batch(costs, batch)
+        plan = make_plan(at_batch, request, origin, PlanCache(at_batch, orders))
     except SyncpassError as error:  # no plan at this batch size (or too few samples)
         return SweepPoint(batch, None, error.message)
     return SweepPoint(batch, plan)

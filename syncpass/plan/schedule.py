@@ -299,6 +299,16 @@ class ScheduleOrder:
                 if not 0 <= action.microbatch < self.microbatches or action in seen:
                     raise ValueError(f"action {action} is out of range or listed twice")
                 seen.add(action)
+        training = any(action.kind != "F" for action in seen)
+        for stage in range(len(self.stage_device)):
+            for m in range(self.microbatches):
+                if Action("F", stage, m) not in seen:
+                    raise ValueError(f"no forward of micro-batch {m} on stage {stage}")
+                split = Action("I", stage, m) in seen and Action("W", stage, m) in seen
+                if training and (Action("B", stage, m) in seen) == split:
+                    raise ValueError(
+                        f"micro-batch {m} on stage {stage} needs one backward: B, or I and W"
+                    )
 
     @property
     def devices(self) -> int:

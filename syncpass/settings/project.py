@@ -111,6 +111,7 @@ class ProjectConfig:
     models: tuple[ModelEntry, ...] = ()
     schedule: str | None = None
     stages_per_device: Stages | None = None
+    stages_per_device_at: str = ""  # where the file sets it (file:line), for messages
 
     def __post_init__(self) -> None:
         unknown = set(self.sync_keys) - set(CONFIG_KEYS)
@@ -226,6 +227,7 @@ def load_project_config(path: Path) -> ProjectConfig:
         models=models,
         schedule=schedule,
         stages_per_device=per_device,
+        stages_per_device_at=where.line(None, "stages_per_device"),
     )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from syncpass.contracts.config import V_SHAPE_SCHEDULES, SyncConfig
+from syncpass.contracts.config import SyncConfig, default_stages_per_device, placement_error
 from syncpass.contracts.costs import Costs
 from syncpass.contracts.hardware import load_profile, retarget_hardware
 from syncpass.core.errors import SyncpassError
@@ -105,18 +105,7 @@ class Settings:
 
     def request(self, costs: Costs) -> PlanRequest:
         """The plan request over ``costs``'s own settings."""
-        project = self.project
-        schedule = self.overrides.schedule or (project and project.schedule) or "1f1b"
-        given = self.overrides.stages_per_device
-        if given is None and project is not None:
-            given = project.stages_per_device
-        per_device: int | None
-        if given == "auto":
-            per_device = None
-        elif given is None:
-            per_device = 2 if schedule in V_SHAPE_SCHEDULES else 1
-        else:
-            per_device = int(given)
+        schedule, per_device = self.schedule_and_stages_per_device()
         try:
             return PlanRequest(
                 stages=None if self.auto or self.stages is None else int(self.stages),
@@ -128,6 +117,36 @@ class Settings:
             )
         except ValueError as error:
             raise SyncpassError(str(error)) from None
+
+    def schedule_and_stages_per_device(
+        self, default_schedule: str = "1f1b", check: bool = True
+    ) -> tuple[str, int | None]:
+        """The schedule, and the stages each device holds (``None``: to be chosen).
+
+        A flag wins over the configuration file, which wins over ``default_schedule``. The
+        file's ``stages_per_device`` goes with its ``schedule``: when ``--schedule`` names
+        another that cannot hold that many, the other's default is taken (2 for the V, else
+        1). With ``check``, a count the schedule cannot hold is an error that names the flag
+        or the file's line (without, the caller's backend refuses it in its own words).
+        """
+        project = self.project
+        overrides = self.overrides
+        schedule = overrides.schedule or (project.schedule if project else None) or default_schedule
+        given, given_by = overrides.stages_per_device, "--stages-per-device"
+        if given is None and project is not None and project.stages_per_device is not None:
+            given = project.stages_per_device
+            given_by = f"stages_per_device ({project.stages_per_device_at})"
+            mismatched = given != "auto" and placement_error(schedule, int(given)) is not None
+            if mismatched and overrides.schedule is not None:
+                given = None  # the file's count was for the file's schedule
+        if given == "auto":
+            return schedule, None
+        if given is None:
+            return schedule, default_stages_per_device(schedule)
+        refused = placement_error(schedule, int(given), given_by)
+        if refused is not None and check:
+            raise SyncpassError(refused)
+        return schedule, int(given)
 
     def retarget(self, costs: Costs, *, estimated_for_hardware: bool = False) -> Costs:
         """``costs`` for the hardware and batch size asked for (the report says so).

@@ -258,15 +258,18 @@ def test_stages_per_device_auto_keeps_the_fastest_and_says_so() -> None:
 def test_schedules_refuse_what_torch_refuses() -> None:
     with pytest.raises(ValueError, match="one stage per device"):
         multi_request(2, 2, "1f1b")
-    with pytest.raises(ValueError, match="exactly two stages per device"):
+    with pytest.raises(ValueError, match="places exactly two stages on each device"):
         multi_request(2, 3, "zbv")
     costs = parse_costs(cost_dict([1.0] * 8, [0.0] * 7, backward=[1.0] * 8, training=True))
     cache = PlanCache(costs, schedule_order)
     few = dataclasses.replace(multi_request(2, 2, "dualpipev"), microbatches=3)
     with pytest.raises(InfeasibleError, match="DualPipeV requires at least as many"):
         make_plan(costs, few, cache=cache)
-    # Without the engine's orders, the planner knows only gpipe and 1f1b.
-    with pytest.raises(SyncpassError, match="schedule_order"):
+    # DualPipeV at 2 x 2 takes 4 or 8 micro-batches of a batch of 8, and the error says so.
+    with pytest.raises(InfeasibleError, match="--microbatches 4, 8 would do"):
+        make_plan(costs, few, cache=PlanCache(costs, schedule_order))
+    # Without the engine's orders (JAX), the planner knows only gpipe and 1f1b.
+    with pytest.raises(SyncpassError, match="runs gpipe and 1f1b only; plan for a torch backend"):
         make_plan(costs, multi_request(2, 2, "interleaved-1f1b"))
 
 
@@ -361,3 +364,37 @@ def test_the_simulation_runs_torchs_order_and_waits_for_each_dependency(schedule
                 continue
             assert waited is not None and timed.start_s >= waited - 1e-12
     assert prediction.step_s == pytest.approx(max(end.values()))
+
+
+def test_sweeps_tiny_models_and_plan_files_are_refused_clearly() -> None:
+    from syncpass.plan.planner import best_stage_count
+    from syncpass.plan.retarget import sweep_batch
+
+    data = cost_dict([1.0] * 12, [0.1] * 11, backward=[2.0] * 12, training=True)
+    costs = parse_costs(data)
+    # A sweep over batch sizes reads the engine's order too.
+    points, _ = sweep_batch(costs, multi_request(2, 2, "zbv"), [8, 16], orders=schedule_order)
+    assert all(point.plan is not None and len(point.plan.stages) == 4 for point in points)
+    with pytest.raises(SyncpassError, match="--sweep-batch needs a fixed --stages-per-device"):
+        sweep_batch(costs, multi_request(2, None, "zbv"), [8])
+    # Too few ops for even one device's stages: an error, not a crash.
+    tiny = parse_costs(cost_dict([1.0] * 3, [0.0] * 2, training=True))
+    with pytest.raises(InfeasibleError, match="too few for 4 stages on even one device"):
+        best_stage_count(tiny, multi_request(None, 4, "interleaved-1f1b"), 8)
+    with pytest.raises(InfeasibleError, match="fewer stages per device"):
+        make_plan(tiny, multi_request(1, 4, "interleaved-1f1b"), cache=PlanCache(tiny))
+    # A plan file's placement is checked where it is written.
+    plan = make_plan(costs, multi_request(2, 2, "zbv"), cache=PlanCache(costs, schedule_order))
+    document = plan_to_json(plan)
+    for field, value, where in (
+        ("stages_per_device", 0, "$.stages_per_device"),
+        ("stages_per_device", 3, "$.stages_per_device"),
+    ):
+        with pytest.raises(SyncpassError) as raised:
+            parse_plan({**document, field: value}, "p.json")
+        assert raised.value.location == f"p.json:{where}"
+    moved = json.loads(json.dumps(document))
+    moved["stages"][1]["device"] = 0
+    with pytest.raises(SyncpassError, match="places stage 1 on device 1") as raised:
+        parse_plan(moved, "p.json")
+    assert raised.value.location == "p.json:$.stages[1].device"

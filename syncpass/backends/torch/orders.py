@@ -81,7 +81,13 @@ def cached_order(
 ) -> ScheduleOrder:
     """:func:`syncpass.backends.torch.schedules.schedule_order`, from the cache when it
     holds the order for this torch."""
-    path = _entry(schedule, devices, stages_per_device, microbatches, training)
+    try:
+        path = _entry(schedule, devices, stages_per_device, microbatches, training)
+    except metadata.PackageNotFoundError:
+        raise SyncpassError(
+            f"--schedule {schedule}: its order is read from torch's own schedule class, and "
+            "torch is not installed here (pip install torch==2.13.0)"
+        ) from None
     found = _load(path)
     if found is not None:
         return found

@@ -36,7 +36,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import SplitPoint, pipeline
 
-from syncpass.contracts.config import SyncConfig, sync_config_from_mapping
+from syncpass.contracts.config import (
+    SINGLE_STAGE_SCHEDULES,
+    SyncConfig,
+    sync_config_from_mapping,
+)
 from syncpass.contracts.costs import Costs
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import Plan, make_plan
@@ -133,7 +137,15 @@ def resolve_parallel_settings(
 ) -> Settings:
     """The settings :func:`parallelize` plans with, from the one resolver every entry point
     uses: the project of the model's source file, then ``sync_config`` over it (a whole
-    :class:`SyncConfig` sets every key; a mapping only its own)."""
+    :class:`SyncConfig` sets every key; a mapping only its own). :func:`parallelize` builds
+    one stage per rank, so ``schedule`` is ``gpipe`` or ``1f1b``, whatever the project's
+    configuration says of stages per device."""
+    if schedule not in SINGLE_STAGE_SCHEDULES:
+        raise SyncpassError(
+            f"syncpass.parallelize builds one stage per rank and --schedule {schedule} holds "
+            f"several: use {' or '.join(SINGLE_STAGE_SCHEDULES)}, or syncpass rewrite with "
+            "--stages-per-device and syncpass run"
+        )
     if isinstance(sync_config, SyncConfig):
         given: dict[str, Any] = dataclasses.asdict(sync_config)
     else:
@@ -148,6 +160,7 @@ def resolve_parallel_settings(
             communication_cost_threshold=given.get("communication_cost_threshold"),
             microbatches=microbatches,
             schedule=schedule,
+            stages_per_device=1,
         ),
     )
 

@@ -626,7 +626,16 @@ def _rewrite_hint(found: int, request: RunRequest) -> str:
     hints = []
     if found % per_device == 0:
         hints.append(f"run it with --stages {found // per_device}")
-    hints.append(f"rewrite the model with --stages {request.total_stages}")
+    if found % request.stages == 0 and found // request.stages > 1:
+        several = found // request.stages
+        hints.append(
+            f"with --stages-per-device {several} and a schedule that holds {several} stages "
+            "per rank (--schedule interleaved-1f1b, say)"
+        )
+    rewrite = f"--stages {request.stages}"
+    if per_device > 1:
+        rewrite += f" --schedule {request.schedule} --stages-per-device {per_device}"
+    hints.append(f"rewrite the model with {rewrite}")
     return f" ({', or '.join(hints)})"
 
 

@@ -181,7 +181,7 @@ def test_a_traced_file_with_another_stage_count_is_refused(
     [
         ("--schedule zbv --stages-per-device 3", "places exactly two stages on each rank"),
         ("--schedule dualpipev --stages-per-device 1", "use --stages-per-device 2"),
-        ("--schedule 1f1b --stages-per-device 2", "--schedule 1f1b holds one stage per rank"),
+        ("--schedule 1f1b --stages-per-device 2", "--schedule 1f1b holds one stage per device"),
         ("--schedule gpipe --stages-per-device 2", "choose one of interleaved-1f1b"),
         (
             "--schedule dualpipev --stages-per-device 2 --microbatches 2",

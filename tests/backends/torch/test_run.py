@@ -20,7 +20,9 @@ from conftest import REPO
 
 from syncpass.cli import main
 from syncpass.commands.run import register, request_from_args
+from syncpass.core.errors import SyncpassError
 from syncpass.runtime.contracts import (
+    SCHEDULES,
     LossCheck,
     ParamCheck,
     RunRequest,
@@ -126,6 +128,33 @@ def test_register_adds_run_with_a_handler(tmp_path: Path) -> None:
     assert (args.schedule, args.steps, args.threads, args.example) == (None, 3, 1, "example")
     # No --schedule means 1F1B for torch (JAX runs GPipe only).
     assert request_from_args(args).schedule == "1f1b"
+
+
+def test_the_schedule_and_stages_per_rank_come_as_rewrite_reads_them(tmp_path: Path) -> None:
+    parser = argparse.ArgumentParser(prog="syncpass")
+    register(parser.add_subparsers(dest="command", required=True))
+    model = tmp_path / "model.py"
+    model.write_text("def example():\n    pass\n")
+
+    def request(*flags: str, schedules: tuple[str, ...] = SCHEDULES):  # type: ignore[no-untyped-def]
+        args = parser.parse_args(["run", str(model), "--stages", "2", *flags])
+        return request_from_args(args, schedules[0], schedules)
+
+    # zbv and dualpipev hold two stages a rank unless told otherwise.
+    assert request("--schedule", "zbv").stages_per_device == 2
+    # The project's configuration, as plan and rewrite read it.
+    config = '[tool.syncpass]\nschedule = "interleaved-1f1b"\nstages_per_device = 4\n'
+    (tmp_path / "pyproject.toml").write_text(config)
+    found = request()
+    assert (found.schedule, found.stages_per_device) == ("interleaved-1f1b", 4)
+    # Its count goes with its schedule: another schedule on the command line takes its own.
+    assert request("--schedule", "1f1b").stages_per_device == 1
+    with pytest.raises(SyncpassError, match=r"stages_per_device \(.*pyproject.toml:3\)"):
+        (tmp_path / "pyproject.toml").write_text(config.replace('"interleaved-1f1b"', '"zbv"'))
+        request()
+    # A backend that runs no multi-stage schedule refuses in its own words, not these.
+    (tmp_path / "pyproject.toml").unlink()
+    assert request("--stages-per-device", "2", schedules=("gpipe",)).stages_per_device == 2
 
 
 def test_default_microbatches_divide_the_batch() -> None:
