@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -41,7 +42,9 @@ def rewrite(folder: Path, costs: Path, stages: int) -> Path:
     return out
 
 
-def run_once(path: Path, schedule: str, per_device: int, steps: int, microbatches: int) -> dict:  # type: ignore[type-arg]
+def run_once(
+    path: Path, schedule: str, per_device: int, steps: int, microbatches: int
+) -> dict[str, Any]:
     """One ``syncpass run``: the slowest rank's median step and its compute."""
     report = path.with_name(f"{path.stem}_{schedule}.json")
     argv = ["run", str(path), "--stages", "2", "--stages-per-device", str(per_device)]

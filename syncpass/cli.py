@@ -114,8 +114,8 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
         "--schedule",
         choices=SCHEDULES,
         help="pipeline schedule to predict, as torch.distributed.pipelining runs it "
-        "(default 1f1b, or the config's; interleaved-1f1b, looped-bfs, interleaved-zb, zbv and dualpipev hold "
-        "--stages-per-device stages per rank)",
+        "(default 1f1b, or the config's; interleaved-1f1b, looped-bfs, interleaved-zb, zbv "
+        "and dualpipev hold --stages-per-device stages per rank)",
     )
     parser.add_argument(
         "--cuts",

@@ -559,13 +559,13 @@ def _best_stages_per_device(
         raise last_error
     chosen, best = min(tried, key=lambda entry: entry[1].predicted_step_s)
     others = ", ".join(
-        f"{per_device}: {seconds(plan.predicted_step_s)}"
+        f"{per_device} on {plan.devices} device(s): {seconds(plan.predicted_step_s)}"
         for per_device, plan in tried
         if per_device != chosen
     )
     note = (
-        f"--stages-per-device auto: {chosen} stage(s) per device predict the least step "
-        f"({seconds(best.predicted_step_s)})"
+        f"--stages-per-device auto: {chosen} stage(s) per device on {best.devices} device(s) "
+        f"predict the least step ({seconds(best.predicted_step_s)})"
         + (f"; {others}" if others else "")
         + (f"; refused {'; '.join(refused)}" if refused else "")
     )
