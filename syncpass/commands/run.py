@@ -27,7 +27,6 @@ from syncpass.runtime.contracts import DEVICES, SCHEDULES, RunRequest
 from syncpass.runtime.example import example_for_file
 from syncpass.runtime.render import render_run, report_document
 from syncpass.settings.resolve import Overrides, resolve_settings
-from syncpass.transformers.torch_stages import written_stage_count
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -200,6 +199,8 @@ def request_from_args(
         schedule_default, check=runs_several
     )
     if per_device is None:  # "auto" in the configuration: the file says how many it holds
+        from syncpass.transformers.torch_stages import written_stage_count  # imports libcst
+
         written = written_stage_count(file.read_text()) if file.suffix == ".py" else None
         fits = written is not None and written % args.stages == 0
         per_device = written // args.stages if fits else default_stages_per_device(schedule)

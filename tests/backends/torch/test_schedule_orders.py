@@ -1,4 +1,5 @@
-"""Schedules with several stages per device: torch's orders, their simulation, the plans."""
+"""Schedules with several stages per device: torch's orders, their simulation, the plans
+(torch's schedule classes give the orders, so these tests live with the torch backend)."""
 
 from __future__ import annotations
 
