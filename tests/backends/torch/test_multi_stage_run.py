@@ -179,10 +179,10 @@ def test_a_traced_file_with_another_stage_count_is_refused(
 @pytest.mark.parametrize(
     ("options", "said"),
     [
-        ("--schedule zbv --stages-per-device 3", "places exactly two stages on each rank"),
-        ("--schedule dualpipev --stages-per-device 1", "use --stages-per-device 2"),
+        ("--schedule zbv --stages-per-device 3", "places exactly two stages on each device"),
+        ("--schedule dualpipev --stages-per-device 1", "--stages-per-device is 1: use 2"),
         ("--schedule 1f1b --stages-per-device 2", "--schedule 1f1b holds one stage per device"),
-        ("--schedule gpipe --stages-per-device 2", "choose one of interleaved-1f1b"),
+        ("--schedule gpipe --stages-per-device 2", "holds several (interleaved-1f1b"),
         (
             "--schedule dualpipev --stages-per-device 2 --microbatches 2",
             "--microbatches 2: torch's ScheduleDualPipeV refuses 2 device(s) x 2 stage(s) with "
