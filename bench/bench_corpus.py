@@ -653,7 +653,9 @@ HELD_OUT = (
         model="ConvNeXt",
     ),
     CorpusModel(
-        "tv_vit",  # self.class_token.expand(...): a parameter's method
+        # self.class_token.expand(...): a parameter's method; the encoder runs its layers
+        # inside one expression (return self.ln(self.layers(self.dropout(input))))
+        "tv_vit",
         TORCHVISION_PACKAGES,
         "torchvision/models/vision_transformer.py",
         VISION_EXAMPLE.format(
@@ -662,8 +664,8 @@ HELD_OUT = (
             size=32,
         ),
         (2, 4),
-        "encoder",
-        1,
+        "encoder.layers.",
+        6,
         package="torchvision.models",
         until="def _vision_transformer(",
         preamble=TORCHVISION_PREAMBLE,

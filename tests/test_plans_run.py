@@ -35,6 +35,7 @@ MODELS = [
             "masked_gpt",
             "module_dict_layers",
             "named_sequential",
+            "nested_encoder",
             "pair_layers",
             "rope_cache_gpt",
             "rotary_mapping",

@@ -483,10 +483,12 @@ class _Names:
 
 @dataclass(frozen=True)
 class _Stack:
-    """A submodule to follow: its class, and the method the call runs."""
+    """A submodule to follow: its class, and the method the call runs; ``sequences`` are
+    its attributes that are ``nn.Sequential`` stacks of layers (:func:`_layer_sequences`)."""
 
     class_name: str
     method: cst.FunctionDef
+    sequences: frozenset[str] = frozenset()
 
 
 def _loops_over_layers(forward: cst.FunctionDef) -> bool:
@@ -498,6 +500,42 @@ def _loops_over_layers(forward: cst.FunctionDef) -> bool:
     )
 
 
+_SEQUENTIAL = m.Name("Sequential") | m.Attribute(attr=m.Name("Sequential"))
+
+
+def _layer_sequences(classdef: cst.ClassDef, names: _Names) -> frozenset[str]:
+    """The attributes ``__init__`` builds as an ``nn.Sequential`` of layers made elsewhere
+    (``self.layers = nn.Sequential(layers)``, ``nn.Sequential(*blocks)``: torchvision's ViT
+    encoder), not of layers written out in the call (an MLP)."""
+    init = method_of(classdef, names.init)
+    if init is None:
+        return frozenset()
+    built = m.Assign(
+        targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name()))],
+        value=m.Call(func=_SEQUENTIAL),
+    )
+    found = set()
+    for assign in m.findall(init, built):
+        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+        arguments = assign.value.args
+        if arguments and all(not isinstance(arg.value, cst.Call) for arg in arguments):
+            target = assign.targets[0].target
+            assert isinstance(target, cst.Attribute)
+            found.add(target.attr.value)
+    return frozenset(found)
+
+
+def _runs_a_sequence(forward: cst.FunctionDef, sequences: frozenset[str]) -> bool:
+    """Whether the forward calls one of its class's layer sequences (``self.layers(...)``)."""
+    called = m.Call(func=m.Attribute(value=m.Name("self"), attr=m.Name()))
+    return any(
+        isinstance(call, cst.Call)
+        and isinstance(call.func, cst.Attribute)
+        and call.func.attr.value in sequences
+        for call in m.findall(forward, called)
+    )
+
+
 def _submodule_classes(
     classdef: cst.ClassDef,
     classes: dict[str, cst.ClassDef],
@@ -506,9 +544,10 @@ def _submodule_classes(
     seen: frozenset[str] = frozenset(),
 ) -> dict[str, _Stack]:
     """``self.NAME = Cls(...)`` in ``__init__`` with ``Cls`` a class of the file whose forward
-    loops over a layer container, or builds such a submodule itself (Flax GPT-2's
-    ``self.transformer``, whose ``self.h`` loops over the blocks): path -> that class and
-    forward, for each such submodule at any depth (``transformer``, ``transformer.h``)."""
+    loops over a layer container, or runs an ``nn.Sequential`` stack of layers (torchvision's
+    ViT encoder), or builds such a submodule itself (Flax GPT-2's ``self.transformer``, whose
+    ``self.h`` loops over the blocks): path -> that class and forward, for each such
+    submodule at any depth (``transformer``, ``transformer.h``)."""
     init = method_of(classdef, names.init)
     if init is None:
         return {}
@@ -530,8 +569,9 @@ def _submodule_classes(
             continue
         path = f"{prefix}{target.attr.value}"
         inner = _submodule_classes(other, classes, names, f"{path}.", seen | {func.value})
-        if inner or _loops_over_layers(forward):
-            found[path] = _Stack(func.value, forward)
+        sequences = _layer_sequences(other, names)
+        if inner or _loops_over_layers(forward) or _runs_a_sequence(forward, sequences):
+            found[path] = _Stack(func.value, forward, sequences)
             found.update(inner)
     return found
 
@@ -610,9 +650,11 @@ def _inline_one(
     config = caller.config
     method = caller.methods.get(name)
     class_name, path = caller.model, ""
+    sequences: frozenset[str] = frozenset()
     if name in caller.stacks and name not in caller.methods:
         stack = caller.stacks[name]
         method, class_name, path = stack.method, stack.class_name, name
+        sequences = frozenset(f"self.{path}.{attr}" for attr in stack.sequences)
     elif method is None or name == caller.forward:
         return None
     if not _plain_method(method):
@@ -666,6 +708,15 @@ def _inline_one(
     # `x = x` (the method hands back the names it was given) is left out, unless nothing is left.
     handed_back = targets is not None and _names_of(returned) == targets
     if not (body and handed_back):
+        chain = []
+        if targets is not None and len(targets) == 1:
+            chain = _calls_in_chain(returned, sequences, config, targets[0])
+        for step in chain[:-1]:  # `x = self.ln(self.layers(y))`: the layers a statement alone
+            code = f"{targets[0]} = {step}\n"  # type: ignore[index]
+            body.append(cst.parse_statement(code, config=config.config_for_parsing))
+            origins.append(last)
+        if chain:
+            value = chain[-1]
         final = f"{', '.join(targets)} = {value}\n" if targets is not None else f"return {value}\n"
         replacement = cst.parse_statement(final, config=config.config_for_parsing)
         assert isinstance(replacement, cst.SimpleStatementLine)
@@ -690,6 +741,32 @@ def _inline_one(
         last=last,
         branches=tuple(decided),
     )
+
+
+def _calls_in_chain(
+    returned: cst.BaseExpression, sequences: frozenset[str], config: cst.Module, name: str
+) -> list[str]:
+    """A returned chain of one-argument calls that runs a layer sequence, as one call per
+    statement, each reading ``name`` (which the one before assigns): ``self.ln(self.layers(
+    self.dropout(x)))`` into ``x`` is ``["self.dropout(x)", "self.layers(x)",
+    "self.ln(x)"]``; ``[]`` for anything else. So written, the sequence's layers can be
+    planned one by one."""
+    calls: list[cst.Call] = []
+    node: cst.BaseExpression = returned
+    while (
+        isinstance(node, cst.Call)
+        and len(node.args) == 1
+        and node.args[0].keyword is None
+        and node.args[0].star == ""
+    ):
+        calls.append(node)
+        node = node.args[0].value
+    functions = [config.code_for_node(call.func) for call in calls]
+    if len(calls) < 2 or not sequences & set(functions):
+        return []
+    steps = [config.code_for_node(calls[-1])]
+    steps.extend(f"{function}({name})" for function in reversed(functions[:-1]))
+    return steps
 
 
 class _OriginalLines:
