@@ -708,15 +708,13 @@ def _inline_one(
     # `x = x` (the method hands back the names it was given) is left out, unless nothing is left.
     handed_back = targets is not None and _names_of(returned) == targets
     if not (body and handed_back):
-        chain = []
         if targets is not None and len(targets) == 1:
             chain = _calls_in_chain(returned, sequences, config, targets[0])
-        for step in chain[:-1]:  # `x = self.ln(self.layers(y))`: the layers a statement alone
-            code = f"{targets[0]} = {step}\n"  # type: ignore[index]
-            body.append(cst.parse_statement(code, config=config.config_for_parsing))
-            origins.append(last)
-        if chain:
-            value = chain[-1]
+            for step in chain[:-1]:  # `x = self.ln(self.layers(y))`: the layers on their own
+                code = f"{targets[0]} = {step}\n"
+                body.append(cst.parse_statement(code, config=config.config_for_parsing))
+                origins.append(last)
+            value = chain[-1] if chain else value
         final = f"{', '.join(targets)} = {value}\n" if targets is not None else f"return {value}\n"
         replacement = cst.parse_statement(final, config=config.config_for_parsing)
         assert isinstance(replacement, cst.SimpleStatementLine)
