@@ -380,3 +380,53 @@ def test_a_function_inlined_twice_has_no_home_for_a_sync_point() -> None:
     homes = {result.home(index) for index in range(len(result.origins) - 1)}
     # A sync point inside either call would be written into both: only Net's own remain.
     assert homes == {None, (0, 0), (0, 1)}
+
+
+def test_a_stack_run_inside_an_expression_is_followed_one_call_a_statement() -> None:
+    # torchvision's ViT encoder: the layers are an nn.Sequential built from a container,
+    # run in the middle of the returned expression.
+    forward, methods = inline(
+        """
+        class Encoder(nn.Module):
+            def __init__(self, blocks):
+                super().__init__()
+                self.dropout = nn.Dropout(0.1)
+                self.layers = nn.Sequential(blocks)
+                self.ln = nn.LayerNorm(8)
+
+            def forward(self, input):
+                input = input + 1
+                return self.ln(self.layers(self.dropout(input)))
+
+        class Mlp(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.net = nn.Sequential(nn.Linear(8, 8), nn.GELU())
+
+            def forward(self, x):
+                return self.net(x)
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.encoder = Encoder(blocks)
+                self.mlp = Mlp()
+
+            def forward(self, x):
+                x = self.encoder(x)
+                x = self.mlp(x)
+                return x
+        """
+    )
+    assert methods == ("self.encoder",)  # an MLP written out in its Sequential is not a stack
+    assert forward.strip() == textwrap.dedent(
+        """\
+        def forward(self, x):
+            input = x
+            input = input + 1
+            x = self.encoder.dropout(input)
+            x = self.encoder.layers(x)
+            x = self.encoder.ln(x)
+            x = self.mlp(x)
+            return x"""
+    )
