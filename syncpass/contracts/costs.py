@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -32,6 +32,9 @@ from syncpass.core.errors import SyncpassError
 from syncpass.core.jsonio import read_json
 
 COST_FILE_VERSION = 1
+
+#: A setting of the built model (``config.return_dict``) as the analysis may read it.
+SettingValue = bool | int | float | str | None
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,9 @@ class Costs:
     notes: tuple[str, ...] = ()  # what was done to the figures since they were measured
     # Each layer container's length, where op ids cannot tell it (a loop over self.layers[:-1]).
     containers: tuple[tuple[str, int], ...] = ()
+    # The built model's settings that decided branches (``config.return_dict`` -> True): the
+    # analysis reads the same from here, so plan and rewrite plan what was profiled.
+    model_settings: tuple[tuple[str, SettingValue], ...] = ()
 
     def __post_init__(self) -> None:
         if self.version != COST_FILE_VERSION:
@@ -484,6 +490,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             "edges",
             "notes",
             "containers",
+            "model_settings",
         ),
     )
     version = reader.required(top, "$", "version")
@@ -673,7 +680,28 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         edges=tuple(edges),
         notes=tuple(str(note) for note in reader.sequence(top.get("notes", []), "$.notes")),
         containers=_containers(reader, top.get("containers", {})),
+        model_settings=parse_settings(
+            top.get("model_settings", {}), lambda path, message: reader.error(path, message)
+        ),
     )
+
+
+def parse_settings(
+    value: Any, error: Callable[[str, str], Exception]
+) -> tuple[tuple[str, SettingValue], ...]:
+    """``$.model_settings`` of a cost or plan file: an attribute path of the model -> a JSON
+    scalar (``error(json_path, message)`` says what is wrong)."""
+    if not isinstance(value, dict):
+        raise error("$.model_settings", "must be an object of attribute path -> value")
+    found = []
+    for path, setting in value.items():
+        if not isinstance(setting, bool | int | float | str | None):
+            raise error(
+                f"$.model_settings.{path}",
+                f"must be a number, a string, true, false or null, got {setting!r}",
+            )
+        found.append((str(path), setting))
+    return tuple(sorted(found))
 
 
 def _containers(reader: _Reader, value: Any) -> tuple[tuple[str, int], ...]:
@@ -727,6 +755,8 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
         data["notes"] = list(costs.notes)
     if costs.containers:
         data["containers"] = dict(costs.containers)
+    if costs.model_settings:
+        data["model_settings"] = dict(costs.model_settings)
     return data
 
 

@@ -32,8 +32,20 @@ is decided when it reads only
 * ``torch.jit.is_scripting()``, ``torch.jit.is_tracing()``,
   ``torch.compiler.is_compiling()`` and ``torch._dynamo.is_compiling()``, which are
   false: the stages run eagerly;
-* literals, combined with ``not``, ``and``, ``or``, ``is``, ``is not``, ``==``
-  and ``!=``.
+* a setting of a configuration object the model holds, ``self.config.NAME`` (or
+  ``self.transformer.config.NAME`` in a submodule's inlined forward): the value
+  the built model has (:data:`ValueLookup`). The profile reads it off the model it
+  builds and records it in the cost file (``model_settings``), so that planning
+  and rewriting decide the same branches; where no model was built (``--static``)
+  such a test stays undecided;
+* literals, combined with ``not``, ``and``, ``or``, ``is``, ``is not``, ``==``,
+  ``!=`` and ``A if T else B``.
+
+A name is known from the statement that assigns it, when that is its only
+assignment and the value is known: ``flag = None``, and Hugging Face's
+``return_dict = return_dict if return_dict is not None else
+self.config.return_dict``, where the parameter keeps its default (``None``) up to
+that statement, so the name is the config's setting from then on.
 
 The branch taken replaces the ``if`` (its statements verbatim, comments kept);
 an ``if`` none of whose branches is taken goes. An ``if`` whose test reads
@@ -56,7 +68,6 @@ from syncpass.frontend.analysis import method_of
 from syncpass.frontend.numbers import (
     GatherBindingsVisitor,
     dotted_name,
-    parameters,
     self_attribute,
 )
 
@@ -75,6 +86,62 @@ EAGER_FALSE = frozenset(
 
 #: What :func:`constant_value` gives for anything but a literal.
 UNKNOWN = object()
+
+#: What the built model holds at a path from ``self`` (``"config.return_dict"``): a
+#: :data:`Constant`, or :data:`UNKNOWN`.
+ValueLookup = Callable[[str], object]
+
+#: The types a looked-up setting may have to decide a test.
+_CONSTANT_TYPES = (bool, int, float, str, type(None))
+
+
+def no_values(path: str) -> object:
+    """The lookup where no model was built: nothing is known."""
+    return UNKNOWN
+
+
+def recorded_values(settings: Sequence[tuple[str, Constant]]) -> ValueLookup:
+    """The lookup of settings read off a model before (a cost file's ``model_settings``)."""
+    known = dict(settings)
+    return lambda path: known.get(path, UNKNOWN)
+
+
+class ObjectValues:
+    """The lookup of a built model's settings: ``path``'s value (an attribute chain from the
+    model, ``"transformer.config.use_cache"``) when it is a :data:`Constant`. What it
+    answered is kept in :attr:`read`, to be recorded with the model's costs."""
+
+    def __init__(self, model: object) -> None:
+        self.model = model
+        self.read: dict[str, Constant] = {}
+
+    def __call__(self, path: str) -> object:
+        target = self.model
+        for part in path.split("."):
+            try:
+                target = getattr(target, part)
+            except Exception:  # a property that raises is a setting nobody can know
+                return UNKNOWN
+        if type(target) not in _CONSTANT_TYPES:
+            return UNKNOWN
+        self.read[path] = target  # type: ignore[assignment]
+        return target
+
+
+def config_path(node: cst.BaseExpression) -> str | None:
+    """``"config.NAME"`` for ``self.config.NAME``, ``"a.b.config.NAME"`` for
+    ``self.a.b.config.NAME``: a setting read from a configuration object; else ``None``."""
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if not (isinstance(node, cst.Name) and node.value == "self"):
+        return None
+    if len(parts) < 2 or parts[1] != "config":
+        return None
+    return ".".join(reversed(parts))
+
+
 _JUMP = m.Return() | m.Yield() | m.Break() | m.Continue()
 _NESTED = m.FunctionDef() | m.Lambda() | m.ClassDef()
 
@@ -158,21 +225,43 @@ def init_constants(classdef: cst.ClassDef, init_method: str = "__init__") -> dic
     return found
 
 
+@dataclass(frozen=True)
+class KnownName:
+    """A name the forward assigns once, to a known ``value``, and what that value rests on:
+    the values its expression read, and the attributes and defaults it assumed."""
+
+    value: Constant
+    reads: tuple[tuple[str, Constant], ...] = ()
+    assumed: tuple[tuple[str, Constant], ...] = ()
+    defaults: tuple[AssumedDefault, ...] = ()
+
+
 class _Test:
     """Evaluates a test with what is known; records what it read."""
 
     def __init__(
         self,
-        names: dict[str, Constant],
+        names: dict[str, KnownName],
         attributes: dict[str, Constant],
         defaults: dict[str, AssumedDefault],
+        values: ValueLookup = no_values,
     ) -> None:
         self.names = names
         self.attributes = attributes
         self.defaults = defaults
+        self.values = values
         self.reads: dict[str, Constant] = {}
         self.assumed: dict[str, Constant] = {}
         self.assumed_defaults: dict[str, AssumedDefault] = {}
+
+    def name_of(self, value: Constant) -> KnownName:
+        """A name assigned the expression just evaluated, of ``value``."""
+        return KnownName(
+            value,
+            tuple(self.reads.items()),
+            tuple(self.assumed.items()),
+            tuple(self.assumed_defaults.values()),
+        )
 
     def value(self, node: cst.BaseExpression) -> object:
         constant = constant_value(node)
@@ -180,14 +269,30 @@ class _Test:
             return constant
         if isinstance(node, cst.Name):
             if node.value in self.names:
-                self.reads[node.value] = self.names[node.value]
-                return self.names[node.value]
+                known = self.names[node.value]
+                self.reads.update((key, read) for key, read in known.reads if key != node.value)
+                self.reads[node.value] = known.value
+                self.assumed.update(known.assumed)
+                self.assumed_defaults.update((d.name, d) for d in known.defaults)
+                return known.value
             if node.value in self.defaults:
                 default = self.defaults[node.value]
                 self.reads[node.value] = default.value
                 self.assumed_defaults[node.value] = default
                 return default.value
             return UNKNOWN
+        path = config_path(node)
+        if path is not None:
+            setting = self.values(path)
+            if setting is UNKNOWN:
+                return UNKNOWN
+            self.reads[f"self.{path}"] = setting  # type: ignore[assignment]
+            return setting
+        if isinstance(node, cst.IfExp):
+            chosen = self.value(node.test)
+            if chosen is UNKNOWN:
+                return UNKNOWN
+            return self.value(node.body if chosen else node.orelse)
         attribute = self_attribute(node)
         if attribute is not None:
             if attribute not in self.attributes:
@@ -273,6 +378,81 @@ def parameter_defaults(forward: cst.FunctionDef) -> dict[str, AssumedDefault]:
     return found
 
 
+def _assigned_name(statement: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
+    """``(name, value)`` of ``name = value``, a statement of one assignment to one name."""
+    small = (
+        statement.body[0]
+        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+        else None
+    )
+    if (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(small.targets[0].target, cst.Name)
+    ):
+        return small.targets[0].target.value, small.value
+    return None
+
+
+class _Known:
+    """What the statements of a forward make known, statement by statement: a parameter
+    has its default until a statement binds it; a name bound by ``name = value`` with a
+    known value is known until another statement binds it."""
+
+    def __init__(
+        self,
+        statements: Sequence[cst.BaseStatement],
+        attributes: dict[str, Constant],
+        forward: cst.FunctionDef,
+        given: dict[str, AssumedDefault] | None,
+        values: ValueLookup,
+    ) -> None:
+        gathered = GatherBindingsVisitor()
+        for statement in statements:
+            statement.visit(gathered)
+        assigned = {name.removeprefix("self.") for name, _ in gathered.bindings}
+        self.attributes = {
+            name: value for name, value in attributes.items() if name not in assigned
+        }
+        self.defaults = dict(parameter_defaults(forward) if given is None else given)
+        self.values = values
+        self.names: dict[str, KnownName] = {}
+
+    def test(self) -> _Test:
+        return _Test(self.names, self.attributes, self.defaults, self.values)
+
+    def passed(self, statement: cst.BaseStatement) -> None:
+        """What is known once ``statement`` has run."""
+        found = _assigned_name(statement)
+        value: object = UNKNOWN
+        test = self.test()
+        if found is not None:
+            value = test.value(found[1])
+        gathered = GatherBindingsVisitor()
+        statement.visit(gathered)
+        for name, _ in gathered.bindings:
+            self.defaults.pop(name, None)
+            self.names.pop(name, None)
+        if found is not None and value is not UNKNOWN:
+            test.reads.pop(found[0], None)  # the value it had before: not what it holds now
+            self.names[found[0]] = test.name_of(value)  # type: ignore[arg-type]
+
+
+def known_names(
+    statements: Sequence[cst.BaseStatement],
+    forward: cst.FunctionDef,
+    given: dict[str, AssumedDefault] | None = None,
+    values: ValueLookup = no_values,
+    attributes: dict[str, Constant] | None = None,
+) -> dict[str, KnownName]:
+    """The names known after ``statements`` (the start of ``forward``'s body), as
+    :func:`fold_branches` knows them: assigned there once, to a known value."""
+    known = _Known(statements, attributes or {}, forward, given, values)
+    for statement in statements:
+        known.passed(statement)
+    return known.names
+
+
 def fold_branches(
     statements: Sequence[cst.BaseStatement],
     attributes: dict[str, Constant],
@@ -280,29 +460,21 @@ def fold_branches(
     config: cst.Module,
     line_of: Callable[[cst.CSTNode], int],
     given: dict[str, AssumedDefault] | None = None,
+    values: ValueLookup = no_values,
 ) -> tuple[list[cst.BaseStatement], list[FoldedBranch], list[int]]:
     """``statements`` (the body of ``forward``, expanded) with each top-level ``if`` that is
     decided replaced by the branch it takes, what was folded, and for each statement
     returned the index of the one of ``statements`` it comes from. ``attributes`` are the
     model's :func:`init_constants`; ``config`` the module, for printing tests. ``given``
     replaces the parameters' defaults (:func:`parameter_defaults`): what a call of an
-    inlined method binds them to."""
-    forward_parameters = parameters(forward)
-    gathered = GatherBindingsVisitor()
-    for statement in statements:
-        statement.visit(gathered)
-    counts = Counter(name for name, _ in gathered.bindings)
-    known = parameter_defaults(forward) if given is None else given
-    defaults = {name: default for name, default in known.items() if counts[name] == 0}
-    assigned: set[str] = {name.removeprefix("self.") for name in counts if name.startswith("self.")}
-    known_attributes = {name: value for name, value in attributes.items() if name not in assigned}
-    names: dict[str, Constant] = {}
+    inlined method binds them to. ``values`` answers the model's settings (``self.config.X``)."""
+    known = _Known(statements, attributes, forward, given, values)
     result: list[cst.BaseStatement] = []
     folded: list[FoldedBranch] = []
     sources: list[int] = []
     for index, statement in enumerate(statements):
         if isinstance(statement, cst.If):
-            test = _Test(names, known_attributes, defaults)
+            test = known.test()
             decided = _decide(statement, test)
             if decided is not None and not _jumps(decided[1]):
                 taken, body = decided
@@ -318,6 +490,8 @@ def fold_branches(
                     body[0] = first.with_changes(leading_lines=lines)
                 result.extend(body)
                 sources.extend([index] * len(body))
+                for ran in body:
+                    known.passed(ran)
                 folded.append(
                     FoldedBranch(
                         line=line,
@@ -333,18 +507,5 @@ def fold_branches(
                 continue
         result.append(statement)
         sources.append(index)
-        small = (
-            statement.body[0]
-            if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
-            else None
-        )
-        if (
-            isinstance(small, cst.Assign)
-            and len(small.targets) == 1
-            and isinstance(small.targets[0].target, cst.Name)
-        ):
-            name = small.targets[0].target.value
-            value = constant_value(small.value)
-            if value is not UNKNOWN and counts[name] == 1 and name not in forward_parameters:
-                names[name] = value  # type: ignore[assignment]
+        known.passed(statement)
     return result, folded, sources

@@ -61,6 +61,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -71,11 +72,17 @@ from libcst.metadata import PositionProvider
 from syncpass.frontend.analysis import match_container_loop, method_of, self_path
 from syncpass.frontend.branches import (
     UNKNOWN,
+    AssumedAttribute,
     AssumedDefault,
+    Constant,
     FoldedBranch,
+    KnownName,
+    ValueLookup,
     constant_value,
     fold_branches,
     init_constants,
+    known_names,
+    no_values,
     parameter_defaults,
 )
 from syncpass.frontend.numbers import GatherBindingsVisitor, parameters
@@ -591,22 +598,50 @@ def _exits_early(method: cst.FunctionDef) -> bool:
 
 
 def _given_defaults(
-    method: cst.FunctionDef,
     arguments: Sequence[tuple[str, cst.BaseExpression]],
     caller: dict[str, AssumedDefault],
-) -> dict[str, AssumedDefault]:
+    known: dict[str, KnownName],
+) -> tuple[dict[str, AssumedDefault], dict[str, KnownName]]:
     """What the call binds the method's parameters to, where that is known before the run:
-    a constant (its own default, or one the call passes), or a parameter of the forward
-    handed on under the same name that keeps its default (``caller``)."""
+    a constant (its own default, or one the call passes), a parameter of the forward
+    handed on under the same name that keeps its default (``caller``), or a name the
+    forward knows at the call (``known``: Hugging Face's ``return_dict=return_dict``
+    after ``return_dict = ... self.config.return_dict``); and, for each parameter bound
+    to such a name, what its value rests on."""
     given: dict[str, AssumedDefault] = {}
+    basis: dict[str, KnownName] = {}
     for param, expression in arguments:
         if m.matches(expression, m.Name(param)) and param in caller:
             given[param] = caller[param]
             continue
+        if isinstance(expression, cst.Name) and expression.value in known:
+            name = known[expression.value]
+            given[param] = AssumedDefault(param, name.value, None)
+            basis[param] = name
+            continue
         value = constant_value(expression)
         if value is not UNKNOWN:
             given[param] = AssumedDefault(param, value, None)  # type: ignore[arg-type]
-    return given
+    return given, basis
+
+
+def _resting_on(branch: FoldedBranch, basis: dict[str, KnownName]) -> FoldedBranch:
+    """``branch`` (decided inside an inlined method) with what the names it read of the
+    forward's rest on: their reads, attributes and defaults."""
+    used = [basis[name] for name, _ in branch.reads if name in basis]
+    if not used:
+        return branch
+    return dataclasses.replace(
+        branch,
+        reads=tuple(
+            {**{k: v for name in used for k, v in name.reads}, **dict(branch.reads)}.items()
+        ),
+        assumed=(
+            *(AssumedAttribute(*pair) for name in used for pair in name.assumed),
+            *branch.assumed,
+        ),
+        defaults=(*(default for name in used for default in name.defaults), *branch.defaults),
+    )
 
 
 @dataclass(frozen=True)
@@ -638,10 +673,27 @@ class _Caller:
     config: cst.Module
     line_of: Callable[[cst.CSTNode], int]
     forward: str
+    definition: cst.FunctionDef  # the forward itself
+    attributes: dict[str, Constant]  # the model's __init__ constants
+    values: ValueLookup  # the built model's settings
+
+    def known_before(self, earlier: Sequence[cst.BaseStatement]) -> dict[str, KnownName]:
+        """The names the forward knows after ``earlier``, its statements before a call."""
+        return known_names(earlier, self.definition, None, self.values, self.attributes)
+
+
+def _scoped(values: ValueLookup, path: str) -> ValueLookup:
+    """``values`` as seen from the submodule at ``path`` (``""``: the model itself)."""
+    if not path:
+        return values
+    return lambda inner: values(f"{path}.{inner}")
 
 
 def _inline_one(
-    statement: cst.BaseStatement, later: Sequence[cst.BaseStatement], caller: _Caller
+    statement: cst.BaseStatement,
+    earlier: Sequence[cst.BaseStatement],
+    later: Sequence[cst.BaseStatement],
+    caller: _Caller,
 ) -> _Expansion | None:
     found = _call_of(statement)
     if found is None:
@@ -670,10 +722,11 @@ def _inline_one(
     if _exits_early(method):
         # Decide the method's branches with what the call binds first: a return that stays
         # in one means the method cannot be inlined.
-        given = _given_defaults(method, arguments, caller.defaults)
-        own, folded, sources = fold_branches(own, {}, method, config, caller.line_of, given)
+        given, basis = _given_defaults(arguments, caller.defaults, caller.known_before(earlier))
+        values = _scoped(caller.values, path)
+        own, folded, sources = fold_branches(own, {}, method, config, caller.line_of, given, values)
         indices = [indices[source] for source in sources]
-        decided.extend(folded)
+        decided.extend(_resting_on(branch, basis) for branch in folded)
         method = method.with_changes(body=method.body.with_changes(body=tuple(own)))
     if path:
         method = method.with_changes(body=method.body.visit(_SelfAsSubmodule(path)))
@@ -827,6 +880,7 @@ def inline_own_methods(
     *,
     forward_method: str = "forward",
     init_method: str = "__init__",
+    values: ValueLookup = no_values,
 ) -> Inlined:
     """``module`` with ``class_name.forward``'s calls of the class's own methods inlined and
     its decided branches folded. ``lines`` gives the lines of the user's file (``module``'s
@@ -888,10 +942,13 @@ def inline_own_methods(
             config=module,
             line_of=line_of,
             forward=forward_method,
+            definition=forward,
+            attributes=attributes,
+            values=values,
         )
         for position, current in enumerate(statements):
             later = statements[position + 1 :]
-            result = _inline_one(current, later, caller)
+            result = _inline_one(current, statements[:position], later, caller)
             if result is None:
                 expanded.append(current)
                 expanded_origins.append(origins[position])
@@ -905,7 +962,9 @@ def inline_own_methods(
             folded.extend(result.branches)
             changed = True
         where = _OriginalLines(line_of, expanded, expanded_origins, frames, classes)
-        statements, decided, sources = fold_branches(expanded, attributes, forward, module, where)
+        statements, decided, sources = fold_branches(
+            expanded, attributes, forward, module, where, values=values
+        )
         origins = [expanded_origins[source] for source in sources]
         folded.extend(decided)
         if not changed and not decided:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from syncpass.contracts.config import stage_devices
+from syncpass.contracts.costs import parse_settings
 from syncpass.core.errors import SyncpassError
 from syncpass.core.jsonio import read_json
 from syncpass.plan.planner import Plan, StagePlan, SyncPoint, Threshold
@@ -82,6 +83,8 @@ def plan_to_json(plan: Plan, baselines: tuple[Plan, ...] = ()) -> dict[str, Any]
         violations=list(plan.violations),
         notes=list(plan.notes),
     )
+    if plan.model_settings:
+        data["model_settings"] = dict(plan.model_settings)
     if baselines:
         data["baselines"] = [
             {
@@ -175,6 +178,7 @@ def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
             hardware=data.get("hardware"),
             model=data.get("model"),
             stages_per_device=data.get("stages_per_device", 1),
+            model_settings=parse_settings(data.get("model_settings", {}), fail),
         )
     except KeyError as error:
         raise fail("$", f"missing required field {error.args[0]!r}") from None

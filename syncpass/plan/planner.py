@@ -28,7 +28,7 @@ from syncpass.contracts.config import (
     stage_devices,
     strategy_names,
 )
-from syncpass.contracts.costs import Costs
+from syncpass.contracts.costs import Costs, SettingValue
 from syncpass.contracts.graph import INPUT
 from syncpass.core.errors import InfeasibleError, SyncpassError
 from syncpass.core.units import num_bytes, percent, percents_apart, seconds
@@ -193,6 +193,8 @@ class Plan:
     hardware: str | None = None
     model: str | None = None
     stages_per_device: int = 1
+    # The cost file's model_settings: the analysis decides the same branches from them.
+    model_settings: tuple[tuple[str, SettingValue], ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.stages) != len(self.sync_points) + 1:
@@ -1007,5 +1009,6 @@ def _assemble(
         notes=tuple(notes),
         hardware=costs.hardware.name,
         model=costs.model,
+        model_settings=costs.model_settings,
         stages_per_device=per_device,
     )

@@ -186,7 +186,8 @@ def _rewrite_plain(
     plan: Plan | None,
 ) -> RewriteResult:
     if plan is not None:
-        known = KnownOps(plan.model, tuple(op for stage in plan.stages for op in stage.ops))
+        ids = tuple(op for stage in plan.stages for op in stage.ops)
+        known = KnownOps(plan.model, ids, settings=plan.model_settings)
         source = backend.analyse(text, path, known, class_name)
         return apply_plan(source, check_saved_plan(plan, source.graph), backend, path)
     if costs is None or request is None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     import libcst as cst
 
-    from syncpass.contracts.costs import Costs
+    from syncpass.contracts.costs import Costs, SettingValue
     from syncpass.contracts.graph import OpGraph
     from syncpass.plan.schedule import OrderSource
     from syncpass.transformers.common import SyncSite
@@ -28,15 +28,19 @@ class KnownOps:
     The analysis reads the length of each loop container off the ids
     (``blocks.11`` -> 12) unless ``sizes`` gives it (a loop over part of a
     container, ``self.layers[:-1]``), and picks the model the file or plan names.
+    ``settings`` are the model's settings the profile read to decide branches
+    (``config.return_dict``), so the analysis decides them alike.
     """
 
     model: str | None
     ids: tuple[str, ...]
     sizes: tuple[tuple[str, int], ...] = ()
+    settings: tuple[tuple[str, SettingValue], ...] = ()  # the model's, as profiled
 
     @classmethod
     def of_costs(cls, costs: Costs) -> KnownOps:
-        return cls(costs.model, tuple(op.id for op in costs.ops), costs.containers)
+        ids = tuple(op.id for op in costs.ops)
+        return cls(costs.model, ids, costs.containers, costs.model_settings)
 
 
 @dataclass(frozen=True)

@@ -108,6 +108,12 @@ def _broken(change: Any) -> dict[str, Any]:
             "$.hardware.stage_overhead_s",
             "must be >= 0",
         ),
+        (
+            lambda d: d.update(model_settings={"config.return_dict": [1]}),
+            "$.model_settings.config.return_dict",
+            "must be a number, a string, true, false or null",
+        ),
+        (lambda d: d.update(model_settings=[]), "$.model_settings", "must be an object"),
         # Finite and bounded: sums and ratios of the figures must stay finite floats.
         (lambda d: d["ops"][0].update(compute_s=1e308), "$.ops[0].compute_s", "at most 1e+30"),
         (lambda d: d["ops"][0].update(compute_s=10**400), "$.ops[0].compute_s", "at most 1e+30"),
@@ -185,3 +191,15 @@ def test_fixed_parts_and_runtime_overhead_round_trip_and_count_per_microbatch() 
     hardware = costs.hardware
     per_step = 2 * (4 * hardware.alpha_s + cut.live_bytes / hardware.beta_bytes_per_s)
     assert costs.cut_comm_s(cut, 4) == pytest.approx(per_step)
+
+
+def test_the_models_settings_round_trip() -> None:
+    data = copy.deepcopy(ISSUE_EXAMPLE)
+    data["model_settings"] = {"transformer.config.use_cache": False, "config.return_dict": True}
+    costs = parse_costs(data)
+    assert costs.model_settings == (
+        ("config.return_dict", True),
+        ("transformer.config.use_cache", False),
+    )
+    assert parse_costs(json.loads(json.dumps(costs_to_json(costs)))) == costs
+    assert "model_settings" not in costs_to_json(parse_costs(ISSUE_EXAMPLE))

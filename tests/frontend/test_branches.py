@@ -6,6 +6,7 @@ import textwrap
 
 import libcst as cst
 
+from syncpass.frontend.branches import UNKNOWN, ObjectValues, recorded_values
 from syncpass.frontend.inline import inline_own_methods
 
 TIMM_STYLE = """
@@ -117,14 +118,18 @@ def test_what_is_not_known_before_the_run_stays_a_region() -> None:
         "if x.sum() > 0:",  # the data
         "if self.training:",  # set by train() / eval(), not __init__
         "if self.flag:",  # __init__ assigns it twice
-        "if scale is None:",  # the forward assigns the parameter
+        "if scale is None:",  # the forward assigns the parameter from the data
+        "if gain is None:",  # assigned in a branch nobody decided
         "if self.other and torch.jit.is_scripting():",  # not set in __init__
         "if torch.cuda.is_available():",  # not a call known to be false when eager
+        "if self.config.fused:",  # a setting, with no built model to read it off
     ]
     for test in undecided:
         forward = f"""
-        def forward(self, x, scale=None):
-            scale = scale or 1.0
+        def forward(self, x, scale=None, gain=None):
+            scale = scale or x.amax()
+            if x.sum() > 0:
+                gain = 2.0
             {test}
                 x = self.a(x) * scale
             return x
@@ -191,3 +196,96 @@ def test_a_branch_of_a_submodules_forward_is_named_at_its_line_in_the_file() -> 
     (branch,) = result.branches
     assert (branch.line, branch.taken) == (4, "none")
     assert "at m.py:4 (scale=None)" in branch.describe("m.py")
+
+
+HF_STYLE = """
+class Base:
+    def forward(self, x, output_hidden_states=None, return_dict=None):
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None
+            else self.config.output_hidden_states
+        )
+        hidden = () if output_hidden_states else None
+        for layer in self.layers:
+            x = layer(x)
+        if not return_dict:
+            return (x, hidden)
+        return Output(x, hidden)
+
+
+class Net:
+    def __init__(self, config):
+        self.config = config
+        self.base = Base(config)
+
+    def forward(self, x, labels=None, return_dict=None):
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        outputs = self.base(x, return_dict=return_dict)
+        logits = self.head(outputs[0])
+        if not return_dict:
+            return (logits,) + outputs[1:]
+        return Output(logits)
+"""
+
+SETTINGS = {
+    "config.return_dict": True,
+    "base.config.return_dict": True,
+    "base.config.output_hidden_states": False,
+}
+
+
+def test_a_setting_read_off_the_built_model_decides_hugging_faces_early_returns() -> None:
+    # `return_dict = return_dict if return_dict is not None else self.config.return_dict`:
+    # the parameter keeps its default (None) up to there, so the name holds the setting,
+    # which decides the caller's `if not return_dict:` and, handed on, the base model's
+    # early return: the base model's layers are planned in the forward.
+    asked: list[str] = []
+
+    def values(path: str) -> object:
+        asked.append(path)
+        return SETTINGS.get(path, UNKNOWN)
+
+    result = inline_own_methods(cst.parse_module(HF_STYLE), "Net", values=values)
+    body = forward_body(result.module.code)
+    assert "    for layer in self.base.layers:" in body
+    assert "    outputs = Output(x, hidden)" in body
+    assert not any("return (" in line for line in body)
+    assert result.methods == ("self.base",)
+    assert "config.return_dict" in asked
+    lines = {branch.line: branch for branch in result.branches}
+    caller = lines[26]  # the model's own `if not return_dict:`
+    assert caller.taken == "none"
+    assert dict(caller.reads) == {"self.config.return_dict": True, "return_dict": True}
+    assert [(d.name, d.value, d.position) for d in caller.defaults] == [("return_dict", None, 2)]
+    base = lines[12]  # the base model's, decided with what the call hands it
+    assert base.taken == "none"
+    assert ("return_dict", None, 2) in [(d.name, d.value, d.position) for d in base.defaults]
+
+
+def test_without_the_built_models_settings_the_base_model_stays_one_op() -> None:
+    result = inline_own_methods(cst.parse_module(HF_STYLE), "Net")
+    assert "    outputs = self.base(x, return_dict=return_dict)" in forward_body(result.module.code)
+    assert result.methods == ()
+
+
+def test_a_setting_that_is_not_a_constant_is_not_known() -> None:
+    class Config:
+        return_dict = True
+        layers = (1, 2)
+
+        @property
+        def broken(self) -> bool:
+            raise RuntimeError("no")
+
+    class Model:
+        config = Config()
+
+    values = ObjectValues(Model())
+    assert values("config.return_dict") is True
+    assert values("config.layers") is UNKNOWN  # a tuple: not one setting
+    assert values("config.broken") is UNKNOWN
+    assert values("config.missing") is UNKNOWN
+    assert values.read == {"config.return_dict": True}
+    assert recorded_values([("config.return_dict", False)])("config.return_dict") is False
+    assert recorded_values([])("config.return_dict") is UNKNOWN

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import random
 
@@ -185,6 +186,12 @@ def test_plan_file_round_trips(example_costs_path) -> None:  # type: ignore[no-u
     costs = load_costs(example_costs_path)
     plan = make_plan(costs, request(4))
     assert parse_plan(plan_to_json(plan)) == plan
+    # The model's settings the profile read go from the cost file into the plan file.
+    settings = (("config.return_dict", True), ("transformer.config.use_cache", False))
+    with_settings = make_plan(dataclasses.replace(costs, model_settings=settings), request(4))
+    assert with_settings.model_settings == settings
+    assert parse_plan(plan_to_json(with_settings)) == with_settings
+    assert "model_settings" not in plan_to_json(plan)
     document = plan_to_json(plan, compare_baselines(costs, request(4)))
     assert {b["strategy"] for b in document["baselines"]} == {"uniform", "parameters", "time"}
     assert set(document) >= {

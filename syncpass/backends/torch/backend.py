@@ -78,18 +78,34 @@ SEQUENTIAL_DEPTH = 2
 
 def _measure_for_stages(request: MeasureRequest) -> Costs:
     from syncpass.backends.torch.profile import measure
-    from syncpass.backends.torch.stages import check_branches, expand_source, sent_across_cuts
+    from syncpass.backends.torch.stages import (
+        ExpandedSource,
+        check_branches,
+        expand_source,
+        sent_across_cuts,
+    )
+    from syncpass.frontend.branches import ObjectValues
 
     path = str(request.file)
-    source = expand_source(request.text, path, request.model)
-    expanded = source.expanded.code
+    expanded: list[ExpandedSource] = []
+    read: list[ObjectValues] = []
+
+    def expand(model: object) -> str:
+        # The forward is expanded once the model is built: its settings decide branches.
+        values = ObjectValues(model)
+        of = type(model).__name__
+        expanded.append(expand_source(request.text, path, request.model, values, of))
+        read.append(values)
+        code: str = expanded[0].expanded.code
+        return code
 
     def refine(graph: OpGraph, model: object, args: tuple[object, ...]) -> OpGraph:
-        check_branches(model, tuple(args), source, path, request.model)
-        return sent_across_cuts(graph, expanded, path)
+        check_branches(model, tuple(args), expanded[0], path, request.model)
+        return sent_across_cuts(graph, expanded[0].expanded.code, path)
 
-    deeper = dataclasses.replace(request, text=expanded, depth=max(request.depth, SEQUENTIAL_DEPTH))
-    return measure(deeper, check_tracer=False, refine=refine)
+    deeper = dataclasses.replace(request, depth=max(request.depth, SEQUENTIAL_DEPTH))
+    costs = measure(deeper, check_tracer=False, refine=refine, expand=expand)
+    return dataclasses.replace(costs, model_settings=tuple(sorted(read[0].read.items())))
 
 
 def _estimate_for_stages(request: EstimateRequest) -> Costs:

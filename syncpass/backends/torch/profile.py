@@ -35,12 +35,15 @@ def measure(
     request: MeasureRequest,
     check_tracer: bool = True,
     refine: Callable[[OpGraph, torch.nn.Module, tuple[Any, ...]], OpGraph] | None = None,
+    expand: Callable[[torch.nn.Module], str] | None = None,
 ) -> Costs:
     """The measure hook: :func:`measure_file` with the request's settings.
 
     ``check_tracer`` asks torch's tracer whether it takes the model: the
     ``pipe_split()`` form needs it, the eager stages do not. ``refine`` is the
-    backend's last word on the op graph (``profile_costs``).
+    backend's last word on the op graph (``profile_costs``); ``expand`` gives the
+    source to analyse from the built model (the eager form's expanded forward,
+    whose branches may read the model's settings), instead of the request's text.
     """
     return measure_file(
         request.file,
@@ -54,6 +57,7 @@ def measure(
         check_tracer and request.meta is None,
         request.meta,
         refine,
+        expand,
     )
 
 
@@ -107,8 +111,10 @@ def measure_file(
     check_tracer: bool = True,
     meta: str | None = None,
     refine: Callable[[OpGraph, torch.nn.Module, tuple[Any, ...]], OpGraph] | None = None,
+    expand: Callable[[torch.nn.Module], str] | None = None,
 ) -> Costs:
-    """Load the example named by ``example`` and profile the model of ``file`` with it.
+    """Load the example named by ``example`` and profile the model of ``file`` with it
+    (analysed as ``text``, or as what ``expand`` gives for the built model).
 
     The one place where user code runs, for ``profile`` and ``rewrite --example``.
     It also asks torch's tracer whether it takes the model
@@ -143,6 +149,8 @@ def measure_file(
     from syncpass.backends.torch.measure import profile_costs
 
     loaded = load_example(spec) if meta is None else fake_example(spec, counting)
+    if expand is not None:
+        text = expand(loaded.model)
     with counting:
         check_model_file(loaded.model, file, class_name)
 

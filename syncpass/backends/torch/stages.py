@@ -57,7 +57,7 @@ from syncpass.frontend.analysis import (
     match_sequential_call,
     model_class_names,
 )
-from syncpass.frontend.branches import FoldedBranch
+from syncpass.frontend.branches import FoldedBranch, ValueLookup, no_values, recorded_values
 from syncpass.frontend.inline import SourceLines, inline_own_methods, mentioned_names
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
@@ -93,8 +93,17 @@ class ExpandedSource:
     branches: dict[str, tuple[FoldedBranch, ...]]
 
 
-def expand_source(text: str, path: str, class_name: str | None) -> ExpandedSource:
-    """What the eager form plans and profiles of ``text`` (:class:`ExpandedSource`)."""
+def expand_source(
+    text: str,
+    path: str,
+    class_name: str | None,
+    values: ValueLookup = no_values,
+    values_of: str | None = None,
+) -> ExpandedSource:
+    """What the eager form plans and profiles of ``text`` (:class:`ExpandedSource`);
+    ``values`` answers the settings (``self.config.return_dict``) of the built model, of
+    class ``values_of``, that decide branches (:mod:`syncpass.frontend.branches`): the
+    other classes' forwards are expanded without them."""
     base = strip_pipe_splits(strip(text, path, class_name), path, class_name)
     module = parse_source(base, path)
     expanded = module
@@ -104,13 +113,14 @@ def expand_source(text: str, path: str, class_name: str | None) -> ExpandedSourc
     # say (from --model, the cost file or the example), and the others' code is never run.
     lines = SourceLines(module)
     for name in [class_name] if class_name is not None else model_class_names(module):
-        result = inline_own_methods(expanded, name, lines)
+        known = values if name == values_of else no_values
+        result = inline_own_methods(expanded, name, lines, values=known)
         expanded, inlined[name], branches[name] = result.module, result.methods, result.branches
     return ExpandedSource(base, module, expanded, inlined, branches)
 
 
 def expand_text(text: str, path: str, class_name: str | None) -> str:
-    """The source the eager form profiles and estimates: the expanded module's code."""
+    """The source the eager form estimates (no model built): the expanded module's code."""
     code: str = expand_source(text, path, class_name).expanded.code
     return code
 
@@ -164,7 +174,8 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
     The returned ``module`` is the user's source (where the stages go); ``handle``
     holds the expanded one (where their statements come from).
     """
-    source = expand_source(text, path, class_name)
+    settings = recorded_values(known.settings)
+    source = expand_source(text, path, class_name, settings, known.model or class_name)
     planned = analyse_traced(source.expanded.code, path, known, class_name)
     model = planned.graph.model_class
     graph = dataclasses.replace(

@@ -48,8 +48,7 @@ MASKED = textwrap.dedent(
             x = self.embed(idx)
             for block in self.blocks:
                 x = block(x) @ mask
-            if extra is not None:
-                x = x + 1
+            x = x if extra is None else x + 1
             return self.head(x)
 
 
