@@ -395,9 +395,14 @@ def _assigned_name(statement: cst.BaseStatement) -> tuple[str, cst.BaseExpressio
 
 
 class _Known:
-    """What the statements of a forward make known, statement by statement: a parameter
-    has its default until a statement binds it; a name bound by ``name = value`` with a
-    known value is known until another statement binds it."""
+    """What the statements of a forward make known, statement by statement.
+
+    A parameter holds its default when the forward never assigns it, and in the value
+    of its one assignment (``return_dict = return_dict if return_dict is not None else
+    self.config.return_dict``): a parameter assigned anywhere else (``input_ids =
+    input_ids.view(...)`` in an ``elif``) may be one the example passes, and is never
+    taken for its default. A name bound by ``name = value`` with a known value is known
+    until another statement binds it."""
 
     def __init__(
         self,
@@ -410,11 +415,13 @@ class _Known:
         gathered = GatherBindingsVisitor()
         for statement in statements:
             statement.visit(gathered)
-        assigned = {name.removeprefix("self.") for name, _ in gathered.bindings}
-        self.attributes = {
-            name: value for name, value in attributes.items() if name not in assigned
+        self.counts = Counter(name for name, _ in gathered.bindings)
+        assigned = {name.removeprefix("self.") for name in self.counts}
+        self.attributes = {name: value for name, value in attributes.items() if name not in assigned}
+        self.parameters = parameter_defaults(forward) if given is None else given
+        self.defaults = {
+            name: default for name, default in self.parameters.items() if self.counts[name] == 0
         }
-        self.defaults = dict(parameter_defaults(forward) if given is None else given)
         self.values = values
         self.names: dict[str, KnownName] = {}
 
@@ -427,12 +434,15 @@ class _Known:
         value: object = UNKNOWN
         test = self.test()
         if found is not None:
+            name = found[0]
+            if name in self.parameters and self.counts[name] == 1:
+                defaults = {**self.defaults, name: self.parameters[name]}
+                test = _Test(self.names, self.attributes, defaults, self.values)
             value = test.value(found[1])
         gathered = GatherBindingsVisitor()
         statement.visit(gathered)
-        for name, _ in gathered.bindings:
-            self.defaults.pop(name, None)
-            self.names.pop(name, None)
+        for bound, _ in gathered.bindings:
+            self.names.pop(bound, None)
         if found is not None and value is not UNKNOWN:
             test.reads.pop(found[0], None)  # the value it had before: not what it holds now
             self.names[found[0]] = test.name_of(value)  # type: ignore[arg-type]
