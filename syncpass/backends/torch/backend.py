@@ -74,6 +74,12 @@ def _measure(request: MeasureRequest) -> Costs:
 #: The eager stages always plan the children of ``nn.Sequential`` calls (``--depth 2``): a
 #: stage may end inside one, and the stage then runs a slice of it (``self.layer3[:1](x)``).
 SEQUENTIAL_DEPTH = 2
+#: Their profile also plans each child that is an ``nn.Sequential`` per child, this many
+#: levels in all (``blocks.1.0`` of timm's EfficientNet is level 3); the planner plans such
+#: a group as one op unless it is too big for a stage (:mod:`syncpass.plan.levels`), and a
+#: stage then runs a slice of it (``self.blocks[1][1:](x)``). The static estimate stays at
+#: :data:`SEQUENTIAL_DEPTH`.
+NESTED_DEPTH = 8
 
 
 def _measure_for_stages(request: MeasureRequest) -> Costs:
@@ -88,7 +94,7 @@ def _measure_for_stages(request: MeasureRequest) -> Costs:
         check_branches(model, tuple(args), source, path, request.model)
         return sent_across_cuts(graph, expanded, path)
 
-    deeper = dataclasses.replace(request, text=expanded, depth=max(request.depth, SEQUENTIAL_DEPTH))
+    deeper = dataclasses.replace(request, text=expanded, depth=max(request.depth, NESTED_DEPTH))
     return measure(deeper, check_tracer=False, refine=refine)
 
 
