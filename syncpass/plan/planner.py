@@ -353,7 +353,27 @@ def make_plan(
         level, inner = cache.level(_planned_stages(costs, request), request.pinned)
         pinned = tuple(level.op_id(op) for op in request.pinned)
         plan = make_plan(level.costs, dataclasses.replace(request, pinned=pinned), origin, inner)
-        return dataclasses.replace(plan, expanded=level.expanded)
+        plan = dataclasses.replace(plan, expanded=level.expanded)
+        whole, whole_cache = cache.level(1, request.pinned)  # every group whole, as before
+        if whole.expanded == level.expanded or request.config.strategy not in OPTIMISING_STRATEGIES:
+            return plan
+        # Looking inside only adds cuts, so the least bottleneck can only fall; the predicted
+        # step is simulated, and the plan keeps the groups whole if that is faster.
+        pinned = tuple(whole.op_id(op) for op in request.pinned)
+        try:
+            before = make_plan(
+                whole.costs, dataclasses.replace(request, pinned=pinned), origin, whole_cache
+            )
+        except SyncpassError:
+            return plan
+        if before.predicted_step_s >= plan.predicted_step_s:
+            return plan
+        note = (
+            f"planning inside {', '.join(e.op for e in level.expanded)} predicted a slower step "
+            f"({seconds(plan.predicted_step_s)}) than keeping them whole "
+            f"({seconds(before.predicted_step_s)}): kept whole"
+        )
+        return dataclasses.replace(before, expanded=whole.expanded, notes=(*before.notes, note))
     per_device = request.per_device
     # The stage count depends only on the pins and the admissible cuts; the micro-batch
     # count (which the costs per step depend on) may depend on the stage count.
