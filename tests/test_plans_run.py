@@ -36,6 +36,7 @@ MODELS = [
             "module_dict_layers",
             "named_sequential",
             "nested_encoder",
+            "nested_sequential",
             "pair_layers",
             "rope_cache_gpt",
             "rotary_mapping",

@@ -78,10 +78,23 @@ class SyncSite:
     written: bool = False
     kinds: tuple[tuple[str, str], ...] = ()  # live values that were not tensors when profiled
     recomputed: tuple[str, ...] = ()  # live values the stage after computes again, not receives
+    # Inside item ``split_after`` of a sequential call, a nested nn.Sequential: the place of
+    # the child after which the sync goes, below it (``(0,)``: after ``blocks.1.0`` for
+    # ``split_after`` 1). Empty: after the whole item.
+    split_inside: tuple[int, ...] = ()
+    # With ``split_inside``: the length of each container along the way (the call's own,
+    # then each nested one's), so that no piece runs an empty slice.
+    sizes: tuple[int, ...] = ()
 
 
-def _site_order(site: SyncSite) -> tuple[int, int]:
-    return site.statement, -1 if site.split_after is None else site.split_after
+def _site_order(site: SyncSite) -> tuple[int, tuple[int, ...]]:
+    """Sites in the order they cut the forward: by statement, then by where each starts the
+    next piece (after child ``(1, 0)`` of a nested call is at ``(1, 1)``, before the end of
+    child 1, ``(2,)``)."""
+    if site.split_after is None:
+        return site.statement, (-1,)
+    place = (site.split_after, *site.split_inside)
+    return site.statement, (*place[:-1], place[-1] + 1)
 
 
 def add_import(module: cst.Module, context: CodemodContext, item: ImportItem) -> cst.Module:
@@ -210,6 +223,8 @@ class InsertSyncPointsCommand(VisitorBasedCodemodCommand):
         if own is not None:
             return own
         sequential = match_sequential_call(statement)
+        if sequential is not None and any(site.split_inside for site in sites):
+            return self._split_nested_call(statement, sequential, sites, tree)
         if sequential is not None:
             return self._split_call(statement, sequential, sites, tree)
         loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
@@ -273,6 +288,91 @@ class InsertSyncPointsCommand(VisitorBasedCodemodCommand):
             return statement.with_changes(body=[assign.with_changes(value=sliced)])
 
         return self.split_pieces(call.start, call.stop, sites, tree, piece)
+
+    def _split_nested_call(
+        self,
+        statement: cst.BaseStatement,
+        call: SequentialCall,
+        sites: Sequence[SyncSite],
+        tree: cst.Module,
+    ) -> list[cst.BaseStatement]:
+        """``h = self.seq(x)`` split inside nested ``nn.Sequential`` children: each piece
+        runs its children one slice a statement, ``h = self.seq[:1](x)``, ``h =
+        self.seq[1][:2](h)``, sync, ``h = self.seq[1][2:](h)``, ``h = self.seq[2:](h)``."""
+        assert isinstance(statement, cst.SimpleStatementLine)
+        assign = statement.body[0]
+        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+        value = assign.value
+        # Where each piece starts and ends, as places below the call's container: the sync
+        # after child (1, 0) is at (1, 1), inside item 1 before its child 1.
+        bounds: list[tuple[int, ...]] = [()]
+        sizes: dict[tuple[int, ...], int] = {}
+        for site in sites:
+            assert site.split_after is not None
+            place = (site.split_after, *site.split_inside)
+            bounds.append((*place[:-1], place[-1] + 1))
+            sizes.update((place[:depth], size) for depth, size in enumerate(site.sizes))
+        bounds.append(())
+
+        def empty(prefix: tuple[int, ...], start: int | None, stop: int | None) -> bool:
+            first = start if start is not None else (call.start or 0) if not prefix else 0
+            last = stop if stop is not None else call.stop if not prefix else None
+            last = sizes.get(prefix) if last is None else last
+            return last is not None and first >= last
+
+        made: list[cst.BaseStatement] = []
+        for position, (low, high) in enumerate(itertools.pairwise(bounds)):
+            if position:
+                made.append(self._sync_line(sites[position - 1], tree))
+            segments = [segment for segment in _segments((), low, high) if not empty(*segment)]
+            for number, (prefix, start, stop) in enumerate(segments):
+                if prefix:
+                    func: cst.BaseExpression = _container_expr(value.func)
+                    for index in prefix:
+                        func = cst.Subscript(
+                            value=func,
+                            slice=[cst.SubscriptElement(cst.Index(cst.Integer(str(index))))],
+                        )
+                    func = cst.Subscript(
+                        value=func,
+                        slice=[
+                            cst.SubscriptElement(cst.Slice(lower=_bound(start), upper=_bound(stop)))
+                        ],
+                    )
+                else:
+                    func = _sliced(
+                        value.func,
+                        call.start if start is None else start,
+                        call.stop if stop is None else stop,
+                    )
+                sliced = value.with_changes(func=func)
+                first = position == 0 and number == 0
+                if not first:
+                    argument = sliced.args[0].with_changes(value=cst.Name(call.target))
+                    sliced = sliced.with_changes(args=[argument, *sliced.args[1:]])
+                piece = statement.with_changes(body=[assign.with_changes(value=sliced)])
+                made.append(piece if first else piece.with_changes(leading_lines=()))
+        return made
+
+
+def _segments(
+    prefix: tuple[int, ...], low: tuple[int, ...], high: tuple[int, ...]
+) -> list[tuple[tuple[int, ...], int | None, int | None]]:
+    """The calls that run the children of the container at ``prefix`` (places below the
+    sequential call's container) from place ``low`` to place ``high`` (``()``: its start,
+    its end), each a slice ``(prefix, start, stop)`` of one container (``None``: from its
+    start, to its end), in order."""
+    if low and high and low[0] == high[0]:  # both inside one child: its children
+        return _segments((*prefix, low[0]), low[1:], high[1:])
+    found: list[tuple[tuple[int, ...], int | None, int | None]] = []
+    start = low[0] if low else None
+    if len(low) > 1:  # the rest of the child the piece starts inside
+        found += _segments((*prefix, low[0]), low[1:], ())
+        start = low[0] + 1
+    found.append((prefix, start, high[0] if high else None))  # empty ones are the caller's
+    if len(high) > 1:  # the start of the child the piece ends inside
+        found += _segments((*prefix, high[0]), (), high[1:])
+    return found
 
 
 def _container_expr(iterable: cst.BaseExpression) -> cst.BaseExpression:

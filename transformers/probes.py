@@ -56,6 +56,9 @@ class ProbeSite:
     statement: int
     loop: bool = False
     rebind: tuple[str, ...] = ()
+    # A sequential call planned per child with nested children among them: the place of
+    # each op below the call's container (``(0,)``, ``(1, 0)``, ``(1, 1)``, ``(2,)``).
+    nested: tuple[tuple[int, ...], ...] = ()
 
 
 def _statement(code: str, tree: cst.Module) -> cst.BaseStatement:
@@ -184,6 +187,20 @@ class InsertProbesCommand(VisitorBasedCodemodCommand):
         assert call is not None and isinstance(statement, cst.SimpleStatementLine)
         assign = statement.body[0]
         assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+        if site.nested:
+            # One call a statement, each child by its place (``self.blocks[1][0]``), the
+            # probe naming it so: ``"1.0"``.
+            func = assign.value.func
+            if isinstance(func, cst.Subscript):  # self.blocks[2:]: the places are absolute
+                func = func.value
+            base = tree.code_for_node(func)
+            lines = [_statement(f"{call.target} = {call.argument}\n", tree)]
+            for place in site.nested:
+                child = base + "".join(f"[{index}]" for index in place)
+                lines.append(_statement(f"{call.target} = {child}({call.target})\n", tree))
+                key = repr(".".join(str(index) for index in place)) if len(place) > 1 else place[0]
+                lines.extend(_probe_lines(site, str(key), tree))
+            return lines
         container = tree.code_for_node(assign.value.func)
         index = f"{ITERATION} + {call.start}" if call.start else ITERATION
         loop = _statement(

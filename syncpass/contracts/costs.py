@@ -13,6 +13,7 @@ This module imports neither torch nor libcst.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -278,6 +279,25 @@ class CutCost:
 
 
 @dataclass(frozen=True)
+class OpGroup:
+    """Ops that one call runs, planned one by one but plannable as one op again: the
+    children of a nested ``nn.Sequential`` (``blocks.1`` of ``x = self.blocks(x)``, whose
+    ops are ``blocks.1.0``, ``blocks.1.1``, ...). ``id`` is the op id the group takes when
+    planned whole; ``ops`` are its ops, consecutive and in order, those of groups nested in
+    it included. The planner plans a group whole unless it is too big for a stage
+    (:mod:`syncpass.plan.levels`)."""
+
+    id: str
+    ops: tuple[str, ...]
+
+    def __post_init__(self) -> None:
+        if not self.id:
+            raise ValueError("a group id must be a non-empty string")
+        if len(self.ops) < 2:
+            raise ValueError(f"group {self.id!r} needs at least two ops")
+
+
+@dataclass(frozen=True)
 class Costs:
     """A whole cost file: ops in execution order and their admissible cuts."""
 
@@ -297,6 +317,8 @@ class Costs:
     # The built model's settings that decided branches (``config.return_dict`` -> True): the
     # analysis reads the same from here, so plan and rewrite plan what was profiled.
     model_settings: tuple[tuple[str, SettingValue], ...] = ()
+    # Nested nn.Sequential children planned per child, outermost first (OpGroup).
+    groups: tuple[OpGroup, ...] = ()
 
     def __post_init__(self) -> None:
         if self.version != COST_FILE_VERSION:
@@ -341,6 +363,36 @@ class Costs:
                 raise ValueError(f"edge from unknown op {producer!r}")
             if consumer != OUTPUT and consumer not in position:
                 raise ValueError(f"edge to unknown op {consumer!r}")
+        self._check_groups()
+
+    def _check_groups(self) -> None:
+        """Groups name known, consecutive ops, take ids no op has, and nest or keep apart."""
+        position = self.op_index
+        spans: list[tuple[int, int, str]] = []
+        for group in self.groups:
+            if group.id in position:
+                raise ValueError(f"group {group.id!r} takes the id of an op; ids must differ")
+            unknown = [op for op in group.ops if op not in position]
+            if unknown:
+                raise ValueError(f"group {group.id!r} names no op {unknown[0]!r}")
+            places = [position[op] for op in group.ops]
+            if places != list(range(places[0], places[0] + len(places))):
+                raise ValueError(f"group {group.id!r}: its ops must be consecutive and in order")
+            spans.append((places[0], places[-1], group.id))
+        ids = [group.id for group in self.groups]
+        if len(set(ids)) != len(ids):
+            raise ValueError("a group id appears twice; group ids must be unique")
+        for (first, last, name), (other_first, other_last, other) in itertools.combinations(
+            spans, 2
+        ):
+            apart = last < other_first or other_last < first
+            nested = (first <= other_first and other_last <= last) or (
+                other_first <= first and last <= other_last
+            )
+            if not (apart or nested):
+                raise ValueError(
+                    f"groups {name!r} and {other!r} overlap without one holding the other"
+                )
 
     @cached_property
     def op_index(self) -> dict[str, int]:
@@ -367,6 +419,10 @@ class Costs:
                 for cut in self.cuts
             ),
             edges=tuple((rename[a], rename[b]) for a, b in self.edges),
+            groups=tuple(
+                dataclasses.replace(group, ops=tuple(rename[op] for op in group.ops))
+                for group in self.groups
+            ),
         )
 
     def unsendable(self, kinds: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
@@ -491,6 +547,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             "notes",
             "containers",
             "model_settings",
+            "groups",
         ),
     )
     version = reader.required(top, "$", "version")
@@ -683,6 +740,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         model_settings=parse_settings(
             top.get("model_settings", {}), lambda path, message: reader.error(path, message)
         ),
+        groups=_groups(reader, top.get("groups", []), seen),
     )
 
 
@@ -702,6 +760,29 @@ def parse_settings(
             )
         found.append((str(path), setting))
     return tuple(sorted(found))
+
+
+def _groups(reader: _Reader, value: Any, seen: Mapping[str, int]) -> tuple[OpGroup, ...]:
+    """``$.groups``: ``[{"id": "blocks.1", "ops": ["blocks.1.0", ...]}, ...]``."""
+    found = []
+    for index, item in enumerate(reader.sequence(value, "$.groups")):
+        where = f"$.groups[{index}]"
+        group = reader.mapping(item, where)
+        reader.no_unknown(group, where, ("id", "ops"))
+        group_id = reader.string(group, where, "id")
+        ops = reader.sequence(reader.required(group, where, "ops"), f"{where}.ops")
+        if len(ops) < 2 or not all(isinstance(op, str) for op in ops):
+            raise reader.error(f"{where}.ops", "must list at least two op ids")
+        missing = [op for op in ops if op not in seen]
+        if missing:
+            raise reader.error(f"{where}.ops", f"unknown op id {missing[0]!r}; it must name an op")
+        places = [seen[op] for op in ops]
+        if places != list(range(places[0], places[0] + len(ops))):
+            raise reader.error(f"{where}.ops", "must be consecutive ops, in order")
+        if group_id in seen:
+            raise reader.error(f"{where}.id", f"{group_id!r} is an op's id; a group needs its own")
+        found.append(OpGroup(group_id, tuple(ops)))
+    return tuple(found)
 
 
 def _containers(reader: _Reader, value: Any) -> tuple[tuple[str, int], ...]:
@@ -757,6 +838,8 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
         data["containers"] = dict(costs.containers)
     if costs.model_settings:
         data["model_settings"] = dict(costs.model_settings)
+    if costs.groups:
+        data["groups"] = [{"id": group.id, "ops": list(group.ops)} for group in costs.groups]
     return data
 
 

@@ -49,6 +49,30 @@ class LoopIteration:
     # Containers zipped with it, whose item ``index`` the iteration runs too
     # (``for layer, norm in zip(self.layers, self.norms)``: ``("norms",)``).
     zipped: tuple[str, ...] = ()
+    # For a child of a nested ``nn.Sequential`` (``blocks.1.0`` of ``x = self.blocks(x)``,
+    # ``container`` ``"blocks.1"``): the indices that lead from the statement's container
+    # down to ``container`` (``(1,)``). Empty for an item of the statement's own container.
+    outer: tuple[int, ...] = ()
+
+    @property
+    def path(self) -> tuple[int, ...]:
+        """Where the item is below the statement's container: ``(1, 0)`` for ``blocks.1.0``."""
+        return (*self.outer, self.index)
+
+    @property
+    def top(self) -> str:
+        """The statement's container: ``"blocks"`` for ``blocks.1.0``."""
+        parts = self.container.split(".")
+        return ".".join(parts[: len(parts) - len(self.outer)])
+
+    def groups(self) -> tuple[str, ...]:
+        """The nested groups the item lies in, outermost first: ``("blocks.1",)`` for
+        ``blocks.1.0``, ``("blocks.1", "blocks.1.0")`` for ``blocks.1.0.2``."""
+        top = self.top
+        return tuple(
+            ".".join([top, *(str(index) for index in self.outer[: depth + 1])])
+            for depth in range(len(self.outer))
+        )
 
 
 @dataclass(frozen=True)
@@ -154,6 +178,17 @@ class OpGraph:
         for cut in self.cuts:
             if cut.after not in known:
                 raise ValueError(f"cut after unknown op {cut.after!r}")
+
+    def nested_groups(self) -> tuple[tuple[str, tuple[str, ...]], ...]:
+        """Each nested ``nn.Sequential`` child planned per child (``blocks.1`` of ``x =
+        self.blocks(x)``) with its ops in order, outermost groups first where they start
+        together: what the planner may plan as one op again (:class:`LoopIteration.outer`)."""
+        found: dict[str, list[str]] = {}
+        for op in self.ops:
+            if op.loop is not None:
+                for group in op.loop.groups():
+                    found.setdefault(group, []).append(op.id)
+        return tuple((group, tuple(ops)) for group, ops in found.items())
 
     def op(self, op_id: str) -> Op:
         for op in self.ops:

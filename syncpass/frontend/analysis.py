@@ -1239,12 +1239,14 @@ def build_op_graph(
             container = sequential.container
             children = sequential.iterations(expand[container])
             chain = _Chain(container, line, start.column, index, location, comment)
+            items = nested_items(container, children, expand)
             chain.add(
-                children,
-                [(f"self.{container}.{child}",) for child in children],
+                range(len(items)),
+                [(f"self.{item.container}.{item.index}",) for item in items],
                 ((sequential.argument,), (sequential.target,)),
                 (sequential.target,),
                 _Sinks(ops, taken, forbidden, pinned),
+                items,
             )
             continue
         if is_sync_point(statement, facts):
@@ -1359,6 +1361,25 @@ def build_op_graph(
     )
 
 
+def nested_items(container: str, children: range, expand: ContainerSizes) -> list[LoopIteration]:
+    """The ops of a sequential call of ``container`` over ``children``, in order: one per
+    child, except that a child ``expand`` sizes too (``blocks.1``: a nested
+    ``nn.Sequential``) stands for its own children, and so on down (``blocks.1.0``, with
+    ``outer`` ``(1,)``)."""
+    items: list[LoopIteration] = []
+
+    def walk(path: str, indices: range, outer: tuple[int, ...]) -> None:
+        for child in indices:
+            inner = f"{path}.{child}"
+            if inner in expand:
+                walk(inner, range(expand[inner]), (*outer, child))
+            else:
+                items.append(LoopIteration(path, child, outer=outer))
+
+    walk(container, children, ())
+    return items
+
+
 @dataclass(frozen=True)
 class _Sinks:
     """Where the op graph's builder collects ops, the ids taken, and the cuts the comments
@@ -1389,12 +1410,15 @@ class _Chain:
         reads: tuple[tuple[str, ...], tuple[str, ...]],
         writes: tuple[str, ...],
         sinks: _Sinks,
+        nested: Sequence[LoopIteration] | None = None,
     ) -> None:
         """An op per item, running ``calls[position]``: the first reads ``reads[0]``, each
-        later one ``reads[1]``. A
+        later one ``reads[1]``; ``nested`` gives each item's place when children of nested
+        containers stand for some (:func:`nested_items`). A
         ``no-sync`` comment forbids the cuts inside the chain; a ``sync`` pin goes after it."""
         for position, item in enumerate(items):
-            op_id = _unique(f"{self.container}.{item}", self.line, self.column, sinks.taken)
+            loop = LoopIteration(self.container, item) if nested is None else nested[position]
+            op_id = _unique(f"{loop.container}.{loop.index}", self.line, self.column, sinks.taken)
             sinks.ops.append(
                 Op(
                     op_id,
@@ -1403,7 +1427,7 @@ class _Chain:
                     writes,
                     self.location,
                     self.statement,
-                    loop=LoopIteration(self.container, item),
+                    loop=loop,
                 )
             )
             last = position == len(items) - 1

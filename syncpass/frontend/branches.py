@@ -417,7 +417,9 @@ class _Known:
             statement.visit(gathered)
         self.counts = Counter(name for name, _ in gathered.bindings)
         assigned = {name.removeprefix("self.") for name in self.counts}
-        self.attributes = {name: value for name, value in attributes.items() if name not in assigned}
+        self.attributes = {
+            name: value for name, value in attributes.items() if name not in assigned
+        }
         self.parameters = parameter_defaults(forward) if given is None else given
         self.defaults = {
             name: default for name, default in self.parameters.items() if self.counts[name] == 0

@@ -33,6 +33,28 @@ def sizes_from_ids(ids: Iterable[str], containers: tuple[str, ...]) -> dict[str,
     return sizes
 
 
+def sequential_sizes_from_ids(ids: Iterable[str], containers: tuple[str, ...]) -> dict[str, int]:
+    """Length of each sequential container called whole, read off op ids, and of each child
+    planned per child in turn (a nested ``nn.Sequential``): ``blocks.0``, ``blocks.1.0``,
+    ``blocks.1.1``, ``blocks.2`` -> ``{"blocks": 3, "blocks.1": 2}``."""
+    ids = tuple(ids)
+    sizes: dict[str, int] = {}
+    pending = list(containers)
+    while pending:
+        container = pending.pop()
+        pattern = re.compile(rf"^{re.escape(container)}\.(\d+)(\.\d+)*(@L\d+(:\d+)?)?$")
+        found = [
+            (int(hit.group(1)), hit.group(2)) for op_id in ids if (hit := pattern.match(op_id))
+        ]
+        if not found:
+            continue
+        sizes[container] = max(index for index, _ in found) + 1
+        pending.extend(
+            dict.fromkeys(f"{container}.{index}" for index, deeper in found if deeper is not None)
+        )
+    return sizes
+
+
 def container_sizes(costs: Costs, containers: tuple[str, ...]) -> dict[str, int]:
     """Length of each container, read off the cost file's op ids (``blocks.11`` -> 12)."""
     return sizes_from_ids((op.id for op in costs.ops), containers)

@@ -16,6 +16,7 @@ from syncpass.contracts.config import stage_devices
 from syncpass.contracts.costs import parse_settings
 from syncpass.core.errors import SyncpassError
 from syncpass.core.jsonio import read_json
+from syncpass.plan.levels import Expansion
 from syncpass.plan.planner import Plan, StagePlan, SyncPoint, Threshold
 
 PLAN_FILE_VERSION = 1
@@ -85,6 +86,16 @@ def plan_to_json(plan: Plan, baselines: tuple[Plan, ...] = ()) -> dict[str, Any]
     )
     if plan.model_settings:
         data["model_settings"] = dict(plan.model_settings)
+    if plan.expanded:  # written only when the plan looks into a nested nn.Sequential
+        data["expanded"] = [
+            {
+                "op": expansion.op,
+                "compute_s": expansion.compute_s,
+                "ideal_stage_s": expansion.ideal_s,
+                **({"pinned": True} if expansion.pinned else {}),
+            }
+            for expansion in plan.expanded
+        ]
     if baselines:
         data["baselines"] = [
             {
@@ -179,6 +190,15 @@ def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
             model=data.get("model"),
             stages_per_device=data.get("stages_per_device", 1),
             model_settings=parse_settings(data.get("model_settings", {}), fail),
+            expanded=tuple(
+                Expansion(
+                    op=expansion["op"],
+                    compute_s=expansion["compute_s"],
+                    ideal_s=expansion["ideal_stage_s"],
+                    pinned=expansion.get("pinned", False),
+                )
+                for expansion in data.get("expanded", ())
+            ),
         )
     except KeyError as error:
         raise fail("$", f"missing required field {error.args[0]!r}") from None

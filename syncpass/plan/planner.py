@@ -33,6 +33,7 @@ from syncpass.contracts.graph import INPUT
 from syncpass.core.errors import InfeasibleError, SyncpassError
 from syncpass.core.units import num_bytes, percent, percents_apart, seconds
 from syncpass.plan.explain import broken_constraints, explain_sync_points
+from syncpass.plan.levels import Expansion, Level, plan_level
 from syncpass.plan.optimizer import (
     Infeasible,
     PlanScore,
@@ -195,6 +196,8 @@ class Plan:
     stages_per_device: int = 1
     # The cost file's model_settings: the analysis decides the same branches from them.
     model_settings: tuple[tuple[str, SettingValue], ...] = ()
+    # Nested nn.Sequential children the plan looks into, and why (syncpass.plan.levels).
+    expanded: tuple[Expansion, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.stages) != len(self.sync_points) + 1:
@@ -231,6 +234,22 @@ class PlanCache:
         self._solutions: dict[tuple[object, ...], Solution | Infeasible] = {}
         self._baselines: dict[tuple[object, ...], tuple[int, ...] | Infeasible] = {}
         self._predictions: dict[tuple[object, ...], Prediction] = {}
+        self._levels: dict[tuple[int, tuple[str, ...]], tuple[Level, PlanCache]] = {}
+        self._by_expansion: dict[tuple[str, ...], PlanCache] = {}
+
+    def level(self, stages: int, pinned: tuple[str, ...] = ()) -> tuple[Level, PlanCache]:
+        """The costs a plan of ``stages`` stages (sync points ``pinned`` after those ops
+        besides the cost file's) is made from (:func:`plan_level`), and the cache that
+        serves them."""
+        if (stages, pinned) not in self._levels:
+            level = plan_level(self.costs, stages, pinned)
+            key = tuple(expansion.op for expansion in level.expanded)
+            if key not in self._by_expansion:
+                inner = PlanCache(level.costs, self.orders)
+                inner._orders = self._orders  # the schedules do not depend on the ops
+                self._by_expansion[key] = inner
+            self._levels[(stages, pinned)] = (level, self._by_expansion[key])
+        return self._levels[(stages, pinned)]
 
     def problem(self, request: PlanRequest, microbatches: int = 1) -> Problem:
         key = (
@@ -330,6 +349,33 @@ def make_plan(
     ``cache`` shares the work with other plans of the same ``costs``.
     """
     cache = _cache_for(costs, cache)
+    if costs.groups:
+        # Nested nn.Sequential children: planned one by one only where a group is too big
+        # for a stage of this plan (syncpass.plan.levels).
+        level, inner = cache.level(_planned_stages(costs, request), request.pinned)
+        pinned = tuple(level.op_id(op) for op in request.pinned)
+        plan = make_plan(level.costs, dataclasses.replace(request, pinned=pinned), origin, inner)
+        plan = dataclasses.replace(plan, expanded=level.expanded)
+        whole, whole_cache = cache.level(1, request.pinned)  # every group whole, as before
+        if whole.expanded == level.expanded or request.config.strategy not in OPTIMISING_STRATEGIES:
+            return plan
+        # Looking inside only adds cuts, so the least bottleneck can only fall; the predicted
+        # step is simulated, and the plan keeps the groups whole if that is faster.
+        pinned = tuple(whole.op_id(op) for op in request.pinned)
+        try:
+            before = make_plan(
+                whole.costs, dataclasses.replace(request, pinned=pinned), origin, whole_cache
+            )
+        except SyncpassError:
+            return plan
+        if before.predicted_step_s >= plan.predicted_step_s:
+            return plan
+        note = (
+            f"planning inside {', '.join(e.op for e in level.expanded)} predicted a slower step "
+            f"({seconds(plan.predicted_step_s)}) than keeping them whole "
+            f"({seconds(before.predicted_step_s)}): kept whole"
+        )
+        return dataclasses.replace(before, expanded=whole.expanded, notes=(*before.notes, note))
     per_device = request.per_device
     # The stage count depends only on the pins and the admissible cuts; the micro-batch
     # count (which the costs per step depend on) may depend on the stage count.
@@ -411,6 +457,15 @@ def make_plan(
         used, admitting, admitting_step_s = faster.threshold, used_tau, faster.admitting_step_s
     threshold = Threshold(requested_tau, used, forced_by, admitting, admitting_step_s)
     return _assemble(cache, problem, request, strategy, cuts, score, threshold, notes)
+
+
+def _planned_stages(costs: Costs, request: PlanRequest) -> int:
+    """The stages a plan of ``request`` has (1 when it asks for none: the planner says so)."""
+    if request.stages is not None:
+        return request.stages * request.per_device
+    if request.config.strategy == "manual":
+        return len({cut.after for cut in costs.cuts if cut.pinned} | set(request.pinned)) + 1
+    return 1
 
 
 @dataclass(frozen=True)

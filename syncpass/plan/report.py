@@ -135,6 +135,9 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
             "  note: communication wait is above 10% of the step; fewer stages, larger "
             "micro-batches or a faster link would help"
         )
+    if plan.expanded:
+        lines += ["", "nested nn.Sequential children planned one by one (too big for a stage):"]
+        lines += [f"  {expansion.describe()}" for expansion in plan.expanded]
     if plan.sync_points:
         lines += ["", "sync points:"]
         for point in plan.sync_points:

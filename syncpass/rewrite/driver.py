@@ -24,7 +24,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from syncpass.contracts.costs import Costs
-from syncpass.contracts.graph import OpGraph
+from syncpass.contracts.graph import LoopIteration, OpGraph
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
 from syncpass.frontend.match import match_costs, steer_by_source
@@ -88,7 +88,8 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
     last_iteration: dict[int, int] = {}
     for op in graph.ops:
         if op.loop is not None:
-            last_iteration[op.statement] = op.loop.index
+            last_iteration[op.statement] = op.loop.path[0]
+    sizes = dict(graph.containers)
     sites = []
     live = {cut.after: cut.live for cut in graph.cuts}
     count = len(plan.sync_points)
@@ -98,11 +99,14 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
             f"{number}/{count}: {num_bytes(point.live_bytes)}, "
             f"{seconds(point.comm_s)}/step predicted"
         )
-        inside_loop = op.loop is not None and op.loop.index != last_iteration[op.statement]
+        place, along = _place(op.loop, sizes) if op.loop is not None else ((), ())
+        inside_loop = op.loop is not None and place != (last_iteration[op.statement],)
         sites.append(
             SyncSite(
                 statement=op.statement,
-                split_after=op.loop.index if inside_loop and op.loop is not None else None,
+                split_after=place[0] if inside_loop else None,
+                split_inside=place[1:] if inside_loop else (),
+                sizes=along if inside_loop and len(place) > 1 else (),
                 comment=comment,
                 values=live.get(point.after, ()),
                 stage=number,
@@ -112,6 +116,19 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
             )
         )
     return sites
+
+
+def _place(loop: LoopIteration, sizes: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Where the sync after ``loop``'s item goes below its statement's container, and the
+    length of each container along the way: after the last child of a nested group is
+    after the group (``blocks.1.1`` of a ``blocks.1`` of 2 is after ``blocks.1``)."""
+    place = loop.path
+    containers = [loop.top]
+    for index in place[:-1]:
+        containers.append(f"{containers[-1]}.{index}")
+    while len(place) > 1 and place[-1] == sizes.get(containers[len(place) - 1], 0) - 1:
+        place = place[:-1]
+    return place, tuple(sizes.get(container, 0) for container in containers[: len(place)])
 
 
 def ensure_parses(rewritten: str, path: str) -> None:
@@ -199,4 +216,12 @@ def _rewrite_plain(
     source = backend.analyse(text, path, KnownOps.of_costs(costs), class_name)
     matched = steer_by_source(source.graph, match_costs(source.graph, costs))
     cache = PlanCache(matched, backend.schedule_order or single_stage_order)
-    return apply_plan(source, plan_for(matched, request, path, max_stages, cache), backend, path)
+    plan = plan_for(matched, request, path, max_stages, cache)
+    if plan.expanded or matched.groups:
+        # Nested nn.Sequential children the plan keeps whole are one op of its: the source
+        # is planned at the plan's level, as a saved plan is.
+        ids = tuple(op for stage in plan.stages for op in stage.ops)
+        known = KnownOps(plan.model, ids, costs.containers, costs.model_settings)
+        source = backend.analyse(text, path, known, class_name)
+        plan = check_saved_plan(plan, source.graph)
+    return apply_plan(source, plan, backend, path)

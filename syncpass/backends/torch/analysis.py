@@ -25,7 +25,7 @@ from syncpass.frontend.analysis import (
     match_sequential_call,
     model_class_names,
 )
-from syncpass.frontend.match import pick_model, sizes_from_ids
+from syncpass.frontend.match import pick_model, sequential_sizes_from_ids, sizes_from_ids
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
 from syncpass.transformers.torch_pipeline import SYNC_COMMENT_PREFIX, remove_pipe_splits
@@ -97,7 +97,9 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
     """The model of ``text`` and its op graph, loops sized by the op ids ``known`` lists.
 
     Calls of ``nn.Sequential`` submodules count as one op each unless ``known``
-    lists their children (a profile made with ``--depth 2``).
+    lists their children (a profile made with ``--depth 2``), and so does each child
+    unless ``known`` lists its own (``blocks.1.0``: a nested ``nn.Sequential``, which the
+    eager form's profile plans per child).
     """
     module = parse_source(text, path)
     base = text
@@ -108,6 +110,6 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
     containers = loop_containers(module, name, path)
     sizes = sizes_from_ids(known.ids, containers)
     sizes.update((container, size) for container, size in known.sizes if container in containers)
-    expand = sizes_from_ids(known.ids, sequential_calls(module, name, path))
+    expand = sequential_sizes_from_ids(known.ids, sequential_calls(module, name, path))
     graph = analyse_model(module, path, name, sizes, base, expand)
     return ModelSource(text=text, base=base, module=module, graph=graph)

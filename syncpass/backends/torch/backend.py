@@ -74,6 +74,12 @@ def _measure(request: MeasureRequest) -> Costs:
 #: The eager stages always plan the children of ``nn.Sequential`` calls (``--depth 2``): a
 #: stage may end inside one, and the stage then runs a slice of it (``self.layer3[:1](x)``).
 SEQUENTIAL_DEPTH = 2
+#: Their profile also plans each child that is an ``nn.Sequential`` per child, this many
+#: levels in all (``blocks.1.0`` of timm's EfficientNet is level 3); the planner plans such
+#: a group as one op unless it is too big for a stage (:mod:`syncpass.plan.levels`), and a
+#: stage then runs a slice of it (``self.blocks[1][1:](x)``). The static estimate stays at
+#: :data:`SEQUENTIAL_DEPTH`.
+NESTED_DEPTH = 8
 
 
 def _measure_for_stages(request: MeasureRequest) -> Costs:
@@ -103,7 +109,7 @@ def _measure_for_stages(request: MeasureRequest) -> Costs:
         check_branches(model, tuple(args), expanded[0], path, request.model)
         return sent_across_cuts(graph, expanded[0].expanded.code, path)
 
-    deeper = dataclasses.replace(request, depth=max(request.depth, SEQUENTIAL_DEPTH))
+    deeper = dataclasses.replace(request, depth=max(request.depth, NESTED_DEPTH))
     costs = measure(deeper, check_tracer=False, refine=refine, expand=expand)
     return dataclasses.replace(costs, model_settings=tuple(sorted(read[0].read.items())))
 

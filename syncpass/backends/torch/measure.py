@@ -63,7 +63,15 @@ from syncpass.backends.torch.analysis import (
     sequential_calls,
 )
 from syncpass.backends.torch.rewrite import strip_sync_points
-from syncpass.contracts.costs import Costs, CutCost, CutValue, Hardware, OpCost, known_kind
+from syncpass.contracts.costs import (
+    Costs,
+    CutCost,
+    CutValue,
+    Hardware,
+    OpCost,
+    OpGroup,
+    known_kind,
+)
 from syncpass.contracts.graph import Cut, OpGraph
 from syncpass.contracts.hardware import cpu_devices, load_profile
 from syncpass.core.errors import SyncpassError
@@ -86,7 +94,7 @@ Progress = Callable[[str], None]
 #: Maps the model's output to the scalar loss whose backward is measured.
 LossFn = Callable[[Any], torch.Tensor]
 
-_Key = tuple[int, int | None]
+_Key = tuple[int, int | str | None]
 
 
 def _sdpa_cpu_flops(
@@ -141,7 +149,8 @@ def build_graph(
     layer container the forward loops over is read off the live model, so
     each iteration becomes an op; a container that has no length stays a
     region. With ``depth`` 2, a statement calling an ``nn.Sequential``
-    submodule (``h = self.layer1(x)``) is planned per child. Raises
+    submodule (``h = self.layer1(x)``) is planned per child; with more, each child that is
+    an ``nn.Sequential`` too is planned per child, ``depth - 2`` levels down. Raises
     :class:`SyncpassError` when the class is not in ``text`` or is not the
     class whose forward the model runs.
     """
@@ -175,7 +184,32 @@ def build_graph(
             value = _resolve(model, container)
             if isinstance(value, torch.nn.Sequential):
                 expand[container] = len(value)
+                _expand_nested(model, container, depth - 2, expand)
     return analyse_model(module, path, name, sizes, text, expand)
+
+
+def op_groups(graph: OpGraph) -> tuple[OpGroup, ...]:
+    """The nested ``nn.Sequential`` children of ``graph`` planned per child, as the cost
+    file records them (:class:`OpGroup`)."""
+    return tuple(OpGroup(group, ops) for group, ops in graph.nested_groups() if len(ops) >= 2)
+
+
+def _expand_nested(
+    model: torch.nn.Module, container: str, levels: int, expand: dict[str, int]
+) -> None:
+    """Size, into ``expand``, the children of ``container`` that are ``nn.Sequential``
+    themselves (``blocks.1`` of timm's EfficientNet), ``levels`` deep: each is planned per
+    child, and the planner plans it as one op again unless it is too big for a stage
+    (:mod:`syncpass.plan.levels`). A child of fewer than two children, or one its
+    container names otherwise than by its place (``getattr(blocks, "1")``), stays one op."""
+    if levels < 1:
+        return
+    for index in range(expand[container]):
+        inner = f"{container}.{index}"
+        value = _resolve(model, inner)
+        if isinstance(value, torch.nn.Sequential) and len(value) >= 2:
+            expand[inner] = len(value)
+            _expand_nested(model, inner, levels - 1, expand)
 
 
 def _check_loop(
@@ -248,17 +282,31 @@ def boundary_names(graph: OpGraph) -> list[tuple[str, ...]]:
 def _probe_sites(graph: OpGraph, names: Sequence[tuple[str, ...]]) -> list[ProbeSite]:
     rebind: dict[int, dict[str, None]] = {}
     loops: dict[int, bool] = {}
+    paths: dict[int, list[tuple[int, ...]]] = {}
     for op, op_names in zip(graph.ops, names, strict=True):
         rebind.setdefault(op.statement, {}).update(dict.fromkeys(op_names))
         loops[op.statement] = op.loop is not None
+        if op.loop is not None:
+            paths.setdefault(op.statement, []).append(op.loop.path)
     return [
-        ProbeSite(statement, loops[statement], tuple(rebind[statement])) for statement in rebind
+        ProbeSite(
+            statement,
+            loops[statement],
+            tuple(rebind[statement]),
+            # A sequential call with nested children planned per child runs child by child.
+            tuple(paths[statement]) if any(len(p) > 1 for p in paths.get(statement, ())) else (),
+        )
+        for statement in rebind
     ]
 
 
 def _key(graph: OpGraph, position: int) -> _Key:
     op = graph.ops[position]
-    return (op.statement, None if op.loop is None else op.loop.index)
+    if op.loop is None:
+        return (op.statement, None)
+    if op.loop.outer:  # a nested child: the probe names it by its place, "1.0"
+        return (op.statement, ".".join(str(index) for index in op.loop.path))
+    return (op.statement, op.loop.index)
 
 
 # --- sizes ---------------------------------------------------------------------------
@@ -634,7 +682,7 @@ class _Probe:
             self.rng_state = torch.random.get_rng_state()
 
     def boundary(
-        self, statement: int, index: int | None, values: Mapping[str, object]
+        self, statement: int, index: int | str | None, values: Mapping[str, object]
     ) -> dict[str, object]:
         entry = self.now()
         position = self.positions.get((statement, index))
@@ -1236,6 +1284,7 @@ def profile_costs(
         edges=graph.edges,
         notes=tuple(notes),
         containers=graph.containers,
+        groups=op_groups(graph),
     )
 
 
@@ -1409,6 +1458,7 @@ def _counted_costs(
         edges=graph.edges,
         notes=(note,),
         containers=graph.containers,
+        groups=op_groups(graph),
     )
 
 

@@ -231,12 +231,17 @@ def _last_op(
     sequential = match_sequential_call(statement)
     ranged = loop or sequential
     if ranged is not None:
-        ran = {
-            op.loop.index: op.id
-            for op in graph.ops
-            if op.loop is not None and op.loop.container == ranged.container
-        }
-        size = dict(graph.containers).get(ranged.container, len(ran))
+        # The last op of the container's last item run: the item itself, or the last child
+        # of a nested nn.Sequential planned per child (``self.blocks[:2]`` ends in blocks.1.3).
+        ran: dict[int, str] = {}
+        for op in graph.ops:
+            if op.loop is None:
+                continue
+            item = f"{op.loop.container}.{op.loop.index}"
+            head = item.removeprefix(ranged.container + ".").partition(".")[0]
+            if item.startswith(ranged.container + ".") and head.isdigit():
+                ran[int(head)] = op.id
+        size = dict(graph.containers).get(ranged.container, max(ran, default=-1) + 1)
         iterations = range(size)[ranged.start : ranged.stop]
         if iterations and iterations[-1] in ran:
             return ran[iterations[-1]]
@@ -294,9 +299,8 @@ def _cut_positions(graph: OpGraph, sites: Sequence[SyncSite]) -> list[int]:
         for position, op in enumerate(graph.ops):
             if op.statement != site.statement:
                 continue
-            if site.split_after is None or (
-                op.loop is not None and op.loop.index == site.split_after
-            ):
+            place = None if site.split_after is None else (site.split_after, *site.split_inside)
+            if place is None or (op.loop is not None and op.loop.path[: len(place)] == place):
                 found = position + 1
         if found is None:
             raise SyncpassError(f"no op of the forward is at the planned site {site}")
@@ -592,11 +596,13 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         nones.append(tuple(nothing))
         scalars.append(tuple(numbers))
 
+    # A nested nn.Sequential planned per child: the containers that hold it are sliced by
+    # the stages (self.blocks[2:]), and what they hold is the ops' to say, too.
     loop_containers = {
         container
         for op in graph.ops
         if op.loop is not None
-        for container in (op.loop.container, *op.loop.zipped)
+        for container in (op.loop.container, *op.loop.zipped, op.loop.top, *op.loop.groups())
     }
     paths_by_stage: list[list[str]] = []
     any_bare = False
