@@ -89,7 +89,9 @@ def _measure_for_stages(request: MeasureRequest) -> Costs:
         return sent_across_cuts(graph, expanded, path)
 
     deeper = dataclasses.replace(request, text=expanded, depth=max(request.depth, SEQUENTIAL_DEPTH))
-    return measure(deeper, check_tracer=False, refine=refine)
+    found = source.inherited.get(request.model) if request.model is not None else None
+    inherited = (found.class_name, found.file) if found is not None else None
+    return measure(deeper, check_tracer=False, refine=refine, inherited=inherited)
 
 
 def _estimate_for_stages(request: EstimateRequest) -> Costs:
