@@ -981,6 +981,7 @@ TESTED_HELD_OUT = (
     "tv_vit",
     "tv_regnet",
     "hf_gemma3",
+    "timm_deit",
 )
 
 
