@@ -82,10 +82,15 @@ class SourceFile:
     module: cst.Module
     bindings: dict[str, Binding] = field(compare=False, hash=False)
     star: bool = False
+    lines: dict[cst.CSTNode, int] = field(default_factory=dict, compare=False, hash=False)
 
     def line(self, node: cst.CSTNode) -> int:
         """The line of ``node`` (a node of this module's tree), 0 if it is not in it."""
-        return _lines(self.module).get(node, 0)
+        if not self.lines:  # read once, when first asked
+            wrapper = cst.MetadataWrapper(self.module, unsafe_skip_copy=True)
+            positions = wrapper.resolve(PositionProvider)
+            self.lines.update((key, where.start.line) for key, where in positions.items())
+        return self.lines.get(node, 0)
 
 
 @dataclass(frozen=True)
@@ -189,18 +194,6 @@ def _canonical(key: str, classes: Sequence[SourceClass]) -> str:
             return key
         key = binding.key
     return key
-
-
-_LINES: dict[int, tuple[cst.Module, dict[cst.CSTNode, int]]] = {}
-
-
-def _lines(module: cst.Module) -> dict[cst.CSTNode, int]:
-    cached = _LINES.get(id(module))
-    if cached is None or cached[0] is not module:
-        positions = cst.MetadataWrapper(module, unsafe_skip_copy=True).resolve(PositionProvider)
-        cached = (module, {node: where.start.line for node, where in positions.items()})
-        _LINES[id(module)] = cached
-    return cached[1]
 
 
 def _class_level_names(classdef: cst.ClassDef) -> set[str]:

@@ -51,6 +51,15 @@ method's statements without them, and the report says which were left out;
 ``syncpass run --verify`` compares the loss and every gradient with the unsplit
 model, decorators included.
 
+A model class that inherits its forward (timm's DeiT) is expanded from the forward
+of its base, read from source (:mod:`syncpass.frontend.bases`): the methods are
+those Python runs for the class, its overrides first, and the expanded class
+defines the forward (and holds the base methods it still calls). A statement
+from a base's method must read nothing from that module's globals that the
+user's module binds otherwise (the stage classes run in the user's module): such
+a method stays one call, and for the forward itself the expansion stops with the
+name and the base's line.
+
 The result records where each statement of the expanded forward comes from
 (:class:`Origin`, in :class:`Frame` terms), so that a backend writing into the
 user's own functions (JAX's transfers) can put a sync point in the function it

@@ -11,7 +11,9 @@ stage too.
 
 The forward it plans is the one :func:`expand_source` gives: the model's own
 methods and a submodule holding the layer stack inlined
-(:mod:`syncpass.frontend.inline`). This module decides what each stage's code
+(:mod:`syncpass.frontend.inline`), and for a model class that inherits its forward,
+the base's forward read from source with the class's overrides
+(:mod:`syncpass.frontend.bases`). This module decides what each stage's code
 holds (:func:`stage_codes`), from the op graph and the plan's sync sites:
 
 * **what crosses a sync point**: every value defined before it and used after
