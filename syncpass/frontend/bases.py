@@ -38,7 +38,7 @@ import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
 from syncpass.core.errors import SyncpassError
-from syncpass.frontend.source import parse_source
+from syncpass.frontend.source import decode_source, parse_source
 
 #: Bases that end the order: nothing of theirs is followed.
 TERMINAL_BASES = frozenset(
@@ -369,8 +369,8 @@ class _Reader:
             plain = root.joinpath(*parts[:-1], parts[-1] + ".py")
             for candidate, is_package in ((plain, False), (package, True)):
                 if candidate.is_file():
-                    text = candidate.read_text(encoding="utf-8")
                     shown = self.shown(candidate)
+                    text = decode_source(candidate.read_bytes(), shown)
                     tree = parse_source(text, shown)
                     inside = dotted if is_package else dotted.rpartition(".")[0]
                     found = read_file(tree, shown, dotted, inside)
