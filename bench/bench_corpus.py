@@ -982,6 +982,7 @@ TESTED_HELD_OUT = (
     "tv_regnet",
     "hf_gemma3",
     "hf_bloom",
+    "timm_deit",
 )
 
 

@@ -173,7 +173,8 @@ class FoldedBranch:
     test as written, ``taken`` which branch runs (``"if"``, ``"elif N"`` for the
     N-th ``elif``, ``"else"``, or ``"none"``), ``reads`` the values the tests read
     (``attn_mask=None``); ``assumed`` are the attributes and ``defaults`` the forward's
-    parameters among them.
+    parameters among them. ``file`` is the file the ``if`` is in when it is not the
+    model's (a method inherited from a base class of another module), as reports show it.
     """
 
     line: int
@@ -182,9 +183,15 @@ class FoldedBranch:
     reads: tuple[tuple[str, Constant], ...]
     assumed: tuple[AssumedAttribute, ...]
     defaults: tuple[AssumedDefault, ...] = ()
+    file: str = ""
+
+    def where(self, path: str) -> str:
+        """``FILE:LINE`` of the ``if``, ``path`` being the model's file."""
+        file = self.file or path
+        return f"{file}:{self.line}" if self.line else file
 
     def describe(self, path: str) -> str:
-        where = f"{path}:{self.line}" if self.line else path
+        where = self.where(path)
         branch = "no branch" if self.taken == "none" else f"the {self.taken} branch"
         values = ", ".join(f"{name}={value!r}" for name, value in self.reads)
         return f"{branch} of `if {self.test}:` at {where} ({values or 'constant tests'})"
@@ -205,14 +212,33 @@ def constant_value(node: cst.BaseExpression) -> object:
     return UNKNOWN
 
 
-def init_constants(classdef: cst.ClassDef, init_method: str = "__init__") -> dict[str, Constant]:
+_SUPER_INIT = m.Call(
+    func=m.Attribute(value=m.Call(func=m.Name("super"), args=[]), attr=m.Name("__init__"))
+)
+
+
+def init_constants(
+    classdef: cst.ClassDef, init_method: str = "__init__", bases: Sequence[cst.ClassDef] = ()
+) -> dict[str, Constant]:
     """``self.NAME`` that the class's ``__init__`` (or ``init_method``: a Flax module's
-    ``setup``) assigns exactly once, to a constant."""
-    init = method_of(classdef, init_method)
-    if init is None:
-        return {}
+    ``setup``) assigns exactly once, to a constant.
+
+    ``bases`` are the classes after it in its method resolution order (read from source:
+    :mod:`syncpass.frontend.bases`): the ``__init__`` that runs is the first one defined,
+    and the next one's runs too where it calls ``super().__init__(...)``; a name counts
+    when those assign it once in all."""
     gathered = GatherBindingsVisitor()
-    init.visit(gathered)
+    found_init = False
+    for cls in (classdef, *bases):
+        init = method_of(cls, init_method)
+        if init is None:
+            continue
+        found_init = True
+        init.visit(gathered)
+        if init_method != "__init__" or not m.findall(init, _SUPER_INIT):
+            break
+    if not found_init:
+        return {}
     counts = Counter(name for name, _ in gathered.bindings)
     found: dict[str, Constant] = {}
     for name, value in gathered.bindings:
@@ -473,13 +499,16 @@ def fold_branches(
     line_of: Callable[[cst.CSTNode], int],
     given: dict[str, AssumedDefault] | None = None,
     values: ValueLookup = no_values,
+    file_of: Callable[[cst.CSTNode], str] | None = None,
 ) -> tuple[list[cst.BaseStatement], list[FoldedBranch], list[int]]:
     """``statements`` (the body of ``forward``, expanded) with each top-level ``if`` that is
     decided replaced by the branch it takes, what was folded, and for each statement
     returned the index of the one of ``statements`` it comes from. ``attributes`` are the
     model's :func:`init_constants`; ``config`` the module, for printing tests. ``given``
     replaces the parameters' defaults (:func:`parameter_defaults`): what a call of an
-    inlined method binds them to. ``values`` answers the model's settings (``self.config.X``)."""
+    inlined method binds them to. ``values`` answers the model's settings (``self.config.X``).
+    ``file_of`` names the file a statement is in when it is not the model's (``""`` when
+    it is): the note on a branch from another file says ``FILE:LINE``."""
     known = _Known(statements, attributes, forward, given, values)
     result: list[cst.BaseStatement] = []
     folded: list[FoldedBranch] = []
@@ -491,10 +520,13 @@ def fold_branches(
             if decided is not None and not _jumps(decided[1]):
                 taken, body = decided
                 line = line_of(statement)
+                file = file_of(statement) if file_of is not None else ""
                 text = config.code_for_node(statement.test)
                 first = body[0] if body else None
                 if isinstance(first, cst.SimpleStatementLine | cst.BaseCompoundStatement):
                     at = f" (line {line})" if line else ""
+                    if file:
+                        at = f" ({file}:{line})" if line else f" ({file})"
                     note = cst.EmptyLine(
                         comment=cst.Comment(f"# syncpass: the {taken} branch of `if {text}:`{at}")
                     )
@@ -514,6 +546,7 @@ def fold_branches(
                             AssumedAttribute(name, value) for name, value in test.assumed.items()
                         ),
                         defaults=tuple(test.assumed_defaults.values()),
+                        file=file,
                     )
                 )
                 continue

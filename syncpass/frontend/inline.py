@@ -51,6 +51,15 @@ method's statements without them, and the report says which were left out;
 ``syncpass run --verify`` compares the loss and every gradient with the unsplit
 model, decorators included.
 
+A model class that inherits its forward (timm's DeiT) is expanded from the forward
+of its base, read from source (:mod:`syncpass.frontend.bases`): the methods are
+those Python runs for the class, its overrides first, and the expanded class
+defines the forward (and holds the base methods it still calls). A statement
+from a base's method must read nothing from that module's globals that the
+user's module binds otherwise (the stage classes run in the user's module): such
+a method stays one call, and for the forward itself the expansion stops with the
+name and the base's line.
+
 The result records where each statement of the expanded forward comes from
 (:class:`Origin`, in :class:`Frame` terms), so that a backend writing into the
 user's own functions (JAX's transfers) can put a sync point in the function it
@@ -69,7 +78,9 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
+from syncpass.core.errors import SyncpassError
 from syncpass.frontend.analysis import match_container_loop, method_of, self_path
+from syncpass.frontend.bases import Ancestry, SourceClass
 from syncpass.frontend.branches import (
     UNKNOWN,
     AssumedAttribute,
@@ -107,12 +118,15 @@ class Frame:
     """A function whose statements the expanded forward runs: the forward itself (frame 0)
     or one call inlined into it, of ``method`` of ``class_name``, reached at ``path`` from
     the model (``""`` for the model's own methods, ``"transformer.h"`` for a submodule's).
-    ``last`` is the index of its last top-level statement (its ``return``)."""
+    ``last`` is the index of its last top-level statement (its ``return``); ``file`` the
+    file the method is in when it is not the model's (a base class's, as reports show it).
+    """
 
     class_name: str
     method: str
     path: str
     last: int
+    file: str = ""
 
 
 @dataclass(frozen=True)
@@ -659,6 +673,7 @@ class _Expansion:
     path: str
     last: int
     branches: tuple[FoldedBranch, ...]
+    file: str = ""
 
 
 @dataclass(frozen=True)
@@ -673,6 +688,8 @@ class _Caller:
     config: cst.Module
     line_of: Callable[[cst.CSTNode], int]
     forward: str
+    owners: dict[str, SourceClass]  # a method's class, where it is not the model's own
+    barred: frozenset[str]  # methods kept as one call (their globals differ in the model's file)
     definition: cst.FunctionDef  # the forward itself
     attributes: dict[str, Constant]  # the model's __init__ constants
     values: ValueLookup  # the built model's settings
@@ -701,8 +718,13 @@ def _inline_one(
     targets, name, call = found
     config = caller.config
     method = caller.methods.get(name)
-    class_name, path = caller.model, ""
+    owner = caller.owners.get(name)
+    class_name, path = (caller.model if owner is None else owner.name), ""
+    file = owner.file.path if owner is not None and not owner.own else ""
+    line_of = caller.line_of if not file or owner is None else owner.file.line
     sequences: frozenset[str] = frozenset()
+    if name in caller.barred:
+        return None
     if name in caller.stacks and name not in caller.methods:
         stack = caller.stacks[name]
         method, class_name, path = stack.method, stack.class_name, name
@@ -724,7 +746,9 @@ def _inline_one(
         # in one means the method cannot be inlined.
         given, basis = _given_defaults(arguments, caller.defaults, caller.known_before(earlier))
         values = _scoped(caller.values, path)
-        own, folded, sources = fold_branches(own, {}, method, config, caller.line_of, given, values)
+        own, folded, sources = fold_branches(
+            own, {}, method, config, line_of, given, values, file_of=lambda _: file
+        )
         indices = [indices[source] for source in sources]
         decided.extend(_resting_on(branch, basis) for branch in folded)
         method = method.with_changes(body=method.body.with_changes(body=tuple(own)))
@@ -782,6 +806,9 @@ def _inline_one(
         body[0] = first.with_changes(leading_lines=lines)
     decorators = _followed_decorators(method) or ()
     left_out = f" (without {', '.join(f'@{d}' for d in decorators)})" if decorators else ""
+    if file and owner is not None:
+        line = owner.file.line(caller.methods[name])
+        left_out += f" ({owner.name}'s, {file}:{line})"
     return _Expansion(
         body=body,
         indices=origins,
@@ -791,6 +818,7 @@ def _inline_one(
         path=path,
         last=last,
         branches=tuple(decided),
+        file=file,
     )
 
 
@@ -821,9 +849,11 @@ def _calls_in_chain(
 
 
 class _OriginalLines:
-    """The line in the user's file of each statement of the expanded forward: its own, or
-    for a statement inlined from a method (and rewritten there: ``self`` read as a
-    submodule), that of the method's statement it came from (its :class:`Origin`)."""
+    """The line of each statement of the expanded forward in the file it comes from: its
+    own, or for a statement inlined from a method (and rewritten there: ``self`` read as a
+    submodule), that of the method's statement it came from (its :class:`Origin`). That
+    file is the user's, or for a method of a base class in another module (``owners``, by
+    frame), that module's (:meth:`file`)."""
 
     def __init__(
         self,
@@ -832,20 +862,34 @@ class _OriginalLines:
         origins: Sequence[Origin],
         frames: Sequence[Frame],
         classes: dict[str, cst.ClassDef],
+        owners: Sequence[SourceClass | None] = (),
     ) -> None:
         self.line_of = line_of
         self.inlined: dict[int, int] = {}
+        self.files: dict[int, str] = {}
         for statement, origin in zip(statements, origins, strict=True):
             frame, index = origin.steps[-1]
-            if frame == 0 or index < 0:
+            owner = owners[frame] if frame < len(owners) else None
+            if (frame == 0 and owner is None) or index < 0:
                 continue
-            body = _method_body(classes.get(frames[frame].class_name), frames[frame].method)
+            if owner is not None:
+                body = _method_body(owner.classdef, frames[frame].method)
+                lines: Callable[[cst.CSTNode], int] = owner.file.line
+            else:
+                body = _method_body(classes.get(frames[frame].class_name), frames[frame].method)
+                lines = line_of
             if index < len(body):
-                self.inlined[id(statement)] = line_of(body[index])
+                self.inlined[id(statement)] = lines(body[index])
+                if frames[frame].file:
+                    self.files[id(statement)] = frames[frame].file
         self.statements = statements  # keeps the ids above the statements' own
 
     def __call__(self, node: cst.CSTNode) -> int:
         return self.line_of(node) or self.inlined.get(id(node), 0)
+
+    def file(self, node: cst.CSTNode) -> str:
+        """The file ``node`` comes from, ``""`` for the user's."""
+        return "" if self.line_of(node) else self.files.get(id(node), "")
 
 
 def _method_body(classdef: cst.ClassDef | None, name: str) -> Sequence[cst.BaseStatement]:
@@ -881,13 +925,43 @@ def inline_own_methods(
     forward_method: str = "forward",
     init_method: str = "__init__",
     values: ValueLookup = no_values,
+    ancestry: Ancestry | None = None,
 ) -> Inlined:
     """``module`` with ``class_name.forward``'s calls of the class's own methods inlined and
     its decided branches folded. ``lines`` gives the lines of the user's file (``module``'s
     own by default: pass the original's when ``module`` is already expanded elsewhere).
     ``forward_method`` and ``init_method`` name the method that computes a module and the
-    one that builds its submodules (``__call__`` and ``setup`` for Flax)."""
-    names = _Names(forward_method, init_method)
+    one that builds its submodules (``__call__`` and ``setup`` for Flax).
+
+    With ``ancestry`` (the class and its bases, read from source:
+    :func:`syncpass.frontend.bases.read_ancestry`) the methods are those the class runs,
+    its bases' where it does not override them, the forward among them: the class in the
+    returned module defines the expanded forward, and the bases' methods the forward
+    still calls (for what a stage holds). A statement from a base's method that reads a
+    global the user's module does not bind the same way keeps that method one call;
+    when it is the forward's own, :class:`SyncpassError` says which name and where."""
+    barred: set[str] = set()
+    while True:
+        result = _inline_once(
+            module, class_name, lines, _Names(forward_method, init_method), ancestry, barred, values
+        )
+        if isinstance(result, Inlined):
+            return result
+        barred.add(result)
+
+
+def _inline_once(
+    module: cst.Module,
+    class_name: str,
+    lines: SourceLines | None,
+    names: _Names,
+    ancestry: Ancestry | None,
+    barred: set[str],
+    values: ValueLookup = no_values,
+) -> Inlined | str:
+    """:func:`inline_own_methods` with the methods ``barred`` kept as calls; or the name of
+    an inherited method to keep as a call too (its statements read a global that differs)."""
+    forward_method = names.forward
     found = [
         (index, statement)
         for index, statement in enumerate(module.body)
@@ -902,21 +976,44 @@ def inline_own_methods(
         for member in classdef.body.body
         if isinstance(member, cst.FunctionDef)
     }
+    owners: dict[str, SourceClass] = {}
+    bases: tuple[cst.ClassDef, ...] = ()
+    if ancestry is not None:
+        resolved = ancestry.methods()
+        methods = {name: function for name, (_, function) in resolved.items()}
+        owners = {name: owner for name, (owner, _) in resolved.items()}
+        bases = tuple(cls.classdef for cls in ancestry.classes[1:])
     forward = methods.get(forward_method)
     if forward is None or not isinstance(forward.body, cst.IndentedBlock):
         return Inlined(module, ())
+    inherited = forward_method not in {
+        member.name.value for member in classdef.body.body if isinstance(member, cst.FunctionDef)
+    }
     classes = {
         statement.name.value: statement
         for statement in module.body
         if isinstance(statement, cst.ClassDef)
     }
     statements = list(forward.body.body)
-    frames = [Frame(class_name, forward_method, "", len(statements) - 1)]
+    forward_owner = owners.get(forward_method)
+    forward_file = (
+        forward_owner.file.path if forward_owner is not None and not forward_owner.own else ""
+    )
+    frames = [
+        Frame(
+            forward_owner.name if forward_owner is not None else class_name,
+            forward_method,
+            "",
+            len(statements) - 1,
+            forward_file,
+        )
+    ]
+    frame_owners: list[SourceClass | None] = [forward_owner if inherited else None]
     origins = [Origin(((0, position),)) for position in range(len(statements))]
     inlined: list[str] = []
     folded: list[FoldedBranch] = []
     own_parameters = parameters(forward)
-    attributes = init_constants(classdef, init_method)
+    attributes = init_constants(classdef, names.init, bases)
     line_of = lines if lines is not None else SourceLines(module)
     for _ in range(MAX_ROUNDS):
         changed = False
@@ -942,6 +1039,8 @@ def inline_own_methods(
             config=module,
             line_of=line_of,
             forward=forward_method,
+            owners={name: owner for name, owner in owners.items() if owner.name != class_name},
+            barred=frozenset(barred),
             definition=forward,
             attributes=attributes,
             values=values,
@@ -954,22 +1053,34 @@ def inline_own_methods(
                 expanded_origins.append(origins[position])
                 continue
             frame = len(frames)
-            frames.append(Frame(result.class_name, result.method, result.path, result.last))
+            frames.append(
+                Frame(result.class_name, result.method, result.path, result.last, result.file)
+            )
+            owner = caller.owners.get(result.method) if not result.path else None
+            frame_owners.append(owner)
             expanded.extend(result.body)
             steps = origins[position].steps
             expanded_origins.extend(Origin((*steps, (frame, i))) for i in result.indices)
             inlined.append(result.description)
             folded.extend(result.branches)
             changed = True
-        where = _OriginalLines(line_of, expanded, expanded_origins, frames, classes)
+        where = _OriginalLines(line_of, expanded, expanded_origins, frames, classes, frame_owners)
         statements, decided, sources = fold_branches(
-            expanded, attributes, forward, module, where, values=values
+            expanded, attributes, forward, module, where, values=values, file_of=where.file
         )
         origins = [expanded_origins[source] for source in sources]
         folded.extend(decided)
         if not changed and not decided:
             break
-    if not inlined and not folded:
+    if ancestry is not None:
+        where = _OriginalLines(line_of, statements, origins, frames, classes, frame_owners)
+        refused = _foreign_reads(statements, origins, frame_owners, forward, ancestry, where)
+        if refused is not None:
+            frame, message = refused
+            if frame:
+                return frames[frame].method
+            raise SyncpassError(message, ancestry.model.file.path)
+    if not inlined and not folded and not inherited:
         return Inlined(module, ())
     # The stages run the forward's statements without its decorators: so is it profiled
     # (a transparent one only; another keeps the forward as written).
@@ -978,8 +1089,14 @@ def inline_own_methods(
         body=forward.body.with_changes(body=tuple(statements)), decorators=decorators
     )
     members = [new_forward if member is forward else member for member in classdef.body.body]
+    if inherited:
+        members.append(new_forward.with_changes(leading_lines=(cst.EmptyLine(indent=False),)))
+        members.extend(_called_methods(statements, methods, owners, class_name))
     new_class = classdef.with_changes(body=classdef.body.with_changes(body=tuple(members)))
     body = [*module.body[:index], new_class, *module.body[index + 1 :]]
+    if inherited and forward_owner is not None:
+        line = forward_owner.file.line(forward)
+        inlined.insert(0, f"{forward_owner.name}.{forward_method} ({forward_file}:{line})")
     return Inlined(
         module.with_changes(body=body),
         tuple(inlined),
@@ -987,3 +1104,105 @@ def inline_own_methods(
         tuple(frames),
         tuple(origins),
     )
+
+
+def _called_methods(
+    statements: Sequence[cst.BaseStatement],
+    methods: dict[str, cst.FunctionDef],
+    owners: dict[str, SourceClass],
+    class_name: str,
+) -> list[cst.FunctionDef]:
+    """The inherited methods the expanded forward still calls through ``self``, and those
+    they call in turn: copied into the expanded class, so that what a stage holds is read
+    from them as from the class's own (the stages reach them through their bases)."""
+    called = m.Attribute(value=m.Name("self"), attr=m.Name())
+    pending: list[cst.CSTNode] = list(statements)
+    found: dict[str, cst.FunctionDef] = {}
+    while pending:
+        node = pending.pop()
+        for attribute in m.findall(node, called):
+            assert isinstance(attribute, cst.Attribute)
+            name = attribute.attr.value
+            owner = owners.get(name)
+            if owner is None or owner.name == class_name or name in found:
+                continue
+            found[name] = methods[name]
+            pending.append(methods[name])
+    return [
+        function.with_changes(leading_lines=(cst.EmptyLine(indent=False),))
+        for function in found.values()
+    ]
+
+
+def _local_names(forward: cst.FunctionDef, statements: Sequence[cst.BaseStatement]) -> set[str]:
+    """What the expanded forward binds: its parameters, every name its statements bind,
+    and the names of their comprehensions and lambdas (local to those)."""
+    bound = _BoundNamesVisitor()
+    for statement in statements:
+        statement.visit(bound)
+    names = parameters(forward) | bound.names
+    for statement in statements:
+        for node in m.findall(statement, m.CompFor() | m.Lambda()):
+            assert isinstance(node, cst.CompFor | cst.Lambda)
+            holder = node.target if isinstance(node, cst.CompFor) else node.params
+            names.update(
+                name.value for name in m.findall(holder, m.Name()) if isinstance(name, cst.Name)
+            )
+    return names
+
+
+def _mangled(statement: cst.CSTNode) -> str | None:
+    """A private name (``self.__cache``) in ``statement``: Python mangles it with the class it
+    is written in, which a stage class is not."""
+    for node in m.findall(statement, m.Name()):
+        assert isinstance(node, cst.Name)
+        if node.value.startswith("__") and not node.value.endswith("__"):
+            return node.value
+    return None
+
+
+def _foreign_reads(
+    statements: Sequence[cst.BaseStatement],
+    origins: Sequence[Origin],
+    owners: Sequence[SourceClass | None],
+    forward: cst.FunctionDef,
+    ancestry: Ancestry,
+    where: _OriginalLines,
+) -> tuple[int, str] | None:
+    """The first statement of the expanded forward copied from a base class's method that
+    would not run the same in the user's module (:meth:`Ancestry.unsafe_names`, or a name
+    Python mangles with that class): its frame and what is wrong. The forward's signature
+    counts as its first statement (its annotations are read where the stages are defined)."""
+    local = _local_names(forward, statements)
+    model = ancestry.model
+    checked: list[tuple[int, Sequence[cst.CSTNode]]] = []
+    if owners and owners[0] is not None:
+        returns = () if forward.returns is None else (forward.returns,)
+        checked.append((0, (forward.params, *returns)))
+    for statement, origin in zip(statements, origins, strict=True):
+        frame, index = origin.steps[-1]
+        if index < 0 and len(origin.steps) > 1:
+            frame = origin.steps[-2][0]  # an argument: the caller's expression
+        checked.append((frame, (statement,)))
+    for frame, nodes in checked:
+        owner = owners[frame] if frame < len(owners) else None
+        if owner is None or owner.name == model.name:
+            continue
+        names = [name for name in mentioned_names(nodes) if name not in local]
+        unsafe = ancestry.unsafe_names(names, owner)
+        private = next(filter(None, map(_mangled, nodes)), None)
+        if private is not None:
+            unsafe[private] = f"Python mangles it with {owner.name}, not the stage class"
+        if not unsafe:
+            continue
+        node = nodes[0]
+        line = where(node) if isinstance(node, cst.BaseStatement) else owner.file.line(forward)
+        at = f"{owner.file.path}:{line}" if line else owner.file.path
+        reasons = "; ".join(f"{name}: {why}" for name, why in unsafe.items())
+        return frame, (
+            f"{model.name} inherits {forward.name.value} from {owner.name} ({owner.where}), "
+            f"whose statement at {at} reads what the stages, written into {model.file.path}, "
+            f"would not find the same ({reasons}): import it in {model.file.path} as "
+            f"{owner.file.path} does, or define {forward.name.value} in {model.name}"
+        )
+    return None

@@ -83,7 +83,7 @@ NESTED_DEPTH = 8
 
 
 def _measure_for_stages(request: MeasureRequest) -> Costs:
-    from syncpass.backends.torch.profile import measure
+    from syncpass.backends.torch.profile import AnalysedSource, measure
     from syncpass.backends.torch.stages import (
         ExpandedSource,
         check_branches,
@@ -96,14 +96,16 @@ def _measure_for_stages(request: MeasureRequest) -> Costs:
     expanded: list[ExpandedSource] = []
     read: list[ObjectValues] = []
 
-    def expand(model: object) -> str:
+    def expand(model: object) -> AnalysedSource:
         # The forward is expanded once the model is built: its settings decide branches.
         values = ObjectValues(model)
         of = type(model).__name__
-        expanded.append(expand_source(request.text, path, request.model, values, of))
+        source = expand_source(request.text, path, request.model, values, of)
+        expanded.append(source)
         read.append(values)
-        code: str = expanded[0].expanded.code
-        return code
+        found = source.inherited.get(request.model) if request.model is not None else None
+        inherited = (found.class_name, found.file) if found is not None else None
+        return AnalysedSource(source.expanded.code, inherited)
 
     def refine(graph: OpGraph, model: object, args: tuple[object, ...]) -> OpGraph:
         check_branches(model, tuple(args), expanded[0], path, request.model)

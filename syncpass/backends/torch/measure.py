@@ -44,6 +44,7 @@ import dataclasses
 import inspect
 import itertools
 import statistics
+import sys
 import sysconfig
 import time
 import traceback
@@ -140,6 +141,31 @@ def _forward_class(model: torch.nn.Module) -> type:
     raise AssertionError("every nn.Module has a forward")
 
 
+def _module_globals(cls: type) -> dict[str, Any]:
+    """The globals of the module that defines ``cls``."""
+    module = sys.modules.get(cls.__module__)
+    if module is not None:
+        return vars(module)
+    for member in vars(cls).values():
+        found = getattr(inspect.unwrap(member), "__globals__", None) if callable(member) else None
+        if isinstance(found, dict):
+            return found
+    raise SyncpassError(f"cannot find the module of {cls.__qualname__} ({cls.__module__})")
+
+
+def _named_class(model: torch.nn.Module, name: str) -> type | None:
+    """The class named ``name`` in the model's MRO whose forward the model runs: the class
+    that defines it, or one that inherits it from that class (the eager form plans an
+    inherited forward as the subclass's: :mod:`syncpass.frontend.bases`)."""
+    defining = _forward_class(model)
+    for cls in type(model).__mro__:
+        if cls.__name__ == name:
+            return cls if defining in cls.__mro__ else None
+        if cls is defining:
+            return None
+    return None
+
+
 def build_graph(
     text: str, path: str, model: torch.nn.Module, class_name: str | None = None, depth: int = 1
 ) -> OpGraph:
@@ -158,7 +184,7 @@ def build_graph(
     name = class_name or type(model).__name__
     find_forward(module, name, path)  # the class must be in the file, before anything else
     defining = _forward_class(model)
-    if defining.__name__ != name:
+    if defining.__name__ != name and _named_class(model, name) is None:
         runs = (
             f"{type(model).__name__}"
             if defining is type(model)
@@ -1042,6 +1068,11 @@ def _instrument(
     defining = _forward_class(model)
     original = inspect.unwrap(vars(defining)["forward"])
     user_globals: dict[str, Any] = getattr(original, "__globals__", {})
+    named = _named_class(model, graph.model_class)
+    if named is not None and named is not defining:
+        # An inherited forward is planned, and its stages run, in the subclass's module.
+        user_globals = _module_globals(named)
+        defining = named
     namespace = dict(user_globals)
     namespace[PROBE] = probe
     # Postponed annotations: names imported only for type checking need not exist.

@@ -14,6 +14,7 @@ import inspect
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -31,11 +32,21 @@ if TYPE_CHECKING:
 PROGRESS_AFTER_S = 2.0
 
 
+@dataclass(frozen=True)
+class AnalysedSource:
+    """What the profile analyses, as the backend gives it once the model is built: ``text``,
+    and for a model class that inherits its forward, ``inherited``: the base class whose
+    forward it is and that class's file (:func:`check_model_file`)."""
+
+    text: str
+    inherited: tuple[str, Path] | None = None
+
+
 def measure(
     request: MeasureRequest,
     check_tracer: bool = True,
     refine: Callable[[OpGraph, torch.nn.Module, tuple[Any, ...]], OpGraph] | None = None,
-    expand: Callable[[torch.nn.Module], str] | None = None,
+    expand: Callable[[torch.nn.Module], AnalysedSource] | None = None,
 ) -> Costs:
     """The measure hook: :func:`measure_file` with the request's settings.
 
@@ -78,8 +89,20 @@ class ProgressReporter:
             print(f"syncpass profile: {message} ({elapsed:.1f} s)", file=self.stream, flush=True)
 
 
-def check_model_file(model: torch.nn.Module, file: Path, class_name: str | None) -> None:
-    """The example's model must run the forward written in FILE, not a copy elsewhere."""
+def check_model_file(
+    model: torch.nn.Module,
+    file: Path,
+    class_name: str | None,
+    inherited: tuple[str, Path] | None = None,
+) -> None:
+    """The example's model must run the forward written in FILE, not a copy elsewhere.
+
+    With ``inherited`` (``(base, its file)``: the analysis planned ``class_name``'s forward
+    as the one it inherits from ``base``), the model must be a ``class_name`` of FILE
+    whose forward is ``base``'s, from that file."""
+    if inherited is not None and class_name is not None:
+        _check_inherited(model, file, class_name, *inherited)
+        return
     for cls in type(model).__mro__:
         if "forward" in vars(cls):
             break
@@ -99,6 +122,49 @@ def check_model_file(model: torch.nn.Module, file: Path, class_name: str | None)
         )
 
 
+def _check_inherited(
+    model: torch.nn.Module, file: Path, class_name: str, base: str, base_file: Path
+) -> None:
+    named = next((cls for cls in type(model).__mro__ if cls.__name__ == class_name), None)
+    if named is None:
+        return  # the analysis reports the class mismatch, naming both classes
+    defined_in = _class_file(named)
+    if defined_in is not None and defined_in.resolve() != file.resolve():
+        raise SyncpassError(
+            f"the example's model is a {class_name} from {defined_in}, not from this file; "
+            "profile that file, or make the example build its model from this one",
+            str(file),
+        )
+    for cls in named.__mro__:
+        if "forward" in vars(cls):
+            break
+    else:  # pragma: no cover - nn.Module defines forward
+        return
+    code = getattr(inspect.unwrap(vars(cls)["forward"]), "__code__", None)
+    runs = Path(code.co_filename) if code is not None else None
+    if cls.__name__ != base or (runs is not None and runs.resolve() != base_file.resolve()):
+        where = f" from {runs}" if runs is not None else ""
+        raise SyncpassError(
+            f"the example's {class_name} runs {cls.__name__}.forward{where}, but the stages were "
+            f"planned from {base}.forward in {base_file}, as the file's imports name it: "
+            "run syncpass with the import path the model is built with",
+            str(file),
+        )
+
+
+def _class_file(cls: type) -> Path | None:
+    """The file ``cls`` is defined in, as its module says (or its methods' code)."""
+    try:
+        return Path(inspect.getfile(cls))
+    except (TypeError, OSError):
+        pass
+    for member in vars(cls).values():
+        code = getattr(inspect.unwrap(member), "__code__", None) if callable(member) else None
+        if code is not None:
+            return Path(code.co_filename)
+    return None
+
+
 def measure_file(
     file: Path,
     text: str,
@@ -111,7 +177,7 @@ def measure_file(
     check_tracer: bool = True,
     meta: str | None = None,
     refine: Callable[[OpGraph, torch.nn.Module, tuple[Any, ...]], OpGraph] | None = None,
-    expand: Callable[[torch.nn.Module], str] | None = None,
+    expand: Callable[[torch.nn.Module], AnalysedSource] | None = None,
 ) -> Costs:
     """Load the example named by ``example`` and profile the model of ``file`` with it
     (analysed as ``text``, or as what ``expand`` gives for the built model).
@@ -149,10 +215,12 @@ def measure_file(
     from syncpass.backends.torch.measure import profile_costs
 
     loaded = load_example(spec) if meta is None else fake_example(spec, counting)
+    inherited = None
     if expand is not None:
-        text = expand(loaded.model)
+        analysed = expand(loaded.model)
+        text, inherited = analysed.text, analysed.inherited
     with counting:
-        check_model_file(loaded.model, file, class_name)
+        check_model_file(loaded.model, file, class_name, inherited)
 
         def loss(output: Any) -> torch.Tensor:
             return loaded.loss_fn(output, loaded.target)

@@ -11,7 +11,9 @@ stage too.
 
 The forward it plans is the one :func:`expand_source` gives: the model's own
 methods and a submodule holding the layer stack inlined
-(:mod:`syncpass.frontend.inline`). This module decides what each stage's code
+(:mod:`syncpass.frontend.inline`), and for a model class that inherits its forward,
+the base's forward read from source with the class's overrides
+(:mod:`syncpass.frontend.bases`). This module decides what each stage's code
 holds (:func:`stage_codes`), from the op graph and the plan's sync sites:
 
 * **what crosses a sync point**: every value defined before it and used after
@@ -41,8 +43,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import libcst as cst
 
@@ -55,8 +59,10 @@ from syncpass.frontend.analysis import (
     find_forward,
     match_container_loop,
     match_sequential_call,
+    method_of,
     model_class_names,
 )
+from syncpass.frontend.bases import Ancestry, SourceClass, read_ancestry
 from syncpass.frontend.branches import FoldedBranch, ValueLookup, no_values, recorded_values
 from syncpass.frontend.inline import SourceLines, inline_own_methods, mentioned_names
 from syncpass.frontend.source import parse_source
@@ -84,6 +90,8 @@ class ExpandedSource:
     each model class's own methods inlined into its forward
     (:mod:`syncpass.frontend.inline`), ``inlined`` the calls inlined and ``branches``
     the ``if`` statements decided (:mod:`syncpass.frontend.branches`), by class.
+    ``inherited`` names, for a class that inherits its forward, the base class that
+    defines it and that class's file (what the profile checks the built model runs).
     """
 
     base: str
@@ -91,6 +99,36 @@ class ExpandedSource:
     expanded: cst.Module
     inlined: dict[str, tuple[str, ...]]
     branches: dict[str, tuple[FoldedBranch, ...]]
+    inherited: dict[str, InheritedForward] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class InheritedForward:
+    """A model class's forward defined by a base class: its name and file."""
+
+    class_name: str
+    file: Path
+
+
+def import_roots() -> tuple[Path, ...]:
+    """Where a base class's module is looked for (after the model file's folder): the
+    folders of ``sys.path``, the current one for ``""``."""
+    return tuple(Path(entry) if entry else Path.cwd() for entry in sys.path)
+
+
+def _ancestry(module: cst.Module, name: str, path: str) -> tuple[Ancestry, SourceClass] | None:
+    """The bases of the model class ``name``, read from source, and the one whose forward it
+    runs, when it inherits its forward (``None`` when it defines it, or is not in the file)."""
+    classdef = next(
+        (s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None
+    )
+    if classdef is None or method_of(classdef) is not None:
+        return None
+    ancestry = read_ancestry(module, name, path, import_roots())
+    found = ancestry.method("forward")
+    if isinstance(found, str):
+        raise SyncpassError(f"class {name} has no forward method: {found}", ancestry.model.where)
+    return ancestry, found[0]
 
 
 def expand_source(
@@ -109,14 +147,20 @@ def expand_source(
     expanded = module
     inlined = {}
     branches = {}
+    inherited = {}
     # Every model class's forward is expanded: which one is the model is the analysis's to
     # say (from --model, the cost file or the example), and the others' code is never run.
     lines = SourceLines(module)
     for name in [class_name] if class_name is not None else model_class_names(module):
         known = values if name == values_of else no_values
-        result = inline_own_methods(expanded, name, lines, values=known)
+        found = _ancestry(module, name, path)
+        ancestry = found[0] if found is not None else None
+        result = inline_own_methods(expanded, name, lines, values=known, ancestry=ancestry)
         expanded, inlined[name], branches[name] = result.module, result.methods, result.branches
-    return ExpandedSource(base, module, expanded, inlined, branches)
+        if found is not None:
+            owner = found[1]
+            inherited[name] = InheritedForward(owner.name, Path(path).parent / owner.file.path)
+    return ExpandedSource(base, module, expanded, inlined, branches, inherited)
 
 
 def expand_text(text: str, path: str, class_name: str | None) -> str:
@@ -139,7 +183,7 @@ def check_branches(
     error at the ``if``."""
     for branch in source.branches.get(class_name or type(model).__name__, ()):
         taken = "no" if branch.taken == "none" else f"the {branch.taken}"
-        where = f"{path}:{branch.line}" if branch.line else path
+        where = branch.where(path)
         for default in branch.defaults:
             if default.position is not None and default.position < len(inputs):
                 given = inputs[default.position]

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from syncpass.backends.torch.example import load_example
+from syncpass.backends.torch.profile import check_model_file
 from syncpass.cli import main
+from syncpass.core.errors import SyncpassError
 
 MODEL = REPO / "tests" / "data" / "masked_gpt.py"
 
@@ -443,3 +446,68 @@ def test_a_table_cheaper_to_slice_again_than_to_send_is_sliced_again_by_every_st
     stage1 = mixed.read_text().split("class RopeCacheGPTStage1")[1].split("class ")[0]
     assert "T = int(T)" in stage1 and "mask = self.bias" not in stage1
     assert run_verified(mixed, "--stages 4", capsys)["verify"]["ok"] is True
+
+
+INHERITED = [REPO / "tests" / "data" / name for name in ("inherited_vit.py", "inherited_base.py")]
+
+
+def inherited_project(tmp_path: Path) -> Path:
+    """``inherited_vit.py`` and the module of its base, copied side by side."""
+    for path in INHERITED:
+        shutil.copy(path, tmp_path / path.name)
+    return tmp_path / "inherited_vit.py"
+
+
+def rewrite_inherited(tmp_path: Path, stages: int, capsys: pytest.CaptureFixture[str]) -> Path:
+    source = inherited_project(tmp_path)
+    out = tmp_path / f"inherited_vit_{stages}.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", str(stages)]
+    status = main([*argv, "--model", "DistilledViT", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert status == 0, err
+    assert "planned inside TinyBackbone.forward (inherited_base.py:47)" in err
+    assert "self.forward_features (TinyBackbone's, inherited_base.py:34)" in err
+    assert "the else branch of `if is_causal:` at inherited_base.py:36" in err
+    return out
+
+
+def test_a_forward_inherited_from_another_module_is_written_into_the_stages(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # timm's DeiT: forward and forward_features come from the base's module, _embed and
+    # forward_head from the model's own class; only the stage classes are added.
+    out = rewrite_inherited(tmp_path, 3, capsys)
+    text = out.read_text()
+    original = (tmp_path / "inherited_vit.py").read_text()
+    assert text.startswith(original.split("\n\ndef example")[0])
+    stage0 = text[text.index("class DistilledViTStage0") : text.index("class DistilledViTStage1")]
+    assert "def forward(self, x: torch.Tensor, is_causal: bool = False):" in stage0
+    assert "torch.cat((token, x), dim=1)" in stage0  # the override, not F.gelu
+    assert "F.gelu" not in text and "checkpoint_sequential" not in text
+    assert "# syncpass: the else branch of `if is_causal:` (inherited_base.py:36)" in stage0
+    assert "self.head_dist(x[:, 0])" in text  # the overridden head, inlined
+    assert (tmp_path / "inherited_base.py").read_text() == INHERITED[1].read_text()
+
+
+def test_the_profile_checks_the_model_runs_the_base_forward_that_was_read(
+    tmp_path: Path,
+) -> None:
+    source = inherited_project(tmp_path)
+    model = load_example(f"{source}:example").model
+    base = tmp_path / "inherited_base.py"
+    check_model_file(model, source, "DistilledViT", ("TinyBackbone", base))
+    with pytest.raises(SyncpassError, match=r"runs TinyBackbone.forward from .*, but the stages"):
+        check_model_file(model, source, "DistilledViT", ("TinyBackbone", tmp_path / "other.py"))
+    with pytest.raises(SyncpassError, match="the example's model is a DistilledViT from"):
+        check_model_file(model, base, "DistilledViT", ("TinyBackbone", base))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stages", [2, 3])
+def test_a_forward_inherited_from_another_module_splits_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], stages: int
+) -> None:
+    out = rewrite_inherited(tmp_path, stages, capsys)
+    document = run_verified(out, f"--stages {stages}", capsys)
+    assert document["verify"]["ok"] is True
+    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
