@@ -133,6 +133,23 @@ def _resolve(root: object, dotted: str) -> object | None:
     return value
 
 
+def _by_place(root: object, dotted: str) -> object | None:
+    """:func:`_resolve`, where a number names an ``nn.Sequential``'s child by its place as
+    slicing counts it (``"trunk_output.0"`` is torchvision's RegNet ``trunk_output.block1``);
+    None if missing."""
+    value = root
+    for part in dotted.split("."):
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            if not (isinstance(value, torch.nn.Sequential) and part.isdigit()):
+                return None
+            if int(part) >= len(value):
+                return None
+            value = value[int(part)]
+    return value
+
+
 def _forward_class(model: torch.nn.Module) -> type:
     """The class whose ``forward`` the model runs."""
     for cls in type(model).__mro__:
@@ -208,7 +225,7 @@ def build_graph(
     if depth >= 2:
         for container in sequential_calls(module, name, path):
             value = _resolve(model, container)
-            if isinstance(value, torch.nn.Sequential):
+            if isinstance(value, torch.nn.Sequential) and _runs_children(value):
                 expand[container] = len(value)
                 _expand_nested(model, container, depth - 2, expand)
     return analyse_model(module, path, name, sizes, text, expand)
@@ -226,16 +243,32 @@ def _expand_nested(
     """Size, into ``expand``, the children of ``container`` that are ``nn.Sequential``
     themselves (``blocks.1`` of timm's EfficientNet), ``levels`` deep: each is planned per
     child, and the planner plans it as one op again unless it is too big for a stage
-    (:mod:`syncpass.plan.levels`). A child of fewer than two children, or one its
-    container names otherwise than by its place (``getattr(blocks, "1")``), stays one op."""
+    (:mod:`syncpass.plan.levels`). A child its container names (``nn.Sequential(
+    OrderedDict(...))``) is found by its place, as slicing counts it, and so named
+    (``trunk.0.1``). A child of fewer than two children, or one that is not run child by
+    child or cannot be sliced (:func:`_runs_children`), stays one op."""
     if levels < 1:
         return
     for index in range(expand[container]):
         inner = f"{container}.{index}"
-        value = _resolve(model, inner)
-        if isinstance(value, torch.nn.Sequential) and len(value) >= 2:
+        value = _by_place(model, inner)
+        if isinstance(value, torch.nn.Sequential) and len(value) >= 2 and _runs_children(value):
             expand[inner] = len(value)
             _expand_nested(model, inner, levels - 1, expand)
+
+
+def _runs_children(sequential: torch.nn.Sequential) -> bool:
+    """Whether ``sequential`` runs its children one after the other as ``nn.Sequential`` does
+    (a subclass may override ``forward``), and can be sliced: torch builds a slice as
+    ``type(self)(OrderedDict(...))``, which a subclass with a constructor of its own
+    (torchvision's RegNet ``AnyStage``) refuses."""
+    if type(sequential).forward is not torch.nn.Sequential.forward:
+        return False
+    try:
+        sequential[:1]
+    except Exception:  # the subclass's constructor, whatever it raises
+        return False
+    return True
 
 
 def _check_loop(

@@ -157,3 +157,70 @@ def _weighted(costs: dict) -> dict:  # type: ignore[type-arg]
         op.update(compute_s=4e-3 if heavy else 5e-4, backward_s=0.0, fixed_s=0.0)
         op.update(backward_fixed_s=0.0, backward_input_s=None)
     return costs
+
+
+CONTAINERS = '''\
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class ConvStem(nn.Sequential):
+    """Built from sizes, as torchvision's Conv2dNormActivation is: a slice cannot be built."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__(nn.Linear(4, width), nn.ReLU())
+
+
+class Scaled(nn.Sequential):
+    """Runs its children, then scales: not what nn.Sequential runs."""
+
+    def forward(self, x):
+        return 2 * super().forward(x)
+
+
+class Net(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = ConvStem(8)
+        self.trunk = nn.Sequential(
+            nn.Sequential(OrderedDict(first=nn.Linear(8, 8), second=nn.Linear(8, 8))),
+            Scaled(nn.Linear(8, 8), nn.Linear(8, 8)),
+        )
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = self.trunk(x)
+        return self.head(x)
+
+
+def example():
+    torch.manual_seed(0)
+    return Net(), (torch.randn(8, 4),), torch.randint(0, 2, (8,)), F.cross_entropy
+'''
+
+
+def test_only_containers_that_run_and_slice_as_nn_sequential_are_planned_per_child(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The stem's class builds itself from sizes, so `self.stem[:1]` cannot be built: one op.
+    # A nested child with names is found by its place (trunk.0.1), and one whose forward
+    # does more than run its children (Scaled) is one op.
+    source = tmp_path / "containers.py"
+    source.write_text(CONTAINERS)
+    costs = tmp_path / "costs.json"
+    argv = ["profile", str(source), "--example", f"{source}:example", "--backend"]
+    assert main([*argv, "torch_stages", "--repeats", "1", "--warmup", "0", "-o", str(costs)]) == 0
+    capsys.readouterr()
+    document = json.loads(costs.read_text())
+    assert [op["id"] for op in document["ops"]] == [
+        "stem",
+        "trunk.0.0",
+        "trunk.0.1",
+        "trunk.1",
+        "head",
+    ]
+    assert document["groups"] == [{"id": "trunk.0", "ops": ["trunk.0.0", "trunk.0.1"]}]
