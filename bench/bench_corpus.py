@@ -969,6 +969,135 @@ HELD_OUT = (
         preamble=TORCHVISION_PREAMBLE,
         model="EfficientNet",
     ),
+    # A third batch, tried the same way: every one split and verified at its first try.
+    CorpusModel(
+        "hf_gpt_neo",  # alternating global and local attention
+        HF_PACKAGES,
+        "transformers/models/gpt_neo/modeling_gpt_neo.py",
+        HF_LM_EXAMPLE.format(
+            config=(
+                "GPTNeoConfig(vocab_size=64, hidden_size=32, num_layers=6, num_heads=4, "
+                "attention_types=[[['global', 'local'], 3]], window_size=8, "
+                "max_position_embeddings=32, embed_dropout=0.0, attention_dropout=0.0, "
+                "resid_dropout=0.0, use_cache=False)"
+            ),
+            cls="GPTNeoForCausalLM",
+        ),
+        (2, 4),
+        "transformer.h.",
+        6,
+        package="transformers.models.gpt_neo",
+        model="GPTNeoForCausalLM",
+    ),
+    CorpusModel(
+        "hf_mpt",  # ALiBi, return_dict from the config
+        HF_PACKAGES,
+        "transformers/models/mpt/modeling_mpt.py",
+        HF_LM_EXAMPLE.format(
+            config=(
+                "MptConfig(vocab_size=64, d_model=32, n_layers=6, n_heads=4, "
+                "max_seq_len=32, use_cache=False)"
+            ),
+            cls="MptForCausalLM",
+        ),
+        (2, 4),
+        "transformer.blocks.",
+        6,
+        package="transformers.models.mpt",
+        model="MptForCausalLM",
+    ),
+    CorpusModel(
+        "hf_codegen",  # rotary on part of each head, parallel attention and MLP
+        HF_PACKAGES,
+        "transformers/models/codegen/modeling_codegen.py",
+        HF_LM_EXAMPLE.format(
+            config=(
+                "CodeGenConfig(vocab_size=64, n_embd=32, n_layer=6, n_head=4, "
+                "rotary_dim=4, n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0, "
+                "attn_pdrop=0.0, use_cache=False)"
+            ),
+            cls="CodeGenForCausalLM",
+        ),
+        (2, 4),
+        "transformer.h.",
+        6,
+        package="transformers.models.codegen",
+        model="CodeGenForCausalLM",
+    ),
+    CorpusModel(
+        "hf_biogpt",  # LayerDrop and scaled embeddings
+        HF_PACKAGES,
+        "transformers/models/biogpt/modeling_biogpt.py",
+        HF_LM_EXAMPLE.format(
+            config=(
+                "BioGptConfig(vocab_size=64, hidden_size=32, num_hidden_layers=6, "
+                "num_attention_heads=4, intermediate_size=64, hidden_dropout_prob=0.0, "
+                "attention_probs_dropout_prob=0.0, activation_dropout=0.0, layerdrop=0.0, "
+                "max_position_embeddings=32, use_cache=False)"
+            ),
+            cls="BioGptForCausalLM",
+        ),
+        (2, 4),
+        "biogpt.layers.",
+        6,
+        package="transformers.models.biogpt",
+        model="BioGptForCausalLM",
+    ),
+    CorpusModel(
+        "hf_xglm",  # sinusoidal positions built in forward
+        HF_PACKAGES,
+        "transformers/models/xglm/modeling_xglm.py",
+        HF_LM_EXAMPLE.format(
+            config=(
+                "XGLMConfig(vocab_size=64, d_model=32, num_layers=6, attention_heads=4, "
+                "ffn_dim=64, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, "
+                "layerdrop=0.0, max_position_embeddings=32, use_cache=False)"
+            ),
+            cls="XGLMForCausalLM",
+        ),
+        (2, 4),
+        "model.layers.",
+        6,
+        package="transformers.models.xglm",
+        model="XGLMForCausalLM",
+    ),
+    CorpusModel(
+        "hf_bigcode",  # multi-query attention
+        HF_PACKAGES,
+        "transformers/models/gpt_bigcode/modeling_gpt_bigcode.py",
+        HF_LM_EXAMPLE.format(
+            config=(
+                "GPTBigCodeConfig(vocab_size=64, n_embd=32, n_layer=6, n_head=4, "
+                "n_positions=32, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, "
+                "use_cache=False)"
+            ),
+            cls="GPTBigCodeForCausalLM",
+        ),
+        (2, 4),
+        "transformer.h.",
+        6,
+        package="transformers.models.gpt_bigcode",
+        model="GPTBigCodeForCausalLM",
+    ),
+    CorpusModel(
+        "hf_stablelm",  # partial rotary, parallel residual off
+        HF_PACKAGES,
+        "transformers/models/stablelm/modeling_stablelm.py",
+        HF_LM_EXAMPLE.format(
+            config=(
+                "StableLmConfig(vocab_size=64, hidden_size=32, num_hidden_layers=6, "
+                "num_attention_heads=4, num_key_value_heads=4, intermediate_size=64, "
+                "max_position_embeddings=32, hidden_dropout=0.0, attention_dropout=0.0, "
+                "use_cache=False)"
+            ),
+            cls="StableLmForCausalLM",
+        ),
+        (2, 4),
+        "model.layers.",
+        6,
+        package="transformers.models.stablelm",
+        model="StableLmForCausalLM",
+    ),
 )
 
 
