@@ -96,11 +96,14 @@ def _measure_for_stages(request: MeasureRequest) -> Costs:
     expanded: list[ExpandedSource] = []
     read: list[ObjectValues] = []
 
-    def expand(model: object) -> AnalysedSource:
+    def expand(model: object, args: tuple[object, ...]) -> AnalysedSource:
         # The forward is expanded once the model is built: its settings decide branches.
         values = ObjectValues(model)
         of = type(model).__name__
         source = expand_source(request.text, path, request.model, values, of)
+        # What the decided branches assumed, checked before the expanded forward runs: a
+        # branch the example does not take may fail in the profile with a less clear error.
+        check_branches(model, args, source, path, request.model)
         expanded.append(source)
         read.append(values)
         found = source.inherited.get(request.model) if request.model is not None else None
@@ -108,7 +111,6 @@ def _measure_for_stages(request: MeasureRequest) -> Costs:
         return AnalysedSource(source.expanded.code, inherited)
 
     def refine(graph: OpGraph, model: object, args: tuple[object, ...]) -> OpGraph:
-        check_branches(model, tuple(args), expanded[0], path, request.model)
         return sent_across_cuts(graph, expanded[0].expanded.code, path)
 
     deeper = dataclasses.replace(request, depth=max(request.depth, NESTED_DEPTH))

@@ -46,15 +46,16 @@ def measure(
     request: MeasureRequest,
     check_tracer: bool = True,
     refine: Callable[[OpGraph, torch.nn.Module, tuple[Any, ...]], OpGraph] | None = None,
-    expand: Callable[[torch.nn.Module], AnalysedSource] | None = None,
+    expand: Callable[[torch.nn.Module, tuple[Any, ...]], AnalysedSource] | None = None,
 ) -> Costs:
     """The measure hook: :func:`measure_file` with the request's settings.
 
     ``check_tracer`` asks torch's tracer whether it takes the model: the
     ``pipe_split()`` form needs it, the eager stages do not. ``refine`` is the
     backend's last word on the op graph (``profile_costs``); ``expand`` gives the
-    source to analyse from the built model (the eager form's expanded forward,
-    whose branches may read the model's settings), instead of the request's text.
+    source to analyse from the built model and the example's inputs (the eager form's
+    expanded forward, whose branches may read the model's settings), instead of the
+    request's text, and may refuse them before anything runs.
     """
     return measure_file(
         request.file,
@@ -177,7 +178,7 @@ def measure_file(
     check_tracer: bool = True,
     meta: str | None = None,
     refine: Callable[[OpGraph, torch.nn.Module, tuple[Any, ...]], OpGraph] | None = None,
-    expand: Callable[[torch.nn.Module], AnalysedSource] | None = None,
+    expand: Callable[[torch.nn.Module, tuple[Any, ...]], AnalysedSource] | None = None,
 ) -> Costs:
     """Load the example named by ``example`` and profile the model of ``file`` with it
     (analysed as ``text``, or as what ``expand`` gives for the built model).
@@ -217,7 +218,7 @@ def measure_file(
     loaded = load_example(spec) if meta is None else fake_example(spec, counting)
     inherited = None
     if expand is not None:
-        analysed = expand(loaded.model)
+        analysed = expand(loaded.model, tuple(loaded.args))
         text, inherited = analysed.text, analysed.inherited
     with counting:
         check_model_file(loaded.model, file, class_name, inherited)

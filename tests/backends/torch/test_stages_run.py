@@ -276,6 +276,48 @@ def test_a_model_or_example_that_takes_another_branch_is_refused_at_the_if(
     assert not costs.exists()
 
 
+REQUIRED_SCALE = """\
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 2)
+
+    def forward(self, x, scale=None):
+        if scale is None:
+            raise ValueError("pass a scale")
+        x = self.a(x) * scale
+        return self.b(x)
+
+
+def example():
+    inputs = (torch.randn(8, 4), torch.tensor(2.0))
+    return Net(), inputs, torch.randint(0, 2, (8,)), F.cross_entropy
+"""
+
+
+def test_a_branch_decided_on_a_default_the_example_passes_is_refused_before_it_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Decided with scale's default, the forward would raise in the profile itself; the
+    # check comes first, at the `if`, with what to do.
+    source = tmp_path / "required_scale.py"
+    source.write_text(REQUIRED_SCALE)
+    costs = tmp_path / "costs.json"
+    argv = ["profile", str(source), "--example", f"{source}:example", "--backend"]
+    assert main([*argv, "torch_stages", "-o", str(costs)]) == 2
+    err = capsys.readouterr().err
+    assert f"{source}:13: the stages run the if branch of `if scale is None:`" in err
+    assert "scale = None (its default), but the example passes scale" in err
+    assert "pass a scale" not in err
+    assert not costs.exists()
+
+
 ZIPPED = REPO / "tests" / "data" / "zipped_layers.py"
 
 
