@@ -41,11 +41,11 @@ is decided when it reads only
 * literals, combined with ``not``, ``and``, ``or``, ``is``, ``is not``, ``==``,
   ``!=`` and ``A if T else B``.
 
-A name is known from the statement that assigns it, when that is its only
-assignment and the value is known: ``flag = None``, and Hugging Face's
-``return_dict = return_dict if return_dict is not None else
-self.config.return_dict``, where the parameter keeps its default (``None``) up to
-that statement, so the name is the config's setting from then on.
+A name is known from a statement ``name = value`` whose value is known, until
+another statement binds it: ``flag = None``, and Hugging Face's ``return_dict =
+return_dict if return_dict is not None else self.config.return_dict``, where the
+parameter keeps its default (``None``) up to that statement, its only assignment,
+so the name is the config's setting from then on.
 
 The branch taken replaces the ``if`` (its statements verbatim, comments kept);
 an ``if`` none of whose branches is taken goes. An ``if`` whose test reads
@@ -253,8 +253,8 @@ def init_constants(
 
 @dataclass(frozen=True)
 class KnownName:
-    """A name the forward assigns once, to a known ``value``, and what that value rests on:
-    the values its expression read, and the attributes and defaults it assumed."""
+    """A name the forward has assigned a known ``value``, and what that value rests on: the
+    values its expression read, and the attributes and defaults it assumed."""
 
     value: Constant
     reads: tuple[tuple[str, Constant], ...] = ()
@@ -442,7 +442,7 @@ class _Known:
         for statement in statements:
             statement.visit(gathered)
         self.counts = Counter(name for name, _ in gathered.bindings)
-        assigned = {name.removeprefix("self.") for name in self.counts}
+        assigned = {name.removeprefix("self.") for name in self.counts if name.startswith("self.")}
         self.attributes = {
             name: value for name, value in attributes.items() if name not in assigned
         }
@@ -460,12 +460,12 @@ class _Known:
         """What is known once ``statement`` has run."""
         found = _assigned_name(statement)
         value: object = UNKNOWN
-        test = self.test()
         if found is not None:
             name = found[0]
+            defaults = self.defaults
             if name in self.parameters and self.counts[name] == 1:
-                defaults = {**self.defaults, name: self.parameters[name]}
-                test = _Test(self.names, self.attributes, defaults, self.values)
+                defaults = {**defaults, name: self.parameters[name]}
+            test = _Test(self.names, self.attributes, defaults, self.values)
             value = test.value(found[1])
         gathered = GatherBindingsVisitor()
         statement.visit(gathered)
@@ -484,7 +484,7 @@ def known_names(
     attributes: dict[str, Constant] | None = None,
 ) -> dict[str, KnownName]:
     """The names known after ``statements`` (the start of ``forward``'s body), as
-    :func:`fold_branches` knows them: assigned there once, to a known value."""
+    :func:`fold_branches` knows them (:class:`_Known`)."""
     known = _Known(statements, attributes or {}, forward, given, values)
     for statement in statements:
         known.passed(statement)

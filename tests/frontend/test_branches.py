@@ -289,3 +289,18 @@ def test_a_setting_that_is_not_a_constant_is_not_known() -> None:
     assert values.read == {"config.return_dict": True}
     assert recorded_values([("config.return_dict", False)])("config.return_dict") is False
     assert recorded_values([])("config.return_dict") is UNKNOWN
+
+
+def test_a_local_named_like_an_init_flag_does_not_hide_the_flag() -> None:
+    # Only `self.fused = ...` in the forward would change the flag; a local `fused` does not.
+    body, taken = fold(
+        """
+        def forward(self, x):
+            fused = x.sum()
+            if self.fused:
+                x = self.fused_path(x)
+            return x + fused
+        """,
+        "self.fused = True",
+    )
+    assert taken == ("if",) and "    x = self.fused_path(x)" in body

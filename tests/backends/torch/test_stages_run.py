@@ -304,8 +304,8 @@ def example():
 def test_a_branch_decided_on_a_default_the_example_passes_is_refused_before_it_runs(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Decided with scale's default, the forward would raise in the profile itself; the
-    # check comes first, at the `if`, with what to do.
+    # Decided with scale's default, the stages would run the raise: the profile refuses at
+    # the `if`, naming what the example passes, before the forward runs.
     source = tmp_path / "required_scale.py"
     source.write_text(REQUIRED_SCALE)
     costs = tmp_path / "costs.json"
