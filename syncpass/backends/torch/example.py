@@ -5,8 +5,12 @@ no arguments and returns either ``(model, args)`` or ``(model, args, target,
 loss_fn)``: an ``nn.Module``, a tuple with the model's positional inputs for
 one full batch, a target tensor whose first dimension is the batch, and
 ``loss_fn(output, target) -> scalar tensor``. Without a loss the default is
-:func:`default_loss`, ``output.float().pow(2).mean()`` (summed over the outputs
-when the forward returns several), which depends on every output element.
+:func:`default_loss`: the mean square of every floating-point tensor the forward
+returns, found inside tuples, lists, dicts and dataclasses (a Hugging Face
+``ModelOutput``), summed. It depends on every output element; it takes them all, not
+only the first as Hugging Face's ``output[0]`` convention would, so that every
+weight that shapes an output (a pooler beside the last hidden state) gets a gradient
+to verify. :func:`default_loss_terms` names what it took, for the report.
 
 ``torch.manual_seed(0)`` runs before ``FUNC``, so every process that loads the
 same example builds the same weights and inputs. torch is imported only when
@@ -15,7 +19,8 @@ an example is loaded: importing this module stays cheap.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -53,17 +58,59 @@ class Example:
     origin: str = ""
 
 
+def output_tensors(output: Any, path: str = "output") -> list[tuple[str, torch.Tensor]]:
+    """The floating-point tensors inside ``output``, each with the expression that reads
+    it (``output[0]``, ``output.last_hidden_state``, ``output["logits"]``), in order.
+
+    Tuples, lists, dicts (a ``ModelOutput`` is one: its ``None`` fields are left out)
+    and dataclasses are walked; integer tensors, ``None`` and other values are skipped.
+    """
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return [(path, output)] if output.is_floating_point() or output.is_complex() else []
+    found: list[tuple[str, torch.Tensor]] = []
+    if isinstance(output, Mapping):
+        # A dataclass that is also a mapping (ModelOutput) reads as attributes.
+        attribute = dataclasses.is_dataclass(output)
+        for key, value in output.items():
+            inner = f"{path}.{key}" if attribute and isinstance(key, str) else f"{path}[{key!r}]"
+            found += output_tensors(value, inner)
+    elif isinstance(output, (tuple, list)):
+        for index, value in enumerate(output):
+            found += output_tensors(value, f"{path}[{index}]")
+    elif dataclasses.is_dataclass(output) and not isinstance(output, type):
+        for field in dataclasses.fields(output):
+            found += output_tensors(getattr(output, field.name), f"{path}.{field.name}")
+    return found
+
+
 def default_loss(output: Any, target: Any = None) -> torch.Tensor:
-    """``output.float().pow(2).mean()``, summed over the outputs if there are several.
+    """The mean square of every floating-point tensor of ``output``, summed (see
+    :func:`output_tensors`).
 
     ``target`` is ignored; it is accepted so that the function can stand where a
     ``loss_fn(output, target)`` is expected.
     """
-    outputs = output if isinstance(output, (tuple, list)) else (output,)
-    total: torch.Tensor = outputs[0].float().pow(2).mean()
-    for extra in outputs[1:]:
+    tensors = output_tensors(output)
+    if not tensors:
+        raise SyncpassError(
+            f"the default loss needs a floating-point tensor in the model's output, and it "
+            f"returned {type(output).__name__} with none; give the example a loss: "
+            f"return (model, args, target, loss_fn)"
+        )
+    total: torch.Tensor = tensors[0][1].float().pow(2).mean()
+    for _, extra in tensors[1:]:
         total = total + extra.float().pow(2).mean()
     return total
+
+
+def default_loss_terms(output: Any) -> str:
+    """What :func:`default_loss` takes of ``output``, for the report: ``mean square of
+    output[0] + output[1]``."""
+    names = [name for name, _ in output_tensors(output)]
+    shown = " + ".join(names[:6]) + (f" + {len(names) - 6} more" if len(names) > 6 else "")
+    return f"mean square of {shown}"
 
 
 def _check_result(result: Any, name: str, origin: str, spec: str) -> Example:

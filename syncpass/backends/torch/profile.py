@@ -212,7 +212,7 @@ def measure_file(
         # model). Unlike the bare meta device, code that asks whether it is being traced
         # (Hugging Face's masks) sees a fake tensor and skips its data-dependent checks.
         counting = FakeTensorMode(allow_non_fake_inputs=True)
-    from syncpass.backends.torch.example import load_example
+    from syncpass.backends.torch.example import default_loss, default_loss_terms, load_example
     from syncpass.backends.torch.measure import profile_costs
 
     loaded = load_example(spec) if meta is None else fake_example(spec, counting)
@@ -223,7 +223,11 @@ def measure_file(
     with counting:
         check_model_file(loaded.model, file, class_name, inherited)
 
+        default_terms: list[str] = []  # what the default loss took, from the first output
+
         def loss(output: Any) -> torch.Tensor:
+            if loaded.loss_fn is default_loss and not default_terms:
+                default_terms.append(default_loss_terms(output))
             return loaded.loss_fn(output, loaded.target)
 
         costs = profile_costs(
@@ -242,6 +246,9 @@ def measure_file(
             counted_on=hardware,
             refine=refine,
         )
+    if default_terms:
+        note = f"the example gives no loss: the default loss is the {default_terms[0]}"
+        costs = dataclasses.replace(costs, notes=(*costs.notes, note))
     failure = None
     if check_tracer:
         progress("checking that torch's tracer takes the model")

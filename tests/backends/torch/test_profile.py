@@ -666,6 +666,13 @@ def test_bundled_examples_profile_and_rewrite(
     costs = load_costs(output)
     assert all(op.compute_s > 0 for op in costs.ops)
     assert sum(op.flops or 0 for op in costs.ops) > 0
+    # resnet's and unet's examples give no loss: the cost file says what the default took.
+    defaults = [note for note in costs.notes if note.startswith("the example gives no loss")]
+    assert defaults == (
+        ["the example gives no loss: the default loss is the mean square of output"]
+        if name in ("resnet", "unet")
+        else []
+    )
     # Every parameter of these models belongs to a submodule the forward calls.
     assert sum(op.param_bytes for op in costs.ops) == module_bytes(model)
     result = rewrite_text(

@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 from conftest import REPO
 
-from syncpass.backends.torch.example import default_loss, load_example
+from syncpass.backends.torch.example import default_loss, default_loss_terms, load_example
 from syncpass.core.errors import SyncpassError
 from syncpass.runtime.example import private_module_name
 
@@ -133,6 +136,50 @@ def test_default_loss_sums_over_tuple_outputs() -> None:
     b = torch.tensor([[3.0]], dtype=torch.float16)
     assert float(default_loss(a)) == pytest.approx(2.5)
     assert float(default_loss((a, b), None)) == pytest.approx(2.5 + 9.0)
+
+
+@dataclasses.dataclass
+class _Output:
+    """A dataclass output, as Hugging Face's ``ModelOutput`` is (without its mapping)."""
+
+    last_hidden_state: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
+    attentions: None = None
+
+
+def test_default_loss_takes_every_float_tensor_of_a_nested_output() -> None:
+    a, b, c = torch.tensor([1.0, 2.0]), torch.tensor([3.0]), torch.tensor([[4.0]])
+    tokens = torch.tensor([7, 8])  # an integer tensor is not a value to square
+    output = {"main": _Output(a, hidden_states=(b, c)), "ids": tokens, "extra": [None, b]}
+    assert float(default_loss(output)) == pytest.approx(2.5 + 9.0 + 16.0 + 9.0)
+    assert default_loss_terms(output) == (
+        "mean square of output['main'].last_hidden_state + output['main'].hidden_states[0]"
+        " + output['main'].hidden_states[1] + output['extra'][1]"
+    )
+
+
+def test_default_loss_names_the_fields_of_a_mapping_dataclass_as_attributes() -> None:
+    """Hugging Face's ``ModelOutput`` is a dataclass and an ordered dict of its non-None
+    fields: it reads as ``output.field``."""
+
+    @dataclasses.dataclass
+    class MappingOutput(collections.OrderedDict[str, Any]):
+        logits: torch.Tensor | None = None
+        loss: torch.Tensor | None = None
+
+        def __post_init__(self) -> None:
+            for field in dataclasses.fields(self):
+                if getattr(self, field.name) is not None:
+                    self[field.name] = getattr(self, field.name)
+
+    output = MappingOutput(logits=torch.tensor([2.0]))
+    assert float(default_loss(output)) == pytest.approx(4.0)
+    assert default_loss_terms(output) == "mean square of output.logits"
+
+
+def test_default_loss_refuses_an_output_with_no_float_tensor() -> None:
+    with pytest.raises(SyncpassError, match="no floating-point tensor|none; give the example"):
+        default_loss((torch.tensor([1, 2]), None))
 
 
 def test_importing_the_module_does_not_import_torch() -> None:
