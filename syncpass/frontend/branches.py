@@ -24,6 +24,14 @@ is decided when it reads only
   are run with the example's positional inputs only, so each such parameter
   the example does not reach has its default (:class:`AssumedDefault`; the
   profile checks that the example does not pass it);
+* the forward's parameters the example passes: the profile records what each
+  positional input is (``input:K`` in the model's settings, ``null`` for
+  ``None``, else its type's name), and a parameter given anything but ``None``
+  is :data:`PASSED`: ``is None`` is false and ``is not None`` true, whatever
+  it holds, and nothing else about it is known (Hugging Face's BERT: ``if
+  input_ids is not None and inputs_embeds is not None: raise ... elif
+  input_ids is not None: ...`` takes the ``elif`` when the example passes
+  ``input_ids``);
 * ``self.NAME`` where ``__init__`` assigns it once, to a constant
   (``self.grad_checkpointing = False``), and the forward never does: the
   value is assumed (:class:`AssumedAttribute`) and the profile checks it on the
@@ -48,9 +56,12 @@ parameter keeps its default (``None``) up to that statement, its only assignment
 so the name is the config's setting from then on.
 
 The branch taken replaces the ``if`` (its statements verbatim, comments kept);
-an ``if`` none of whose branches is taken goes. An ``if`` whose test reads
-anything else, or whose branch taken holds a ``return``, ``yield``, ``break``
-or ``continue``, stays as written (a region).
+an ``if`` none of whose branches is taken goes. A branch taken that ends with a
+``return`` (and jumps nowhere else) ends the function there: the statements after
+the ``if`` never run, and go too (Hugging Face's ``if not return_dict: return
+tuple(...)`` with ``return_dict=False``). An ``if`` whose test reads anything
+else, or whose branch taken holds any other ``return``, ``yield``, ``break`` or
+``continue``, stays as written (a region).
 
 Nothing here imports torch.
 """
@@ -87,6 +98,33 @@ EAGER_FALSE = frozenset(
 #: What :func:`constant_value` gives for anything but a literal.
 UNKNOWN = object()
 
+
+class Passed:
+    """What the example passes for a parameter, when that is not ``None`` (a tensor): only
+    ``is None`` and ``is not None`` are known of it. :data:`PASSED` is the one instance."""
+
+    def __repr__(self) -> str:
+        return "<passed>"
+
+
+#: A parameter the example gives something other than ``None`` (:class:`Passed`).
+PASSED = Passed()
+
+#: What a decided test may have read: a :data:`Constant`, or :data:`PASSED`.
+Known = Constant | Passed
+
+
+def input_key(position: int) -> str:
+    """The settings key of the example's positional input ``position`` (``input:0``): a
+    key no attribute path can be."""
+    return f"input:{position}"
+
+
+def input_setting(value: object) -> Constant:
+    """What the settings record of an example's input: ``None``, or its type's name."""
+    return None if value is None else type(value).__name__
+
+
 #: What the built model holds at a path from ``self`` (``"config.return_dict"``): a
 #: :data:`Constant`, or :data:`UNKNOWN`.
 ValueLookup = Callable[[str], object]
@@ -108,14 +146,21 @@ def recorded_values(settings: Sequence[tuple[str, Constant]]) -> ValueLookup:
 
 class ObjectValues:
     """The lookup of a built model's settings: ``path``'s value (an attribute chain from the
-    model, ``"transformer.config.use_cache"``) when it is a :data:`Constant`. What it
+    model, ``"transformer.config.use_cache"``) when it is a :data:`Constant`, and what the
+    example passes (``inputs``, its positional inputs: :func:`input_key`). What it
     answered is kept in :attr:`read`, to be recorded with the model's costs."""
 
-    def __init__(self, model: object) -> None:
+    def __init__(self, model: object, inputs: Sequence[object] = ()) -> None:
         self.model = model
+        self.inputs = {input_key(k): input_setting(value) for k, value in enumerate(inputs)}
         self.read: dict[str, Constant] = {}
 
     def __call__(self, path: str) -> object:
+        if path.startswith("input:"):
+            if path not in self.inputs:
+                return UNKNOWN
+            self.read[path] = self.inputs[path]
+            return self.inputs[path]
         target = self.model
         for part in path.split("."):
             try:
@@ -156,12 +201,12 @@ class AssumedAttribute:
 
 @dataclass(frozen=True)
 class AssumedDefault:
-    """A forward parameter read by a decided test: its default ``value``. ``position`` is
-    its place among the positional parameters (0 after ``self``), ``None`` for a
-    keyword-only one."""
+    """A forward parameter read by a decided test: its default ``value``, or what the
+    example passes (``None``, or :data:`PASSED`). ``position`` is its place among the
+    positional parameters (0 after ``self``), ``None`` for a keyword-only one."""
 
     name: str
-    value: Constant
+    value: Known
     position: int | None
 
 
@@ -180,7 +225,7 @@ class FoldedBranch:
     line: int
     test: str
     taken: str
-    reads: tuple[tuple[str, Constant], ...]
+    reads: tuple[tuple[str, Known], ...]
     assumed: tuple[AssumedAttribute, ...]
     defaults: tuple[AssumedDefault, ...] = ()
     file: str = ""
@@ -256,8 +301,8 @@ class KnownName:
     """A name the forward has assigned a known ``value``, and what that value rests on: the
     values its expression read, and the attributes and defaults it assumed."""
 
-    value: Constant
-    reads: tuple[tuple[str, Constant], ...] = ()
+    value: Known
+    reads: tuple[tuple[str, Known], ...] = ()
     assumed: tuple[tuple[str, Constant], ...] = ()
     defaults: tuple[AssumedDefault, ...] = ()
 
@@ -276,11 +321,11 @@ class _Test:
         self.attributes = attributes
         self.defaults = defaults
         self.values = values
-        self.reads: dict[str, Constant] = {}
+        self.reads: dict[str, Known] = {}
         self.assumed: dict[str, Constant] = {}
         self.assumed_defaults: dict[str, AssumedDefault] = {}
 
-    def name_of(self, value: Constant) -> KnownName:
+    def name_of(self, value: Known) -> KnownName:
         """A name assigned the expression just evaluated, of ``value``."""
         return KnownName(
             value,
@@ -316,7 +361,7 @@ class _Test:
             return setting
         if isinstance(node, cst.IfExp):
             chosen = self.value(node.test)
-            if chosen is UNKNOWN:
+            if chosen is UNKNOWN or chosen is PASSED:
                 return UNKNOWN
             return self.value(node.body if chosen else node.orelse)
         attribute = self_attribute(node)
@@ -330,10 +375,10 @@ class _Test:
             return False
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
             inner = self.value(node.expression)
-            return UNKNOWN if inner is UNKNOWN else not inner
+            return UNKNOWN if inner is UNKNOWN or inner is PASSED else not inner
         if isinstance(node, cst.BooleanOperation):
             left = self.value(node.left)
-            if left is UNKNOWN:
+            if left is UNKNOWN or left is PASSED:  # a tensor's truth is the data's
                 return UNKNOWN
             if isinstance(node.operator, cst.And):
                 return self.value(node.right) if left else left
@@ -344,6 +389,11 @@ class _Test:
             if left is UNKNOWN or right is UNKNOWN:
                 return UNKNOWN
             operator = target.operator
+            if left is PASSED or right is PASSED:
+                # Only that it is not None is known of what the example passes.
+                if isinstance(operator, cst.Is | cst.IsNot) and None in (left, right):
+                    return isinstance(operator, cst.IsNot)
+                return UNKNOWN
             if isinstance(operator, cst.Is):
                 return left is right
             if isinstance(operator, cst.IsNot):
@@ -372,13 +422,30 @@ def _jumps(statements: Sequence[cst.BaseStatement]) -> bool:
     return False
 
 
+def _ends_in_return(statements: Sequence[cst.BaseStatement]) -> bool:
+    """Whether ``statements`` end with a ``return`` and hold no other jump: a branch after
+    which the function they are the top level of runs nothing more (Hugging Face's ``if not
+    return_dict: return tuple(...)``)."""
+    if not statements:
+        return False
+    last = statements[-1]
+    if not (
+        isinstance(last, cst.SimpleStatementLine)
+        and isinstance(last.body[-1], cst.Return)
+        and not m.findall(last.body[-1], m.Yield())
+    ):
+        return False
+    rest = cst.SimpleStatementLine(body=last.body[:-1]) if len(last.body) > 1 else None
+    return not _jumps([*statements[:-1], *([rest] if rest is not None else [])])
+
+
 def _decide(statement: cst.If, test: _Test) -> tuple[str, list[cst.BaseStatement]] | None:
     """``(taken, statements)`` of the branch ``statement`` takes, or ``None``."""
     branch: cst.If | cst.Else | None = statement
     index = 0
     while isinstance(branch, cst.If):
         value = test.value(branch.test)
-        if value is UNKNOWN:
+        if value is UNKNOWN or value is PASSED:
             return None
         if value:
             taken = "if" if index == 0 else f"elif {index}"
@@ -389,8 +456,12 @@ def _decide(statement: cst.If, test: _Test) -> tuple[str, list[cst.BaseStatement
     return "else", _statements(branch.body)
 
 
-def parameter_defaults(forward: cst.FunctionDef) -> dict[str, AssumedDefault]:
-    """The forward's parameters (``self`` aside) whose default is a constant."""
+def parameter_defaults(
+    forward: cst.FunctionDef, values: ValueLookup = no_values
+) -> dict[str, AssumedDefault]:
+    """The forward's parameters (``self`` aside) whose value is known before the run: what
+    the example passes (``values`` answers its positional inputs, :func:`input_key`), else
+    a constant default."""
     params = forward.params
     positional = [*params.posonly_params, *params.params][1:]
     found: dict[str, AssumedDefault] = {}
@@ -398,7 +469,12 @@ def parameter_defaults(forward: cst.FunctionDef) -> dict[str, AssumedDefault]:
         *enumerate(positional),
         *((None, param) for param in params.kwonly_params),
     ]:
-        value = UNKNOWN if param.default is None else constant_value(param.default)
+        given = UNKNOWN if position is None else values(input_key(position))
+        value: object
+        if given is not UNKNOWN:
+            value = None if given is None else PASSED
+        else:
+            value = UNKNOWN if param.default is None else constant_value(param.default)
         if value is not UNKNOWN:
             found[param.name.value] = AssumedDefault(param.name.value, value, position)  # type: ignore[arg-type]
     return found
@@ -446,7 +522,7 @@ class _Known:
         self.attributes = {
             name: value for name, value in attributes.items() if name not in assigned
         }
-        self.parameters = parameter_defaults(forward) if given is None else given
+        self.parameters = parameter_defaults(forward, values) if given is None else given
         self.defaults = {
             name: default for name, default in self.parameters.items() if self.counts[name] == 0
         }
@@ -517,7 +593,8 @@ def fold_branches(
         if isinstance(statement, cst.If):
             test = known.test()
             decided = _decide(statement, test)
-            if decided is not None and not _jumps(decided[1]):
+            returns = decided is not None and _ends_in_return(decided[1])
+            if decided is not None and (returns or not _jumps(decided[1])):
                 taken, body = decided
                 line = line_of(statement)
                 file = file_of(statement) if file_of is not None else ""
@@ -549,6 +626,8 @@ def fold_branches(
                         file=file,
                     )
                 )
+                if returns:
+                    break  # the branch returns: nothing after the `if` runs
                 continue
         result.append(statement)
         sources.append(index)

@@ -618,15 +618,17 @@ def _given_defaults(
 ) -> tuple[dict[str, AssumedDefault], dict[str, KnownName]]:
     """What the call binds the method's parameters to, where that is known before the run:
     a constant (its own default, or one the call passes), a parameter of the forward
-    handed on under the same name that keeps its default (``caller``), or a name the
+    handed on that keeps its default or what the example passes (``caller``), or a name the
     forward knows at the call (``known``: Hugging Face's ``return_dict=return_dict``
     after ``return_dict = ... self.config.return_dict``); and, for each parameter bound
     to such a name, what its value rests on."""
     given: dict[str, AssumedDefault] = {}
     basis: dict[str, KnownName] = {}
     for param, expression in arguments:
-        if m.matches(expression, m.Name(param)) and param in caller:
-            given[param] = caller[param]
+        if isinstance(expression, cst.Name) and expression.value in caller:
+            # The forward's own parameter handed on (`self.model(input_ids, ...)`): what it
+            # rests on is that parameter, so the profile checks the example against it.
+            given[param] = caller[expression.value]
             continue
         if isinstance(expression, cst.Name) and expression.value in known:
             name = known[expression.value]
@@ -1033,7 +1035,7 @@ def _inline_once(
             names=own_parameters | bound.names,
             defaults={
                 name: default
-                for name, default in parameter_defaults(forward).items()
+                for name, default in parameter_defaults(forward, values).items()
                 if name not in rebound
             },
             config=module,

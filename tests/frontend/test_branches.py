@@ -6,7 +6,14 @@ import textwrap
 
 import libcst as cst
 
-from syncpass.frontend.branches import UNKNOWN, ObjectValues, recorded_values
+from syncpass.frontend.branches import (
+    PASSED,
+    UNKNOWN,
+    AssumedDefault,
+    ObjectValues,
+    input_key,
+    recorded_values,
+)
 from syncpass.frontend.inline import inline_own_methods
 
 TIMM_STYLE = """
@@ -139,16 +146,65 @@ def test_what_is_not_known_before_the_run_stays_a_region() -> None:
         assert f"    {test}" in body, test
 
 
-def test_a_branch_that_returns_is_not_folded() -> None:
+def test_a_branch_taken_that_returns_ends_the_forward_there() -> None:
+    # Hugging Face's `if not return_dict: return tuple(...)`: nothing after the `if` runs.
+    body, taken = fold(
+        """
+        def forward(self, x, return_dict=False):
+            x = self.a(x)
+            if not return_dict:
+                return (x,)
+            return {"out": x}
+        """
+    )
+    assert taken == ("if",)
+    assert body[-1] == "    return (x,)" and body[-2].startswith("    # syncpass: the if branch")
+    assert not any("out" in line for line in body)
+
+
+def test_a_branch_that_returns_before_its_end_is_not_folded() -> None:
     body, taken = fold(
         """
         def forward(self, x, return_dict=True):
             if return_dict:
-                return {"out": self.a(x)}
-            return self.a(x)
+                if x is None:
+                    return x
+                x = self.a(x)
+            return self.b(x)
         """
     )
     assert taken == () and "    if return_dict:" in body
+
+
+def test_the_examples_inputs_decide_is_none_and_nothing_else() -> None:
+    code = textwrap.dedent(
+        """
+        class Net:
+            def forward(self, input_ids=None, inputs_embeds=None, mask=None):
+                if input_ids is not None and inputs_embeds is not None:
+                    raise ValueError("both")
+                elif input_ids is not None:
+                    x = self.embed(input_ids)
+                else:
+                    x = inputs_embeds
+                if input_ids:
+                    x = x * 2
+                if mask is None:
+                    x = self.a(x)
+                return x
+        """
+    )
+    # The example passes a tensor for input_ids and None for mask (inputs 0 and 2).
+    values = recorded_values([(input_key(0), "Tensor"), (input_key(2), None)])
+    result = inline_own_methods(cst.parse_module(code), "Net", values=values)
+    body = forward_body(result.module.code)
+    assert [branch.taken for branch in result.branches] == ["elif 1", "if"]
+    assert "    x = self.embed(input_ids)" in body and "    x = self.a(x)" in body
+    assert "    if input_ids:" in body  # a tensor's truth is the data's: not decided
+    assert result.branches[0].defaults[0] == AssumedDefault("input_ids", PASSED, 0)
+    # Without the example, input_ids keeps its default (None): the else branch.
+    plain = inline_own_methods(cst.parse_module(code), "Net")
+    assert plain.branches[0].taken == "else"
 
 
 def test_a_name_assigned_once_to_a_constant_before_the_if_decides_it() -> None:

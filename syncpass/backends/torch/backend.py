@@ -98,7 +98,7 @@ def _measure_for_stages(request: MeasureRequest) -> Costs:
 
     def expand(model: object, args: tuple[object, ...]) -> AnalysedSource:
         # The forward is expanded once the model is built: its settings decide branches.
-        values = ObjectValues(model)
+        values = ObjectValues(model, args)
         of = type(model).__name__
         source = expand_source(request.text, path, request.model, values, of)
         # What the decided branches assumed, checked before the expanded forward runs: a

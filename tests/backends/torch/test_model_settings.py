@@ -37,6 +37,7 @@ def test_the_profile_reads_the_settings_and_follows_the_base_model(
     document = json.loads(costs.read_text())
     assert document["model_settings"] == {
         "config.return_dict": True,
+        "input:0": "Tensor",  # what the example passes for the forward's first parameter
         "transformer.config.output_hidden_states": False,
     }
     ids = [op["id"] for op in document["ops"]]
@@ -85,20 +86,31 @@ def test_without_the_settings_the_cost_file_is_refused_clearly(
     assert not out.exists()
 
 
-def test_a_model_built_with_return_dict_false_keeps_its_base_model_one_op(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    source = tmp_path / MODEL.name
+@pytest.fixture(scope="module")
+def tuple_outputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The model built with ``return_dict=False``, profiled: the base model returns a tuple
+    of its hidden states and its accumulators (``None`` with the flags off)."""
+    folder = tmp_path_factory.mktemp("tuple-outputs")
+    source = folder / "config_tuples.py"
     text = MODEL.read_text().replace("self.return_dict = True", "self.return_dict = False")
     text = text.replace("return F.cross_entropy(output.logits", "return F.cross_entropy(output[0]")
     source.write_text(text)
-    costs = tmp_path / "costs.json"
+    costs = folder / "costs.json"
     argv = ["profile", str(source), "--example", f"{source}:example", "--backend"]
     argv += ["torch_stages", "--repeats", "1", "--warmup", "0", "-o", str(costs)]
-    assert main(argv) == 0, capsys.readouterr().err
+    assert main(argv) == 0
+    return source, costs
+
+
+def test_a_model_built_with_return_dict_false_is_planned_inside_its_base_model(
+    tuple_outputs: tuple[Path, Path],
+) -> None:
+    # The base model's `if not return_dict: return tuple(...)` is taken and ends it there.
+    _, costs = tuple_outputs
     document = json.loads(costs.read_text())
     assert document["model_settings"]["config.return_dict"] is False
-    assert "transformer" in [op["id"] for op in document["ops"]]
+    ids = [op["id"] for op in document["ops"]]
+    assert all(layer in ids for layer in LAYERS) and "transformer" not in ids
 
 
 @pytest.mark.slow
@@ -111,6 +123,24 @@ def test_the_stages_planned_inside_the_base_model_run_and_verify(
     assert main([*argv, "--backend", "torch_stages", "-o", str(out)]) == 0
     report = tmp_path / "run.json"
     argv = ["run", str(out), "--stages", "4", "--verify", "--steps", "1"]
+    status = main([*argv, "--json-report", str(report)])
+    assert status == 0, capsys.readouterr().err
+    verify = json.loads(report.read_text())["verify"]
+    assert verify["ok"] is True
+    assert verify["parameters_compared"] == verify["model_parameters"]
+
+
+@pytest.mark.slow
+def test_the_tuple_returning_base_model_runs_split_and_verifies(
+    tuple_outputs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, costs = tuple_outputs
+    out = source.parent / "config_tuples_sync.py"
+    argv = ["rewrite", str(source), "--costs", str(costs), "--stages", "2"]
+    assert main([*argv, "--backend", "torch_stages", "-o", str(out)]) == 0
+    assert "# syncpass sync 1/1" in out.read_text()
+    report = tmp_path / "run.json"
+    argv = ["run", str(out), "--stages", "2", "--verify", "--steps", "1"]
     status = main([*argv, "--json-report", str(report)])
     assert status == 0, capsys.readouterr().err
     verify = json.loads(report.read_text())["verify"]
