@@ -615,7 +615,15 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     scalars: list[tuple[tuple[str, str], ...]] = [()]
     for number, (site, position) in enumerate(zip(ordered, positions, strict=True), start=1):
         reads = set(mentioned_names(pieces[number])) | set(receives[number])
-        kinds = {**all_kinds, **dict(site.kinds)}
+        # A value live at the sync point that its kinds do not list was a tensor there, even
+        # if it was None at an earlier one (a parameter the forward assigns: `if
+        # inputs_embeds is None: inputs_embeds = self.wte(input_ids)`); another sync point's
+        # kind stands only for what this one does not hold (a value a replay needs).
+        live = set(site.values)
+        kinds = {
+            **{name: kind for name, kind in all_kinds.items() if name not in live},
+            **dict(site.kinds),
+        }
         sent: list[str] = []
         nothing: list[str] = []
         numbers: list[tuple[str, str]] = []
