@@ -916,10 +916,22 @@ class _GatherNamesVisitor(cst.CSTVisitor):
         self.writes: list[str] = []
 
     def _bind(self, target: cst.CSTNode) -> None:
-        for name in m.findall(target, m.Name()):
-            assert isinstance(name, cst.Name)
-            self.bound.add(id(name))
-            self.writes.append(name.value)
+        if isinstance(target, cst.Name):
+            self.bound.add(id(target))
+            self.writes.append(target.value)
+        elif isinstance(target, cst.Tuple | cst.List):
+            for element in target.elements:
+                self._bind(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind(target.value)
+        else:
+            # `kept[i] = y`, `state.k = y`: the object the base names changes, so the
+            # statement reads it and writes it; the index (`i`) is only read.
+            base = target
+            while isinstance(base, cst.Subscript | cst.Attribute):
+                base = base.value
+            if isinstance(base, cst.Name):
+                self.writes.append(base.value)
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
         self._bind(node.target)
