@@ -38,6 +38,7 @@ MODELS = [
             "nested_encoder",
             "nested_sequential",
             "pair_layers",
+            "pytree_outputs",
             "rope_cache_gpt",
             "rotary_mapping",
             "stage_named",

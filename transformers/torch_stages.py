@@ -41,6 +41,7 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
+import ast
 import itertools
 import re
 from collections.abc import Sequence
@@ -50,6 +51,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
 
+from syncpass.contracts.costs import PYTREE, pytree_pieces, pytree_template
 from syncpass.frontend.analysis import self_path
 from syncpass.transformers.common import (
     InsertSyncPointsCommand,
@@ -106,7 +108,9 @@ class StageCode:
 def tensor_count(kind: str | None) -> int | None:
     """How many tensors a value of ``kind`` crosses as, when it crosses as its tensors: N
     for a tuple (``tensors:N``), the tensor entries of a mapping (``mapping:...``, whose
-    ``None`` entries the stage after puts back itself); else ``None``."""
+    ``None`` entries the stage after puts back itself), the tensor leaves of a nested
+    structure (``pytree:...``, whose constants the stage after writes itself); else
+    ``None``."""
     pieces = tensor_pieces(kind)
     return None if pieces is None else len(pieces)
 
@@ -115,9 +119,12 @@ def tensor_pieces(kind: str | None) -> tuple[str, ...] | None:
     """The subscripts of a value of ``kind`` that cross as tensors, when it crosses as its
     tensors: ``("[0]", "[1]")`` for ``tensors:2``; ``('["sliding"]',)`` for
     ``mapping:full=none,sliding=tensor``; ``('["local"][0]', '["local"][1]')`` for
-    ``mapping:local=tensors:2``; else ``None``."""
+    ``mapping:local=tensors:2``; ``("[0]", "[2]")`` for ``pytree:(T, None, T)``; else
+    ``None``."""
     if kind is None:
         return None
+    if kind.startswith(PYTREE):
+        return pytree_pieces(kind)
     if kind.startswith("tensors:"):
         return tuple(f"[{k}]" for k in range(int(kind.removeprefix("tensors:"))))
     entries = mapping_entries(kind)
@@ -480,7 +487,7 @@ def _sent(stage: StageCode) -> list[str]:
             sent.append(name)
         elif kind.startswith("tensors:"):
             sent.append(f"*{name}")
-        elif (pieces := tensor_pieces(kind)) is not None:  # a mapping: its tensor entries
+        elif (pieces := tensor_pieces(kind)) is not None:  # a mapping or pytree: its tensors
             sent.extend(f"{name}{at}" for at in pieces)
         else:
             sent.append(f"torch.as_tensor({name}{device})")
@@ -514,6 +521,20 @@ def _rebuilt_mapping(name: str, entries: Sequence[tuple[str, str]]) -> str:
     return ", ".join(items)
 
 
+def _rebuilt_pytree(name: str, kind: str) -> str:
+    """A ``pytree:`` value put together again: its template with each tensor the one received
+    for it (``name_0``, ``name_1``, ... in the order :func:`tensor_pieces` sends them)."""
+    template = pytree_template(kind)
+    assert template is not None
+    received = itertools.count()
+
+    class Received(ast.NodeTransformer):
+        def visit_Name(self, node: ast.Name) -> ast.expr:
+            return ast.Name(f"{name}_{next(received)}", ast.Load())
+
+    return ast.unparse(Received().visit(template))
+
+
 def _prelude(stage: StageCode, config: cst.Module) -> list[cst.BaseStatement]:
     """What a stage sets before its own statements: received values unpacked, values that
     were None."""
@@ -521,7 +542,11 @@ def _prelude(stage: StageCode, config: cst.Module) -> list[cst.BaseStatement]:
     for name, kind in stage.received_kinds:
         count = tensor_count(kind)
         entries = mapping_entries(kind)
-        if entries is not None:
+        if kind.startswith(PYTREE):
+            value = _rebuilt_pytree(name, kind)
+            why = f"its {count} tensor(s) sent" if count else "the same when profiled: nothing sent"
+            lines.append(f"{name} = {value}  # {why}\n")
+        elif entries is not None:
             items = _rebuilt_mapping(name, entries)
             why = f"its {count} tensor(s) sent" if count else "no tensor in it"
             lines.append(f"{name} = {{{items}}}  # a mapping, {why}\n")

@@ -252,7 +252,7 @@ def _refused(costs: Costs, kinds: tuple[str, ...]) -> str:
     return (
         f"{len(refused)} of the {len(costs.cuts)} admissible sync point(s) are refused by this "
         f"backend: a value its stages cannot send crosses them ({shown}); they send "
-        "tensors, numbers, shapes, and tuples or dicts of tensors"
+        "tensors, numbers, shapes, and tuples, lists or dicts of tensors and constants"
     )
 
 

@@ -12,8 +12,10 @@ This module imports neither torch nor libcst.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import itertools
+import json
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -164,8 +166,9 @@ class OpCost:
 
 
 #: What a live value that is not a tensor was when profiled: ``ints`` a tuple of Python
-#: ints, ``size`` a ``torch.Size``, ``tensors:N`` a tuple of N tensors, ``other`` anything
-#: else (a dict, an object, a string).
+#: ints, ``size`` a ``torch.Size``, ``tensors:N`` a tuple of N tensors, ``pytree:TEMPLATE``
+#: nested tuples, lists and dicts of tensors and constants (:func:`pytree_template`),
+#: ``other`` anything else (an object, a dataclass, a string).
 #: ``unbound``: a name the analysis finds live that held nothing when profiled (assigned
 #: only in a branch not taken, OPT's LayerDrop ``dropout_probability``).
 VALUE_KINDS = (
@@ -178,6 +181,7 @@ VALUE_KINDS = (
     "size",
     "tensors:N",
     "mapping:...",
+    "pytree:...",
     "other",
 )
 
@@ -197,7 +201,79 @@ def known_kind(kind: str) -> bool:
         return count.isdigit() and int(count) > 0
     if kind.startswith("mapping:"):
         return _MAPPING.fullmatch(kind) is not None
+    if kind.startswith(PYTREE):
+        return pytree_template(kind) is not None
     return kind in VALUE_KINDS
+
+
+#: The prefix of a value kind that is a nested structure of tensors and constants.
+PYTREE = "pytree:"
+
+#: What stands for a tensor in a :data:`PYTREE` template.
+TENSOR_LEAF = "T"
+
+
+def pytree_template(kind: str) -> ast.expr | None:
+    """The structure of a ``pytree:TEMPLATE`` kind: ``TEMPLATE`` is a Python literal of
+    tuples, lists and dicts (keys strings or ints) whose leaves are constants (``None``,
+    booleans, numbers, strings) or ``T`` for a tensor: ``pytree:(T, None, T)``,
+    ``pytree:[None, None]``, ``pytree:{0: T, "mask": (T, T)}``. ``None`` for any other
+    kind, or a template that is not of that form."""
+    if not kind.startswith(PYTREE):
+        return None
+    try:
+        tree = ast.parse(kind.removeprefix(PYTREE), mode="eval").body
+    except (SyntaxError, ValueError):
+        return None
+    return tree if _is_template(tree) else None
+
+
+def _is_template(node: ast.expr) -> bool:
+    if isinstance(node, ast.Name):
+        return node.id == TENSOR_LEAF
+    if isinstance(node, ast.Constant):
+        return node.value is None or isinstance(node.value, bool | int | float | str)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        return isinstance(node.operand, ast.Constant) and isinstance(
+            node.operand.value, int | float
+        )
+    if isinstance(node, ast.Tuple | ast.List):
+        return all(_is_template(item) for item in node.elts)
+    if isinstance(node, ast.Dict):
+        return all(
+            isinstance(key, ast.Constant)
+            and isinstance(key.value, str | int)
+            and not isinstance(key.value, bool)
+            and _is_template(value)
+            for key, value in zip(node.keys, node.values, strict=True)
+        )
+    return False
+
+
+def pytree_pieces(kind: str) -> tuple[str, ...] | None:
+    """The subscripts of a ``pytree:`` kind's tensors, in the order they cross: ``("[0]",
+    "[2]")`` for ``pytree:(T, None, T)``, ``('["mask"][1]',)`` for ``pytree:{"mask": (None,
+    T)}``; ``None`` for any other kind."""
+    template = pytree_template(kind)
+    if template is None:
+        return None
+    found: list[str] = []
+
+    def walk(node: ast.expr, at: str) -> None:
+        if isinstance(node, ast.Name):
+            found.append(at)
+        elif isinstance(node, ast.Tuple | ast.List):
+            for index, item in enumerate(node.elts):
+                walk(item, f"{at}[{index}]")
+        elif isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                assert isinstance(key, ast.Constant)
+                key_value = key.value
+                written = json.dumps(key_value) if isinstance(key_value, str) else str(key_value)
+                walk(value, f"{at}[{written}]")
+
+    walk(template, "")
+    return tuple(found)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,13 @@ import pytest
 from costbuilder import cost_dict
 
 from syncpass.contracts.config import SyncConfig, default_sync_config
-from syncpass.contracts.costs import costs_to_json, load_costs, parse_costs
+from syncpass.contracts.costs import (
+    costs_to_json,
+    known_kind,
+    load_costs,
+    parse_costs,
+    pytree_pieces,
+)
 from syncpass.core.errors import SyncpassError
 from syncpass.settings.project import load_project_config
 
@@ -203,3 +209,14 @@ def test_the_models_settings_round_trip() -> None:
     )
     assert parse_costs(json.loads(json.dumps(costs_to_json(costs)))) == costs
     assert "model_settings" not in costs_to_json(parse_costs(ISSUE_EXAMPLE))
+
+
+def test_a_pytree_kind_names_its_tensors_by_subscript_and_nothing_else_is_one() -> None:
+    assert known_kind("pytree:(T, None, T)")
+    assert pytree_pieces("pytree:(T, None, T)") == ("[0]", "[2]")
+    assert pytree_pieces("pytree:[None, None]") == ()
+    assert pytree_pieces('pytree:{0: T, "mask": (T, -1.5)}') == ("[0]", '["mask"][0]')
+    assert pytree_pieces("pytree:{'a\"b': T}") == ('["a\\"b"]',)
+    # Only literals and T: no names, calls or set displays.
+    for kind in ("pytree:x", "pytree:{'a': print}", "pytree:f()", "pytree:{T}", "pytree:(T,"):
+        assert not known_kind(kind) and pytree_pieces(kind) is None

@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import itertools
+import math
 import statistics
 import sys
 import sysconfig
@@ -65,6 +66,8 @@ from syncpass.backends.torch.analysis import (
 )
 from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.contracts.costs import (
+    PYTREE,
+    TENSOR_LEAF,
     Costs,
     CutCost,
     CutValue,
@@ -411,7 +414,57 @@ def value_kind(value: object) -> str:
         kind = "mapping:" + ",".join(entries)
         if known_kind(kind):
             return kind
+    template = _template(value, MAX_TEMPLATE_LEAVES)
+    if template is not None:
+        return PYTREE + template
     return "other"
+
+
+#: The most leaves a value crossing as a ``pytree:`` kind may hold (its template is written
+#: into the cost file and the stage code).
+MAX_TEMPLATE_LEAVES = 256
+
+
+def _template(value: object, room: int) -> str | None:
+    """``value`` as a ``pytree:`` template (:func:`syncpass.contracts.costs.pytree_template`):
+    plain tuples, lists and dicts (string or int keys) of tensors (``T``) and constants,
+    at most ``room`` leaves; else ``None`` (an object, a dataclass, a subclass of a
+    container, which are more than their items)."""
+    leaves = 0
+
+    def written(item: object) -> str | None:
+        nonlocal leaves
+        if isinstance(item, torch.Tensor):
+            leaves += 1
+            return TENSOR_LEAF if leaves <= room else None
+        if item is None or type(item) in (bool, int, float, str):
+            leaves += 1
+            if leaves > room or (isinstance(item, float) and not math.isfinite(item)):
+                return None
+            return repr(item)
+        if type(item) in (tuple, list):
+            assert isinstance(item, tuple | list)
+            parts = [written(part) for part in item]
+            if any(part is None for part in parts):
+                return None
+            inner = ", ".join(parts)  # type: ignore[arg-type]
+            if type(item) is list:
+                return f"[{inner}]"
+            return f"({inner},)" if len(parts) == 1 else f"({inner})"
+        if type(item) is dict:
+            assert isinstance(item, dict)
+            entries = []
+            for key, part in item.items():
+                if type(key) not in (str, int):
+                    return None
+                inner_part = written(part)
+                if inner_part is None:
+                    return None
+                entries.append(f"{key!r}: {inner_part}")
+            return "{" + ", ".join(entries) + "}"
+        return None
+
+    return written(value)
 
 
 def _entry_kind(item: object) -> str:

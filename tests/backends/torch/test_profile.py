@@ -22,6 +22,7 @@ from conftest import REPO
 from syncpass.backends.torch.backend import BACKEND as TORCH
 from syncpass.backends.torch.example import load_example
 from syncpass.backends.torch.measure import (
+    MAX_TEMPLATE_LEAVES,
     _backward_spans,
     _forward_spans,
     build_graph,
@@ -749,17 +750,27 @@ def test_what_a_cut_sends_that_is_no_tensor_is_recorded_by_kind() -> None:
     # A dict of identifier keys to tensors or None crosses as its tensors (Qwen2's masks).
     mapping = {"full_attention": None, "sliding": torch.zeros(1)}
     assert value_kind(mapping) == "mapping:full_attention=none,sliding=tensor"
-    assert value_kind({"a b": torch.zeros(1)}) == "other"  # a key that is no identifier
-    assert value_kind({"a": 3}) == "other"
     # Entries that are tuples of tensors (Gemma 3's rotary tables by layer type) too.
     tables = {"local": (torch.zeros(1), torch.ones(1)), "none": None, "t": torch.zeros(1)}
     assert value_kind(tables) == "mapping:local=tensors:2,none=none,t=tensor"
-    assert value_kind({"a": {"b": torch.zeros(1)}}) == "other"  # deeper: not sent
-    assert value_kind({"a": ()}) == "other"
+    # Any other nesting of plain tuples, lists and dicts of tensors and constants crosses as
+    # its tensors, the rest written into the stage after (Hugging Face's head_mask, esm2's
+    # representations by layer, an accumulator that starts empty).
+    assert value_kind({"a b": torch.zeros(1)}) == "pytree:{'a b': T}"
+    assert value_kind({"a": 3}) == "pytree:{'a': 3}"
+    assert value_kind({"a": {"b": torch.zeros(1)}}) == "pytree:{'a': {'b': T}}"
+    assert value_kind({"a": ()}) == "pytree:{'a': ()}"
+    assert value_kind({}) == "pytree:{}"
+    assert value_kind((torch.zeros(1), 3)) == "pytree:(T, 3)"
+    assert value_kind(()) == "pytree:()"
+    assert value_kind([None] * 3) == "pytree:[None, None, None]"
+    assert value_kind({1: torch.zeros(1), 3: (torch.zeros(1),)}) == "pytree:{1: T, 3: (T,)}"
+    # More than its items, or too many of them: not sent.
     assert value_kind(collections.OrderedDict(a=torch.zeros(1))) == "other"  # not a plain dict
-    assert value_kind({}) == "other"
-    assert value_kind((torch.zeros(1), 3)) == "other"
-    assert value_kind(()) == "other"
+    assert value_kind((torch.zeros(1), object())) == "other"
+    assert value_kind({(1, 2): torch.zeros(1)}) == "other"  # a key no subscript spells plainly
+    assert value_kind([float("nan")]) == "other"
+    assert value_kind([0] * (MAX_TEMPLATE_LEAVES + 1)) == "other"
 
 
 def test_profile_says_which_cuts_the_backend_takes_no_sync_point_at(
