@@ -972,19 +972,32 @@ def raised_microbatches_note(
 
 
 def small_microbatches_error(
-    count: int, batch_size: int, min_size: int, by: str | None, flag: str = "--microbatches"
+    count: int,
+    batch_size: int,
+    min_size: int,
+    by: str | None,
+    at_least: int = 1,
+    flag: str = "--microbatches",
 ) -> SyncpassError | None:
     """The refusal of an asked ``count`` whose micro-batches hold fewer than ``min_size``
-    samples (``by`` needs them), naming the counts that work; ``None`` when it fits."""
+    samples (``by`` needs them), naming the counts that work (of those the schedule takes:
+    ``at_least``, 1F1B's one per stage); ``None`` when it fits."""
     if batch_size % count or batch_size // count >= min_size or by is None:
         return None
-    works = microbatch_counts(batch_size, min_size)
+    works = [d for d in microbatch_counts(batch_size, min_size) if d >= at_least]
+    if works:
+        listed = ", ".join(map(str, works[:-1])) + (" or " if len(works) > 1 else "")
+        hint = f"use {flag} {listed}{works[-1]}"
+    else:
+        hint = (
+            f"no count of at least {at_least} gives micro-batches that large: use a larger "
+            "batch, fewer stages or --schedule gpipe"
+        )
     return SyncpassError(
         f"{flag} {count} cuts the batch of {batch_size} into micro-batches of "
         f"{_samples(batch_size // count)}; {by}, a batch norm in training, needs at least "
         f"{min_size} (more than one value per channel, or torch stops with 'Expected more "
-        f"than 1 value per channel when training'): use {flag} "
-        f"{', '.join(map(str, works[:-1]))}{' or ' if len(works) > 1 else ''}{works[-1]}"
+        f"than 1 value per channel when training'): {hint}"
     )
 
 
@@ -1056,7 +1069,11 @@ def _assemble(
         )
     if request.microbatches is not None:
         too_small = small_microbatches_error(
-            microbatches, costs.batch_size, costs.min_microbatch_size, costs.min_microbatch_by
+            microbatches,
+            costs.batch_size,
+            costs.min_microbatch_size,
+            costs.min_microbatch_by,
+            stages if request.schedule == "1f1b" and costs.training else 1,
         )
         if too_small is not None:
             raise too_small

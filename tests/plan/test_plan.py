@@ -494,10 +494,14 @@ def test_the_default_microbatches_keep_to_the_least_size_a_batch_norm_takes() ->
     with pytest.raises(
         SyncpassError,
         match=r"--microbatches 8 cuts the batch of 8 into "
-        r"micro-batches of 1 sample; head\.bn \(net\.py:9\).*use --microbatches "
-        r"1, 2 or 4$",
+        r"micro-batches of 1 sample; head\.bn \(net\.py:9\).*use --microbatches 4$",
     ):
         make_plan(costs, PlanRequest(stages=4, config=SyncConfig(), microbatches=8))
+    # GPipe takes fewer micro-batches than stages: every count with 2 samples or more works.
+    with pytest.raises(SyncpassError, match=r"use --microbatches 1, 2 or 4$"):
+        make_plan(
+            costs, PlanRequest(stages=4, config=SyncConfig(), microbatches=8, schedule="gpipe")
+        )
     assert (
         make_plan(costs, PlanRequest(stages=4, config=SyncConfig(), microbatches=4)).microbatches
         == 4

@@ -108,7 +108,8 @@ def with_batch_norm_floor(request: RunRequest) -> RunRequest:
         preload=PRELOAD,
     )
     if request.microbatches is not None:
-        error = small_microbatches_error(request.microbatches, batch, size, by)
+        one_per_stage = request.stages if request.schedule == "1f1b" else 1
+        error = small_microbatches_error(request.microbatches, batch, size, by, one_per_stage)
         if error is not None:
             raise error
     return replace(request, min_microbatch_size=size, min_microbatch_by=by)
