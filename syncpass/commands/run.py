@@ -83,7 +83,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         type=positive_int,
         metavar="M",
         help="micro-batches per step; must divide the batch "
-        "(default: the largest divisor of the batch up to four per stage)",
+        "(default: the largest divisor of the batch up to four per stage; under torch, "
+        "one that leaves micro-batches every batch norm in training takes)",
     )
     run.add_argument(
         "--schedule",

@@ -395,6 +395,10 @@ class Costs:
     model_settings: tuple[tuple[str, SettingValue], ...] = ()
     # Nested nn.Sequential children planned per child, outermost first (OpGroup).
     groups: tuple[OpGroup, ...] = ()
+    # The fewest samples a micro-batch may hold (a batch norm in training needs more than
+    # one value per channel), and what needs them: "layer4.1.bn2 (resnet.py:96)".
+    min_microbatch_size: int = 1
+    min_microbatch_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.version != COST_FILE_VERSION:
@@ -403,6 +407,16 @@ class Costs:
             raise ValueError("batch_size must be a whole number")
         if self.batch_size < 1:
             raise ValueError("batch_size must be at least 1")
+        size = self.min_microbatch_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(
+                f"min_microbatch_size must be a whole number >= 1 (samples), got {size!r}"
+            )
+        if (self.min_microbatch_by is not None) != (size > 1):
+            raise ValueError(
+                "min_microbatch_by names what needs min_microbatch_size samples: give it "
+                "exactly when min_microbatch_size is above 1"
+            )
         if not (_is_number(self.memory_multiplier) and self.memory_multiplier >= 0):
             raise ValueError("memory_multiplier must be a number >= 0")
         if not self.ops:
@@ -624,6 +638,8 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             "containers",
             "model_settings",
             "groups",
+            "min_microbatch_size",
+            "min_microbatch_by",
         ),
     )
     version = reader.required(top, "$", "version")
@@ -801,6 +817,18 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
     batch_size = reader.required(top, "$", "batch_size")
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise reader.error("$.batch_size", f"must be a whole number >= 1, got {batch_size!r}")
+    min_size = top.get("min_microbatch_size", 1)
+    if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 1:
+        raise reader.error(
+            "$.min_microbatch_size", f"must be a whole number >= 1 (samples), got {min_size!r}"
+        )
+    min_by = reader.optional_string(top, "$", "min_microbatch_by")
+    if (min_by is not None) != (min_size > 1):
+        raise reader.error(
+            "$.min_microbatch_by",
+            "names what needs min_microbatch_size samples: give it exactly when "
+            "min_microbatch_size is above 1",
+        )
     return Costs(
         batch_size=batch_size,
         training=training,
@@ -817,6 +845,8 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             top.get("model_settings", {}), lambda path, message: reader.error(path, message)
         ),
         groups=_groups(reader, top.get("groups", []), seen),
+        min_microbatch_size=min_size,
+        min_microbatch_by=min_by,
     )
 
 
@@ -916,6 +946,9 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
         data["model_settings"] = dict(costs.model_settings)
     if costs.groups:
         data["groups"] = [{"id": group.id, "ops": list(group.ops)} for group in costs.groups]
+    if costs.min_microbatch_size > 1:
+        data["min_microbatch_size"] = costs.min_microbatch_size
+        data["min_microbatch_by"] = costs.min_microbatch_by
     return data
 
 

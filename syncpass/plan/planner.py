@@ -383,7 +383,9 @@ def make_plan(
     if stages is None or request.microbatches is None:
         unit = cache.problem(request)
         stages = _stage_count(unit, request, origin, _refusals(costs, request)) // per_device
-    microbatches = request.microbatches or default_microbatches(stages, costs.batch_size)
+    microbatches = request.microbatches or default_microbatches(
+        stages, costs.batch_size, costs.min_microbatch_size
+    )
     problem = cache.problem(request, microbatches)
     strategy = request.config.strategy
     requested_tau = request.config.communication_cost_threshold
@@ -925,11 +927,78 @@ def _infeasible_error(
 # --- assembling ------------------------------------------------------------------
 
 
-def default_microbatches(stages: int, batch_size: int) -> int:
+def default_microbatches(stages: int, batch_size: int, min_size: int = 1) -> int:
     """Up to four micro-batches per stage (a bubble under 20% for 1F1B): the largest
     divisor of the batch that is at most ``4 * stages``, so that every micro-batch is
-    the same size, as ``syncpass run`` cuts them."""
-    return max(d for d in range(1, min(batch_size, 4 * stages) + 1) if batch_size % d == 0)
+    the same size, as ``syncpass run`` cuts them, and that leaves micro-batches of at
+    least ``min_size`` samples (what the model's batch norms take: Costs.min_microbatch_size);
+    1 when none does."""
+    return max(
+        (
+            d
+            for d in range(1, min(batch_size, 4 * stages) + 1)
+            if batch_size % d == 0 and batch_size // d >= min_size
+        ),
+        default=1,
+    )
+
+
+def microbatch_counts(batch_size: int, min_size: int) -> tuple[int, ...]:
+    """The micro-batch counts that cut ``batch_size`` into equal micro-batches of at
+    least ``min_size`` samples."""
+    return tuple(
+        d for d in range(1, batch_size + 1) if batch_size % d == 0 and batch_size // d >= min_size
+    )
+
+
+def _samples(count: int) -> str:
+    return f"{count} sample" + ("" if count == 1 else "s")
+
+
+def raised_microbatches_note(
+    plain: int, chosen: int, batch_size: int, min_size: int, by: str | None
+) -> str | None:
+    """What a report says when the default micro-batch count went down from ``plain``
+    to ``chosen`` for micro-batches of ``min_size`` samples (``by`` needs them), else
+    ``None``: "8 micro-batches would give 1 sample each; layer4.1.bn2 needs at least 2:
+    using 4"."""
+    if chosen >= plain or by is None:
+        return None
+    return (
+        f"{plain} micro-batches would give {_samples(batch_size // plain)} each; {by}, a batch "
+        f"norm in training, needs at least {min_size} (more than one value per channel): "
+        f"using {chosen}"
+    )
+
+
+def small_microbatches_error(
+    count: int,
+    batch_size: int,
+    min_size: int,
+    by: str | None,
+    at_least: int = 1,
+    flag: str = "--microbatches",
+) -> SyncpassError | None:
+    """The refusal of an asked ``count`` whose micro-batches hold fewer than ``min_size``
+    samples (``by`` needs them), naming the counts that work (of those the schedule takes:
+    ``at_least``, 1F1B's one per stage); ``None`` when it fits."""
+    if batch_size % count or batch_size // count >= min_size or by is None:
+        return None
+    works = [d for d in microbatch_counts(batch_size, min_size) if d >= at_least]
+    if works:
+        listed = ", ".join(map(str, works[:-1])) + (" or " if len(works) > 1 else "")
+        hint = f"use {flag} {listed}{works[-1]}"
+    else:
+        hint = (
+            f"no count of at least {at_least} gives micro-batches that large: use a larger "
+            "batch, fewer stages or --schedule gpipe"
+        )
+    return SyncpassError(
+        f"{flag} {count} cuts the batch of {batch_size} into micro-batches of "
+        f"{_samples(batch_size // count)}; {by}, a batch norm in training, needs at least "
+        f"{min_size} (more than one value per channel, or torch stops with 'Expected more "
+        f"than 1 value per channel when training'): {hint}"
+    )
 
 
 def predict(
@@ -991,13 +1060,32 @@ def _assemble(
     stages = len(cuts) + 1
     per_device = request.per_device
     microbatches = request.microbatches or default_microbatches(
-        stages // per_device, costs.batch_size
+        stages // per_device, costs.batch_size, costs.min_microbatch_size
     )
     if microbatches > costs.batch_size:
         raise SyncpassError(
             f"{microbatches} micro-batches do not fit a batch of {costs.batch_size}; "
             f"use at most {costs.batch_size}"
         )
+    if request.microbatches is not None:
+        too_small = small_microbatches_error(
+            microbatches,
+            costs.batch_size,
+            costs.min_microbatch_size,
+            costs.min_microbatch_by,
+            stages if request.schedule == "1f1b" and costs.training else 1,
+        )
+        if too_small is not None:
+            raise too_small
+    else:
+        raised = raised_microbatches_note(
+            default_microbatches(stages // per_device, costs.batch_size),
+            microbatches,
+            costs.batch_size,
+            costs.min_microbatch_size,
+            costs.min_microbatch_by,
+        )
+        notes = notes if raised is None else [*notes, raised]
     if request.schedule == "1f1b" and costs.training and microbatches < stages:
         raise InfeasibleError(
             f"1F1B needs at least as many micro-batches as stages ({stages}), got "

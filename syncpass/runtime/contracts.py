@@ -15,9 +15,10 @@ from syncpass.plan.planner import default_microbatches as plan_microbatches
 DEVICES = ("auto", "cpu", "cuda")
 
 
-def default_microbatches(batch: int, stages: int) -> int:
-    """The largest divisor of ``batch`` that is at most four per stage (as plans assume)."""
-    return plan_microbatches(stages, batch)
+def default_microbatches(batch: int, stages: int, min_size: int = 1) -> int:
+    """The largest divisor of ``batch`` that is at most four per stage and leaves
+    micro-batches of at least ``min_size`` samples (as plans assume)."""
+    return plan_microbatches(stages, batch, min_size)
 
 
 @dataclass(frozen=True)
@@ -25,7 +26,9 @@ class RunRequest:
     """One ``syncpass run``: what to run, how, and what to check.
 
     ``microbatches`` is ``None`` for the default (the largest divisor of the
-    batch that is at most four per stage). ``rtol``/``atol`` are ``None`` for
+    batch that is at most four per stage and leaves micro-batches of at least
+    ``min_microbatch_size`` samples: what the model's batch norms take, as the run
+    found before starting; ``min_microbatch_by`` names the one that needs them). ``rtol``/``atol`` are ``None`` for
     the defaults of the parameter's dtype and device (see
     :func:`syncpass.backends.torch.verify.tolerances`). ``timeline``, when set, is
     where the timed steps' profile goes (``.json`` and ``.png``, by
@@ -52,8 +55,14 @@ class RunRequest:
     port: int = 0
     timeline: str | None = None
     stages_per_device: int = 1
+    min_microbatch_size: int = 1
+    min_microbatch_by: str | None = None
 
     def __post_init__(self) -> None:
+        if self.min_microbatch_size < 1:
+            raise ValueError(
+                f"min_microbatch_size must be at least 1, got {self.min_microbatch_size}"
+            )
         if self.stages < 1 or self.stages_per_device < 1:
             raise ValueError(
                 f"stages and stages_per_device must be at least 1, got {self.stages} and "
@@ -194,6 +203,8 @@ class RunResult:
     # The ranks whose executed actions differ from the order syncpass plans with
     # (syncpass.backends.torch.schedules.schedule_order), each with a short reason.
     order_notes: tuple[str, ...] = ()
+    # What else the report says: why the default micro-batch count is what it is.
+    notes: tuple[str, ...] = ()
 
     @property
     def stage_count(self) -> int:

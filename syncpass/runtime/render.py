@@ -142,6 +142,7 @@ def render_run(result: RunResult) -> str:
         ]
     for note in result.order_notes:
         lines.append(f"note: not the order syncpass plans with: {note}")
+    lines += [f"note: {note}" for note in result.notes]
     verification = render_verification(result)
     if verification:
         lines += ["", *verification]
@@ -194,6 +195,7 @@ def report_document(result: RunResult) -> dict[str, Any]:
             for stage in result.stages
         ],
         "order_notes": list(result.order_notes),
+        "notes": list(result.notes),
         "verify": None,
     }
     if request.verify:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -220,3 +222,28 @@ def test_a_pytree_kind_names_its_tensors_by_subscript_and_nothing_else_is_one() 
     # Only literals and T: no names, calls or set displays.
     for kind in ("pytree:x", "pytree:{'a': print}", "pytree:f()", "pytree:{T}", "pytree:(T,"):
         assert not known_kind(kind) and pytree_pieces(kind) is None
+
+
+def test_the_least_microbatch_round_trips_and_is_checked() -> None:
+    data = copy.deepcopy(ISSUE_EXAMPLE)
+    assert "min_microbatch_size" not in costs_to_json(parse_costs(data))  # 1: not written
+    assert parse_costs(data).min_microbatch_size == 1
+    data.update(min_microbatch_size=2, min_microbatch_by="layer4.1.bn2 (resnet.py:96)")
+    costs = parse_costs(data)
+    assert (costs.min_microbatch_size, costs.min_microbatch_by) == (
+        2,
+        "layer4.1.bn2 (resnet.py:96)",
+    )
+    assert parse_costs(json.loads(json.dumps(costs_to_json(costs)))) == costs
+    for size, by, field in [
+        (0, None, "$.min_microbatch_size"),
+        (1.5, "x", "$.min_microbatch_size"),
+        (2, None, "$.min_microbatch_by"),
+        (1, "bn", "$.min_microbatch_by"),
+    ]:
+        bad = copy.deepcopy(ISSUE_EXAMPLE)
+        bad.update(min_microbatch_size=size, min_microbatch_by=by)
+        with pytest.raises(SyncpassError, match=re.escape(field)):
+            parse_costs(bad)
+    with pytest.raises(ValueError, match="min_microbatch_by"):
+        dataclasses.replace(costs, min_microbatch_by=None)

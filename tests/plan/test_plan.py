@@ -467,3 +467,42 @@ def test_stages_auto_tries_no_more_stages_than_the_model_has_ops() -> None:
     assert limit == 6
     plan = plan_for(costs, PlanRequest(stages=None, config=costs.config), "c.json", 1_000_000)
     assert "--stages auto tried 1 to 6 stage(s), not 1000000: the model has 6 op(s)" in plan.notes
+
+
+def test_the_default_microbatches_keep_to_the_least_size_a_batch_norm_takes() -> None:
+    from syncpass.plan.planner import default_microbatches
+
+    assert default_microbatches(4, 8, min_size=2) == 4  # not 8 micro-batches of one sample
+    assert default_microbatches(2, 12, min_size=4) == 3
+    assert default_microbatches(4, 3, min_size=2) == 1  # none divides: the whole batch
+    data = cost_dict([1, 2, 3, 4, 5, 6, 7, 8], training=True)
+    data.update(batch_size=8, min_microbatch_size=2, min_microbatch_by="head.bn (net.py:9)")
+    costs = parse_costs(data)
+    plan = make_plan(costs, PlanRequest(stages=4, config=SyncConfig()))
+    assert plan.microbatches == 4
+    assert (
+        "8 micro-batches would give 1 sample each; head.bn (net.py:9), a batch norm in "
+        "training, needs at least 2 (more than one value per channel): using 4"
+    ) in plan.notes
+    # Without the floor the default is 8 and nothing is said.
+    plain = make_plan(
+        dataclasses.replace(costs, min_microbatch_size=1, min_microbatch_by=None),
+        PlanRequest(stages=4, config=SyncConfig()),
+    )
+    assert plain.microbatches == 8
+    assert not any("batch norm" in note for note in plain.notes)
+    with pytest.raises(
+        SyncpassError,
+        match=r"--microbatches 8 cuts the batch of 8 into "
+        r"micro-batches of 1 sample; head\.bn \(net\.py:9\).*use --microbatches 4$",
+    ):
+        make_plan(costs, PlanRequest(stages=4, config=SyncConfig(), microbatches=8))
+    # GPipe takes fewer micro-batches than stages: every count with 2 samples or more works.
+    with pytest.raises(SyncpassError, match=r"use --microbatches 1, 2 or 4$"):
+        make_plan(
+            costs, PlanRequest(stages=4, config=SyncConfig(), microbatches=8, schedule="gpipe")
+        )
+    assert (
+        make_plan(costs, PlanRequest(stages=4, config=SyncConfig(), microbatches=4)).microbatches
+        == 4
+    )

@@ -64,6 +64,7 @@ from syncpass.backends.torch.analysis import (
     loop_containers,
     sequential_calls,
 )
+from syncpass.backends.torch.norms import batch_norm_floor
 from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.contracts.costs import (
     PYTREE,
@@ -1325,9 +1326,12 @@ def profile_costs(
         for parameter, grad in saved_grads.items():
             parameter.grad = grad
 
+    # With the user's forward back (each batch norm is named by its own line), and once
+    # the measured steps have shown that it runs.
+    floor = batch_norm_floor(model, args, batch_size)
     params = parameter_bytes(model, graph)
     if counted_on is not None:
-        return _counted_costs(
+        counted = _counted_costs(
             graph,
             counted_on,
             flops,
@@ -1338,6 +1342,9 @@ def profile_costs(
             out_bytes,
             batch_size,
             split,
+        )
+        return dataclasses.replace(
+            counted, min_microbatch_size=floor.size, min_microbatch_by=floor.by
         )
     small_size = batch_size_of(small_batch[0], path) if small_batch is not None else batch_size
     if small is not None and small.failure is not None:
@@ -1402,6 +1409,8 @@ def profile_costs(
         notes=tuple(notes),
         containers=graph.containers,
         groups=op_groups(graph),
+        min_microbatch_size=floor.size,
+        min_microbatch_by=floor.by,
     )
 
 

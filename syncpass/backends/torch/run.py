@@ -6,7 +6,9 @@ from a fork server that has imported torch and the worker module once
 (seconds of imports that every stage would otherwise repeat); where there is
 no fork server (Windows) they are spawned. This module imports torch only
 to check a given micro-batch count against a schedule with several stages per
-rank (:func:`check_microbatches`).
+rank (:func:`check_microbatches`); the one forward of the example that finds the
+micro-batches its batch norms take runs in a guarded child
+(:func:`with_batch_norm_floor`).
 
 Nothing may hang: each stage reports success or its failure on a queue; the
 first failure (or a process that dies without a word, or the deadline) stops
@@ -26,7 +28,9 @@ from typing import Any, TypeVar
 
 from syncpass.contracts.config import MULTI_STAGE_SCHEDULES
 from syncpass.core.errors import SyncpassError
+from syncpass.plan.planner import small_microbatches_error
 from syncpass.runtime.contracts import RunRequest, RunResult, WorkerDone, WorkerFailed
+from syncpass.runtime.guard import call_guarded
 from syncpass.runtime.processes import process_context, stop_processes
 
 ResultT = TypeVar("ResultT")
@@ -77,6 +81,40 @@ def check_microbatches(request: RunRequest) -> None:
         raise SyncpassError(f"--microbatches {request.microbatches}: {error.message}") from None
 
 
+def _example_floor(spec: str) -> tuple[int, int, str | None]:
+    """In the guarded child: the example's batch size, and the floor its batch norms set
+    (the model built here is thrown away)."""
+    from syncpass.backends.torch.example import load_example
+    from syncpass.backends.torch.measure import batch_size_of
+    from syncpass.backends.torch.norms import batch_norm_floor
+
+    example = load_example(spec)
+    batch = batch_size_of(example.args, example.origin or spec)
+    floor = batch_norm_floor(example.model, tuple(example.args), batch)
+    return batch, floor.size, floor.by
+
+
+def with_batch_norm_floor(request: RunRequest) -> RunRequest:
+    """``request`` with the fewest samples a micro-batch may hold for the example's batch
+    norms (:mod:`syncpass.backends.torch.norms`: one forward of the example, in a guarded
+    child process, before any stage starts), which the default count keeps to; an asked
+    ``--microbatches`` that gives smaller micro-batches is refused here, with the counts
+    that work."""
+    batch, size, by = call_guarded(
+        _example_floor,
+        request.example,
+        what="the example",
+        timeout_s=request.timeout_s,
+        preload=PRELOAD,
+    )
+    if request.microbatches is not None:
+        one_per_stage = request.stages if request.schedule == "1f1b" else 1
+        error = small_microbatches_error(request.microbatches, batch, size, by, one_per_stage)
+        if error is not None:
+            raise error
+    return replace(request, min_microbatch_size=size, min_microbatch_by=by)
+
+
 def launch(request: RunRequest) -> RunResult:
     """Run ``request`` on ``request.stages`` local processes and return rank 0's result.
 
@@ -84,6 +122,7 @@ def launch(request: RunRequest) -> RunResult:
     died) or when ``request.timeout_s`` passes; every process is stopped first.
     """
     check_microbatches(request)
+    request = with_batch_norm_floor(request)
     if request.port == 0:
         request = replace(request, port=free_port())
     ready = request

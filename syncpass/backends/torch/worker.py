@@ -43,6 +43,7 @@ from syncpass.backends.torch.schedules import SCHEDULE_CLASSES, schedule_order
 from syncpass.backends.torch.traceable import values_past_the_next_stage
 from syncpass.contracts.config import SINGLE_STAGE_SCHEDULES
 from syncpass.core.errors import SyncpassError
+from syncpass.plan.planner import raised_microbatches_note
 from syncpass.plan.schedule import Action
 from syncpass.runtime.contracts import (
     LossCheck,
@@ -434,7 +435,19 @@ def _gather(run: StageRun, figures: StageFigures) -> RunResult | None:
         unplaced=unplaced,
         randomness=run.randomness,
         order_notes=order_notes(request, len(run.batch.arg_chunks), gathered),
+        notes=microbatch_notes(request, run.batch.size, len(run.batch.arg_chunks)),
     )
+
+
+def microbatch_notes(request: RunRequest, size: int, microbatches: int) -> tuple[str, ...]:
+    """Why the default count is ``microbatches``, where the batch norms' floor lowered it."""
+    if request.microbatches is not None:
+        return ()
+    plain = choose_microbatches(size, dataclasses.replace(request, min_microbatch_size=1))
+    note = raised_microbatches_note(
+        plain, microbatches, size, request.min_microbatch_size, request.min_microbatch_by
+    )
+    return () if note is None else (note,)
 
 
 def order_notes(
@@ -567,14 +580,16 @@ def _split_batch(example: Example, request: RunRequest, device: torch.device) ->
 
 def choose_microbatches(size: int, request: RunRequest) -> int:
     """The default micro-batch count: the largest divisor of the batch ``size`` that is at
-    most four per rank and that torch's schedule takes (one with several stages per rank
-    may want a multiple of the ranks, or at least two per rank); the plain default when
-    none is taken (the caller then says why)."""
-    plain = default_microbatches(size, request.stages)
+    most four per rank, that leaves micro-batches of at least the request's
+    ``min_microbatch_size`` samples, and that torch's schedule takes (one with several
+    stages per rank may want a multiple of the ranks, or at least two per rank); the plain
+    default when none is taken (the caller then says why)."""
+    least = request.min_microbatch_size
+    plain = default_microbatches(size, request.stages, least)
     if request.schedule in SINGLE_STAGE_SCHEDULES:
         return plain
     for count in sorted((d for d in range(1, size + 1) if size % d == 0), reverse=True):
-        if count > 4 * request.stages:
+        if count > 4 * request.stages or size // count < least:
             continue
         try:
             schedule_order(request.schedule, request.stages, request.stages_per_device, count)
