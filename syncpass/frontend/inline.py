@@ -183,9 +183,14 @@ class _BoundNamesVisitor(cst.CSTVisitor):
         self.names: set[str] = set()
 
     def _bind(self, target: cst.CSTNode) -> None:
-        for name in m.findall(target, m.Name()):
-            assert isinstance(name, cst.Name)
-            self.names.add(name.value)
+        # `x`, `x, (y, *z)`: names bound; `self.x`, `h[i]`: an object changed, nothing bound.
+        if isinstance(target, cst.Name):
+            self.names.add(target.value)
+        elif isinstance(target, cst.Tuple | cst.List):
+            for element in target.elements:
+                self._bind(element.value)
+        elif isinstance(target, cst.StarredElement):
+            self._bind(target.value)
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
         self._bind(node.target)
@@ -453,8 +458,10 @@ def _without_keys(mapping: cst.BaseExpression, keys: Sequence[str]) -> cst.BaseE
 
 def _read_later(later: Sequence[cst.BaseStatement]) -> set[str]:
     """The names ``later`` may read before assigning them (``x = f(y)`` reads ``y``; a name
-    assigned by a plain assignment is not read by what follows it; compound statements read
-    every name they mention)."""
+    assigned by a plain assignment is not read by what follows it). A ``for`` reads its
+    iterable, and its body what that body reads before assigning it, but its targets; an
+    ``if`` its tests and what each branch reads so; other compound statements read every
+    name they mention."""
     read: set[str] = set()
     assigned: set[str] = set()
     for statement in later:
@@ -472,8 +479,31 @@ def _read_later(later: Sequence[cst.BaseStatement]) -> set[str]:
                 for target in small.targets
                 if isinstance(target.target, cst.Name)
             }
+        elif isinstance(statement, cst.For) and isinstance(statement.body, cst.IndentedBlock):
+            targets = set(mentioned_names([statement.target]))
+            inside = _read_later(statement.body.body) - targets
+            if statement.orelse is not None:
+                inside |= set(mentioned_names([statement.orelse]))
+            read |= (set(mentioned_names([statement.iter])) | inside) - assigned
+        elif isinstance(statement, cst.If):
+            read |= _read_in_branches(statement) - assigned
         else:
             read |= set(mentioned_names([statement])) - assigned
+    return read
+
+
+def _read_in_branches(statement: cst.If) -> set[str]:
+    """What an ``if`` may read before assigning it: its tests, and each branch's reads."""
+    read = set(mentioned_names([statement.test]))
+    for branch in (statement.body, statement.orelse):
+        if isinstance(branch, cst.If):
+            read |= _read_in_branches(branch)
+        elif isinstance(branch, cst.Else) and isinstance(branch.body, cst.IndentedBlock):
+            read |= _read_later(branch.body.body)
+        elif isinstance(branch, cst.IndentedBlock):
+            read |= _read_later(branch.body)
+        elif branch is not None:
+            read |= set(mentioned_names([branch]))
     return read
 
 
@@ -491,6 +521,41 @@ class _SelfAsSubmodule(cst.CSTTransformer):
         for part in self.path.split("."):
             expression = cst.Attribute(value=expression, attr=cst.Name(part))
         return expression
+
+
+class _Renamed(cst.CSTTransformer):
+    """Each name of ``renames`` replaced wherever it is a variable (not an attribute's name
+    or a call's keyword): a method's locals, renamed throughout its body."""
+
+    def __init__(self, renames: dict[str, str]) -> None:
+        super().__init__()
+        self.renames = renames
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.Name:
+        fresh = self.renames.get(updated_node.value)
+        return updated_node if fresh is None else updated_node.with_changes(value=fresh)
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.Attribute:
+        return updated_node.with_changes(attr=original_node.attr)
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+
+def _fresh_names(clashing: set[str], prefix: str, taken: set[str]) -> dict[str, str]:
+    """A new name for each of ``clashing``, ``<prefix>_<name>`` (a number after it while
+    that is ``taken``): what an inlined method's locals become where the forward's own
+    names of the same spelling are still needed."""
+    renames: dict[str, str] = {}
+    for name in sorted(clashing):
+        fresh, number = f"{prefix}_{name}", 2
+        while fresh in taken:
+            fresh, number = f"{prefix}_{name}_{number}", number + 1
+        taken.add(fresh)
+        renames[name] = fresh
+    return renames
 
 
 @dataclass(frozen=True)
@@ -756,17 +821,38 @@ def _inline_one(
         method = method.with_changes(body=method.body.with_changes(body=tuple(own)))
     if path:
         method = method.with_changes(body=method.body.visit(_SelfAsSubmodule(path)))
-    returned = _returns_only_at_end(method)
-    if returned is None:
-        return None
     assert isinstance(method.body, cst.IndentedBlock)
     bound = _BoundNamesVisitor()
     method.body.visit(bound)
     # A parameter handed the forward's name of the same name (`cache=cache`) binds nothing new.
     assigned = {param for param, value in arguments if not m.matches(value, m.Name(param))}
+    clashing = ((bound.names | assigned) - set(targets or ())) & _read_later(later)
+    # Python binds every argument before the body runs: a parameter assigned here must not
+    # change what another argument reads (T5's decoder takes attention_mask=decoder_mask
+    # and encoder_attention_mask=attention_mask, the forward's own).
+    clashing |= {
+        param
+        for param in assigned
+        if any(param in mentioned_names([value]) for other, value in arguments if other != param)
+    }
+    if clashing:
+        # The method binds names the forward still reads after the call (T5's decoder
+        # rebinds `return_dict`, which the forward tests once it returns): as Python keeps
+        # a call's locals apart, the inlined statements use names of their own.
+        prefix = path.rsplit(".", 1)[-1] if path else method.name.value.strip("_")
+        taken = {*caller.names, *mentioned_names([method.body]), *mentioned_names(later)}
+        taken |= {*mentioned_names(earlier), *(param for param, _ in arguments)}
+        renames = _fresh_names(clashing, prefix, taken)
+        method = method.with_changes(body=method.body.visit(_Renamed(renames)))
+        arguments = [(renames.get(param, param), value) for param, value in arguments]
+        bound = _BoundNamesVisitor()
+        method.body.visit(bound)
+        assigned = {param for param, value in arguments if not m.matches(value, m.Name(param))}
+    returned = _returns_only_at_end(method)
+    if returned is None:
+        return None
+    assert isinstance(method.body, cst.IndentedBlock)
     binds = bound.names | assigned
-    if (binds - set(targets or ())) & _read_later(later):
-        return None  # an inlined name would overwrite a value the forward reads later
     free = set(mentioned_names(method.body.body)) - binds - {p for p, _ in arguments} - {"self"}
     if free & caller.names:
         return None  # a global the method reads is a local of the forward

@@ -19,6 +19,37 @@ def forward_of(code: str, name: str = "Net") -> str:
     raise AssertionError("no forward")
 
 
+class _Layer:
+    def __init__(self, scale: int) -> None:
+        self.scale = scale
+
+    def __call__(self, x: int) -> int:
+        return x * self.scale
+
+
+def run_forward(source: str, forward: str | None = None, inputs: int = 1) -> int:
+    """What ``Net().forward(1, 2, ...)`` (``inputs`` of them) returns, with its forward
+    replaced by ``forward`` (the expanded one): both run as plain Python on integers."""
+    namespace: dict[str, object] = {}
+    exec(textwrap.dedent(source), namespace)
+    net_class = namespace["Net"]
+    assert isinstance(net_class, type)
+    if forward is not None:
+        exec(textwrap.dedent(forward), namespace)
+        net_class.forward = namespace["forward"]  # type: ignore[attr-defined]
+    net = net_class.__new__(net_class)
+    for name, scale in (("encoder", 2), ("decoder", 3)):
+        stack = namespace.get("Stack")
+        if isinstance(stack, type):
+            part = stack.__new__(stack)
+            part.layers = [_Layer(scale), _Layer(scale + 2)]
+            setattr(net, name, part)
+    net.proj = _Layer(5)
+    result = net.forward(*range(1, inputs + 1))  # type: ignore[attr-defined]
+    assert isinstance(result, int)
+    return result
+
+
 def inline(source: str) -> tuple[str, tuple[str, ...]]:
     result = inline_own_methods(cst.parse_module(textwrap.dedent(source)), "Net")
     return forward_of(result.module.code), result.methods
@@ -85,7 +116,7 @@ def test_several_methods_in_sequence_and_methods_that_call_methods() -> None:
     )
 
 
-def test_a_method_whose_names_would_clobber_a_later_value_is_left_alone() -> None:
+def test_a_method_whose_names_the_forward_reads_later_uses_names_of_its_own() -> None:
     source = """
         class Net:
             def branch(self, x):
@@ -98,8 +129,41 @@ def test_a_method_whose_names_would_clobber_a_later_value_is_left_alone() -> Non
                 return y + skip
         """
     forward, methods = inline(source)
-    assert methods == ()
-    assert "y = self.branch(x)" in forward
+    assert methods == ("self.branch",)
+    assert "branch_skip = self.proj(x)" in forward and "y = branch_skip * 2" in forward
+    assert run_forward(source, forward) == run_forward(source)
+
+
+def test_arguments_are_bound_before_the_body_as_python_binds_them() -> None:
+    # One class called twice; the second call hands `mask` another value and the first
+    # `mask` under another name: the bindings must not read each other's results.
+    source = """
+        class Stack:
+            def __call__(self, *args, **kwargs):
+                return self.forward(*args, **kwargs)
+
+            def forward(self, x, mask, memory_mask=0, flag=None):
+                flag = flag if flag is not None else 1
+                for layer in self.layers:
+                    x = layer(x) + mask + memory_mask
+                return x * flag
+
+        class Net:
+            def __init__(self):
+                self.encoder = Stack()
+                self.decoder = Stack()
+
+            def forward(self, x, mask, dec_x, dec_mask, flag=None):
+                flag = flag if flag is not None else 3
+                memory = self.encoder(x, mask, flag=flag)
+                out = self.decoder(dec_x, mask=dec_mask, memory_mask=mask, flag=flag)
+                return out + memory + flag
+        """
+    forward, methods = inline(source)
+    assert methods == ("self.encoder", "self.decoder")
+    assert "decoder_mask = dec_mask" in forward and "memory_mask = mask" in forward
+    assert "decoder_flag = decoder_flag if decoder_flag is not None else 1" in forward
+    assert run_forward(source, forward, 4) == run_forward(source, None, 4)
 
 
 def test_early_returns_decorators_and_star_arguments_are_left_alone() -> None:
