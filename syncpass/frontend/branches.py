@@ -499,12 +499,15 @@ def _assigned_name(statement: cst.BaseStatement) -> tuple[str, cst.BaseExpressio
 class _Known:
     """What the statements of a forward make known, statement by statement.
 
-    A parameter holds its default when the forward never assigns it, and in the value
-    of its one assignment (``return_dict = return_dict if return_dict is not None else
-    self.config.return_dict``): a parameter assigned anywhere else (``input_ids =
-    input_ids.view(...)`` in an ``elif``) may be one the example passes, and is never
-    taken for its default. A name bound by ``name = value`` with a known value is known
-    until another statement binds it."""
+    A parameter holds what the call gave it until a statement binds it: an inlined
+    method's, what the call binds (``given``); the forward's, what the example passes
+    or else its default, where the settings record the example's inputs (T5's ``if
+    encoder_outputs is None: encoder_outputs = self.encoder(...)``). Where they do not
+    (a cost file written before they did, no model built), the example may pass any
+    parameter, so one is taken for its default only when the forward never assigns it,
+    or in the value of its one assignment (``return_dict = return_dict if return_dict
+    is not None else self.config.return_dict``). A name bound by ``name = value`` with a
+    known value is known until another statement binds it."""
 
     def __init__(
         self,
@@ -523,8 +526,12 @@ class _Known:
             name: value for name, value in attributes.items() if name not in assigned
         }
         self.parameters = parameter_defaults(forward, values) if given is None else given
+        # Whether each parameter's value on entry is known: the example's inputs recorded.
+        self.until_bound = given is not None or values(input_key(0)) is not UNKNOWN
         self.defaults = {
-            name: default for name, default in self.parameters.items() if self.counts[name] == 0
+            name: default
+            for name, default in self.parameters.items()
+            if self.until_bound or self.counts[name] == 0
         }
         self.values = values
         self.names: dict[str, KnownName] = {}
@@ -547,6 +554,7 @@ class _Known:
         statement.visit(gathered)
         for bound, _ in gathered.bindings:
             self.names.pop(bound, None)
+            self.defaults.pop(bound, None)  # no longer what the call gave it
         if found is not None and value is not UNKNOWN:
             test.reads.pop(found[0], None)  # the value it had before: not what it holds now
             self.names[found[0]] = test.name_of(value)  # type: ignore[arg-type]

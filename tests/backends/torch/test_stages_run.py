@@ -258,22 +258,37 @@ def test_a_branch_decided_by_defaults_and_an_init_flag_is_planned_inside_and_ver
     assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
 
 
-@pytest.mark.parametrize(
-    ("example", "said"),
-    [
-        ("example_checkpointed", "self.grad_checkpointing = False as __init__ sets it"),
-        ("example_masked", "attn_mask = None (its default), but the example passes attn_mask"),
-    ],
-)
-def test_a_model_or_example_that_takes_another_branch_is_refused_at_the_if(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], example: str, said: str
+def test_a_model_that_takes_another_branch_than_init_sets_is_refused_at_the_if(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     costs = tmp_path / "costs.json"
-    argv = ["profile", str(BRANCHING), "--example", f"{BRANCHING}:{example}", "-o", str(costs)]
-    assert main(argv) == 2
+    example = f"{BRANCHING}:example_checkpointed"
+    assert main(["profile", str(BRANCHING), "--example", example, "-o", str(costs)]) == 2
     err = capsys.readouterr().err
-    assert f"{BRANCHING}:34: the stages run the else branch of" in err and said in err
+    assert f"{BRANCHING}:34: the stages run the else branch of" in err
+    assert "self.grad_checkpointing = False as __init__ sets it" in err
     assert not costs.exists()
+
+
+def test_the_examples_inputs_decide_the_branch_they_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The example passes a mask: `attn_mask is not None` holds, and the blocks run one by
+    # one in the loop the stages cut.
+    costs = tmp_path / "costs.json"
+    example = f"{BRANCHING}:example_masked"
+    argv = ["profile", str(BRANCHING), "--example", example, "--repeats", "1", "--warmup", "0"]
+    assert main([*argv, "-o", str(costs)]) == 0, capsys.readouterr().err
+    document = json.loads(costs.read_text())
+    assert document["model_settings"]["input:1"] == "Tensor"
+    assert [op["id"] for op in document["ops"]].count("blocks.3") == 1
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(BRANCHING), "--costs", str(costs), "--stages", "2", "-o", str(out)]
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "the if branch of `if attn_mask is not None or is_causal:`" in err
+    assert "attn_mask=<passed>" in err
+    assert "for blk in self.blocks[" in out.read_text()
 
 
 REQUIRED_SCALE = """\
@@ -301,21 +316,23 @@ def example():
 """
 
 
-def test_a_branch_decided_on_a_default_the_example_passes_is_refused_before_it_runs(
+def test_a_parameter_the_example_passes_is_not_taken_for_its_default(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    # Decided with scale's default, the stages would run the raise: the profile refuses at
-    # the `if`, naming what the example passes, before the forward runs.
+    # Decided with scale's default, the stages would run the raise; the example passes a
+    # scale, so `if scale is None:` takes no branch, and the forward profiles as it runs.
     source = tmp_path / "required_scale.py"
     source.write_text(REQUIRED_SCALE)
     costs = tmp_path / "costs.json"
     argv = ["profile", str(source), "--example", f"{source}:example", "--backend"]
-    assert main([*argv, "torch_stages", "-o", str(costs)]) == 2
+    assert main([*argv, "torch_stages", "--repeats", "1", "-o", str(costs)]) == 0
+    assert json.loads(costs.read_text())["model_settings"]["input:1"] == "Tensor"
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--costs", str(costs), "--stages", "2", "-o", str(out)]
+    assert main([*argv, "--backend", "torch_stages"]) == 0
     err = capsys.readouterr().err
-    assert f"{source}:13: the stages run the if branch of `if scale is None:`" in err
-    assert "scale = None (its default), but the example passes scale" in err
-    assert "pass a scale" not in err
-    assert not costs.exists()
+    assert "no branch of `if scale is None:` at" in err and "scale=<passed>" in err
+    assert "pass a scale" not in out.read_text().split("# syncpass stages")[1]
 
 
 ZIPPED = REPO / "tests" / "data" / "zipped_layers.py"
