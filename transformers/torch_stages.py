@@ -51,7 +51,7 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
 
-from syncpass.contracts.costs import PYTREE, pytree_pieces, pytree_template
+from syncpass.contracts.costs import PYTREE, TENSOR_LEAF, pytree_pieces, pytree_template
 from syncpass.frontend.analysis import self_path
 from syncpass.transformers.common import (
     InsertSyncPointsCommand,
@@ -530,6 +530,8 @@ def _rebuilt_pytree(name: str, kind: str) -> str:
 
     class Received(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name) -> ast.expr:
+            if node.id != TENSOR_LEAF:
+                return node  # a dataclass's name
             return ast.Name(f"{name}_{next(received)}", ast.Load())
 
     return ast.unparse(Received().visit(template))

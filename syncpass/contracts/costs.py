@@ -215,10 +215,11 @@ TENSOR_LEAF = "T"
 
 def pytree_template(kind: str) -> ast.expr | None:
     """The structure of a ``pytree:TEMPLATE`` kind: ``TEMPLATE`` is a Python literal of
-    tuples, lists and dicts (keys strings or ints) whose leaves are constants (``None``,
-    booleans, numbers, strings) or ``T`` for a tensor: ``pytree:(T, None, T)``,
-    ``pytree:[None, None]``, ``pytree:{0: T, "mask": (T, T)}``. ``None`` for any other
-    kind, or a template that is not of that form."""
+    tuples, lists, dicts (keys strings or ints) and dataclasses by their fields
+    (``Output(logits=T, loss=None)``, the class by its name in the model's module) whose
+    leaves are constants (``None``, booleans, numbers, strings) or ``T`` for a tensor:
+    ``pytree:(T, None, T)``, ``pytree:[None, None]``, ``pytree:{0: T, "mask": (T, T)}``.
+    ``None`` for any other kind, or a template that is not of that form."""
     if not kind.startswith(PYTREE):
         return None
     try:
@@ -247,13 +248,23 @@ def _is_template(node: ast.expr) -> bool:
             and _is_template(value)
             for key, value in zip(node.keys, node.values, strict=True)
         )
+    if isinstance(node, ast.Call):  # a dataclass by its fields: Output(logits=T, loss=None)
+        return (
+            isinstance(node.func, ast.Name)
+            and node.func.id != TENSOR_LEAF
+            and not node.args
+            and all(
+                keyword.arg is not None and _is_template(keyword.value) for keyword in node.keywords
+            )
+        )
     return False
 
 
 def pytree_pieces(kind: str) -> tuple[str, ...] | None:
     """The subscripts of a ``pytree:`` kind's tensors, in the order they cross: ``("[0]",
     "[2]")`` for ``pytree:(T, None, T)``, ``('["mask"][1]',)`` for ``pytree:{"mask": (None,
-    T)}``; ``None`` for any other kind."""
+    T)}``, ``(".logits",)`` for ``pytree:Output(logits=T)``; ``None`` for any other
+    kind."""
     template = pytree_template(kind)
     if template is None:
         return None
@@ -265,6 +276,9 @@ def pytree_pieces(kind: str) -> tuple[str, ...] | None:
         elif isinstance(node, ast.Tuple | ast.List):
             for index, item in enumerate(node.elts):
                 walk(item, f"{at}[{index}]")
+        elif isinstance(node, ast.Call):
+            for keyword in node.keywords:
+                walk(keyword.value, f"{at}.{keyword.arg}")
         elif isinstance(node, ast.Dict):
             for key, value in zip(node.keys, node.values, strict=True):
                 assert isinstance(key, ast.Constant)

@@ -376,23 +376,32 @@ def _key(graph: OpGraph, position: int) -> _Key:
 
 
 def _tensors(value: object, seen: set[int] | None = None) -> Iterator[torch.Tensor]:
-    """Tensors in ``value``, recursing into tuples, lists and dicts."""
+    """Tensors in ``value``, recursing into tuples, lists, dicts and dataclasses."""
     if isinstance(value, torch.Tensor):
         yield value
         return
-    if not isinstance(value, (tuple, list, dict)):
+    dataclass = dataclasses.is_dataclass(value) and not isinstance(value, type)
+    if not (isinstance(value, (tuple, list, dict)) or dataclass):
         return
     seen = set() if seen is None else seen
     if id(value) in seen:
         return
     seen.add(id(value))
-    items = value.values() if isinstance(value, dict) else value
+    items: Iterable[object]
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (tuple, list)):
+        items = value
+    else:
+        items = [getattr(value, field.name) for field in dataclasses.fields(value)]  # type: ignore[arg-type]
     for item in items:
         yield from _tensors(item, seen)
 
 
-def value_kind(value: object) -> str:
-    """What a live value that is not a tensor is (:data:`syncpass.contracts.costs.VALUE_KINDS`)."""
+def value_kind(value: object, class_names: Mapping[type, str] | None = None) -> str:
+    """What a live value that is not a tensor is (:data:`syncpass.contracts.costs.VALUE_KINDS`).
+    ``class_names`` names the classes of the user's module: a dataclass of one of them
+    (Hugging Face's ``ModelOutput``) crosses as a ``pytree:`` kind, rebuilt by that name."""
     if value is None:
         return "none"
     if isinstance(value, bool):
@@ -415,7 +424,7 @@ def value_kind(value: object) -> str:
         kind = "mapping:" + ",".join(entries)
         if known_kind(kind):
             return kind
-    template = _template(value, MAX_TEMPLATE_LEAVES)
+    template = _template(value, MAX_TEMPLATE_LEAVES, class_names or {})
     if template is not None:
         return PYTREE + template
     return "other"
@@ -426,11 +435,12 @@ def value_kind(value: object) -> str:
 MAX_TEMPLATE_LEAVES = 256
 
 
-def _template(value: object, room: int) -> str | None:
+def _template(value: object, room: int, class_names: Mapping[type, str]) -> str | None:
     """``value`` as a ``pytree:`` template (:func:`syncpass.contracts.costs.pytree_template`):
-    plain tuples, lists and dicts (string or int keys) of tensors (``T``) and constants,
-    at most ``room`` leaves; else ``None`` (an object, a dataclass, a subclass of a
-    container, which are more than their items)."""
+    plain tuples, lists and dicts (string or int keys) and dataclasses whose every field
+    is set by ``__init__`` (rebuilt by the name ``class_names`` gives their class), of
+    tensors (``T``) and constants, at most ``room`` leaves; else ``None`` (another object,
+    a subclass of a container, which are more than their items)."""
     leaves = 0
 
     def written(item: object) -> str | None:
@@ -463,6 +473,18 @@ def _template(value: object, room: int) -> str | None:
                     return None
                 entries.append(f"{key!r}: {inner_part}")
             return "{" + ", ".join(entries) + "}"
+        name = class_names.get(type(item))
+        if name is not None and dataclasses.is_dataclass(item):
+            fields = dataclasses.fields(item)
+            if not all(field.init for field in fields):
+                return None
+            arguments = []
+            for field in fields:
+                inner_part = written(getattr(item, field.name))
+                if inner_part is None:
+                    return None
+                arguments.append(f"{field.name}={inner_part}")
+            return f"{name}({', '.join(arguments)})"
         return None
 
     return written(value)
@@ -757,6 +779,7 @@ class _Probe:
         self.anchor: torch.Tensor | None = None
         self.input_pass = False  # whether the backward running is that pass
         self.inputs: frozenset[int] = frozenset()  # ids of the forward's argument tensors
+        self.class_names: Mapping[type, str] = {}  # the user's module's classes, by name
         self.reset()
 
     def _position(self, op_id: str) -> int:
@@ -815,7 +838,9 @@ class _Probe:
                 )
                 names = self.cut_values.get(position, self.cut_live[position])
                 self.kinds[position] = {
-                    name: value_kind(values[name]) if name in values else "unbound"
+                    name: value_kind(values[name], self.class_names)
+                    if name in values
+                    else "unbound"
                     for name in names
                     if not isinstance(values.get(name), torch.Tensor)
                 }
@@ -1162,6 +1187,10 @@ def _instrument(
         defining = named
     namespace = dict(user_globals)
     namespace[PROBE] = probe
+    # A dataclass crossing a sync point is rebuilt by the stage after under its name here.
+    probe.class_names = {
+        value: name for name, value in user_globals.items() if isinstance(value, type)
+    }
     # Postponed annotations: names imported only for type checking need not exist.
     code = compile(
         "from __future__ import annotations\n" + source,
