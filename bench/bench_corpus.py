@@ -1160,11 +1160,12 @@ def absolute_imports(text: str, package: str) -> str:
     parts = package.split(".")
 
     def absolute(match: re.Match[str]) -> str:
-        dots, rest = match.group(1), match.group(2)
+        indent, dots, rest = match.group(1), match.group(2), match.group(3)
         base = parts[: len(parts) - (len(dots) - 1)]
-        return f"from {'.'.join([*base, rest] if rest else base)} import"
+        return f"{indent}from {'.'.join([*base, rest] if rest else base)} import"
 
-    return re.sub(r"^from (\.+)(\S*) import", absolute, text, flags=re.MULTILINE)
+    # Indented too: an import under `if is_torch_flex_attn_available():` (T5).
+    return re.sub(r"^([ \t]*)from (\.+)(\S*) import", absolute, text, flags=re.MULTILINE)
 
 
 def _quiet(argv: list[str], isolated: bool = False, cwd: Path | None = None) -> tuple[int, str]:

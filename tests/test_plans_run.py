@@ -28,6 +28,7 @@ MODELS = [
         REPO / "tests" / "data" / f"{name}.py"
         for name in (
             "aliased_skip",
+            "encoder_decoder",
             "late_input",
             "layerdrop_decoder",
             "lookup_output",
