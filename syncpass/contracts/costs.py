@@ -248,6 +248,10 @@ def _is_template(node: ast.expr) -> bool:
             and _is_template(value)
             for key, value in zip(node.keys, node.values, strict=True)
         )
+    if isinstance(node, ast.Set):  # of constants only
+        return all(isinstance(item, ast.Constant) and _is_template(item) for item in node.elts)
+    if isinstance(node, ast.Call) and _is_set_call(node):  # set(), frozenset({1, 2})
+        return not node.args or _is_template(node.args[0])
     if isinstance(node, ast.Call):  # a dataclass by its fields: Output(logits=T, loss=None)
         return (
             isinstance(node.func, ast.Name)
@@ -258,6 +262,16 @@ def _is_template(node: ast.expr) -> bool:
             )
         )
     return False
+
+
+def _is_set_call(node: ast.Call) -> bool:
+    """``set()``, ``frozenset()`` or ``frozenset({...})``: a set the template writes out."""
+    return (
+        isinstance(node.func, ast.Name)
+        and node.func.id in ("set", "frozenset")
+        and not node.keywords
+        and (not node.args or (len(node.args) == 1 and isinstance(node.args[0], ast.Set)))
+    )
 
 
 def pytree_pieces(kind: str) -> tuple[str, ...] | None:

@@ -219,9 +219,25 @@ def test_a_pytree_kind_names_its_tensors_by_subscript_and_nothing_else_is_one() 
     assert pytree_pieces("pytree:[None, None]") == ()
     assert pytree_pieces('pytree:{0: T, "mask": (T, -1.5)}') == ("[0]", '["mask"][0]')
     assert pytree_pieces("pytree:{'a\"b': T}") == ('["a\\"b"]',)
-    # Only literals and T: no names, calls or set displays.
-    for kind in ("pytree:x", "pytree:{'a': print}", "pytree:f()", "pytree:{T}", "pytree:(T,"):
-        assert not known_kind(kind) and pytree_pieces(kind) is None
+    # A dataclass by its fields (the class by its name in the model's module), read by
+    # attribute; a set of constants.
+    assert pytree_pieces("pytree:Output(logits=T, loss=None, extra=(T,))") == (
+        ".logits",
+        ".extra[0]",
+    )
+    assert pytree_pieces("pytree:{'layers': {1, 3}, 'none': set()}") == ()
+    # Only literals, T and dataclasses by keyword: no other names, calls or sets.
+    for kind in (
+        "pytree:x",
+        "pytree:{'a': print}",
+        "pytree:f(1)",
+        "pytree:a.b(x=T)",
+        "pytree:T(x=T)",
+        "pytree:{T}",
+        "pytree:set([1])",
+        "pytree:(T,",
+    ):
+        assert not known_kind(kind) and pytree_pieces(kind) is None, kind
 
 
 def test_the_least_microbatch_round_trips_and_is_checked() -> None:

@@ -473,6 +473,15 @@ def _template(value: object, room: int, class_names: Mapping[type, str]) -> str 
                     return None
                 entries.append(f"{key!r}: {inner_part}")
             return "{" + ", ".join(entries) + "}"
+        if type(item) in (set, frozenset):  # of constants: esm2's set(repr_layers)
+            assert isinstance(item, set | frozenset)
+            members = sorted((written(part) for part in item), key=str)
+            if any(part is None or part == TENSOR_LEAF for part in members):
+                return None
+            inner = ", ".join(members)  # type: ignore[arg-type]
+            if type(item) is frozenset:
+                return f"frozenset({{{inner}}})" if members else "frozenset()"
+            return f"{{{inner}}}" if members else "set()"
         name = class_names.get(type(item))
         if name is not None and dataclasses.is_dataclass(item):
             fields = dataclasses.fields(item)

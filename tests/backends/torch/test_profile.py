@@ -742,6 +742,12 @@ def test_a_quarter_batch_that_fails_costs_only_the_fixed_parts(
     assert any("quarter of the batch failed" in note for note in costs.notes)
 
 
+@dataclass
+class Pair:
+    first: torch.Tensor
+    second: torch.Tensor | None
+
+
 def test_what_a_cut_sends_that_is_no_tensor_is_recorded_by_kind() -> None:
     assert value_kind(None) == "none" and value_kind(3) == "int" and value_kind(True) == "bool"
     assert value_kind(torch.Size([2, 3])) == "size"
@@ -765,6 +771,13 @@ def test_what_a_cut_sends_that_is_no_tensor_is_recorded_by_kind() -> None:
     assert value_kind(()) == "pytree:()"
     assert value_kind([None] * 3) == "pytree:[None, None, None]"
     assert value_kind({1: torch.zeros(1), 3: (torch.zeros(1),)}) == "pytree:{1: T, 3: (T,)}"
+    # A dataclass of the model's module, by the name the module gives it (a ModelOutput);
+    # a set of constants (esm2's set(repr_layers)).
+    names = {Pair: "Pair"}
+    assert value_kind(Pair(torch.zeros(1), None), names) == "pytree:Pair(first=T, second=None)"
+    assert value_kind(Pair(torch.zeros(1), None)) == "other"  # no name in the module
+    assert value_kind({3, 1}) == "pytree:{1, 3}" and value_kind(set()) == "pytree:set()"
+    assert value_kind({torch.zeros(1)}) == "other"
     # More than its items, or too many of them: not sent.
     assert value_kind(collections.OrderedDict(a=torch.zeros(1))) == "other"  # not a plain dict
     assert value_kind((torch.zeros(1), object())) == "other"
