@@ -64,7 +64,12 @@ from syncpass.frontend.analysis import (
 )
 from syncpass.frontend.bases import Ancestry, SourceClass, read_ancestry
 from syncpass.frontend.branches import FoldedBranch, ValueLookup, no_values, recorded_values
-from syncpass.frontend.inline import SourceLines, inline_own_methods, mentioned_names
+from syncpass.frontend.inline import (
+    ModuleClasses,
+    SourceLines,
+    inline_own_methods,
+    mentioned_names,
+)
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
 from syncpass.transformers.common import SyncSite
@@ -116,13 +121,13 @@ def import_roots() -> tuple[Path, ...]:
     return tuple(Path(entry) if entry else Path.cwd() for entry in sys.path)
 
 
-def _ancestry(module: cst.Module, name: str, path: str) -> tuple[Ancestry, SourceClass] | None:
+def _ancestry(classes: ModuleClasses, name: str, path: str) -> tuple[Ancestry, SourceClass] | None:
     """The bases of the model class ``name``, read from source, and the one whose forward it
     runs, when it inherits its forward (``None`` when it defines it, or is not in the file)."""
-    classdef = next(
-        (s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None
-    )
-    if classdef is None or method_of(classdef) is not None:
+    module = classes.module
+    where = classes.positions.get(name, ())
+    classdef = module.body[where[0]] if where else None
+    if not isinstance(classdef, cst.ClassDef) or method_of(classdef) is not None:
         return None
     ancestry = read_ancestry(module, name, path, import_roots())
     found = ancestry.method("forward")
@@ -151,11 +156,17 @@ def expand_source(
     # Every model class's forward is expanded: which one is the model is the analysis's to
     # say (from --model, the cost file or the example), and the others' code is never run.
     lines = SourceLines(module)
+    classes = ModuleClasses.of(module)
+    expanded_classes = classes
     for name in [class_name] if class_name is not None else model_class_names(module):
         known = values if name == values_of else no_values
-        found = _ancestry(module, name, path)
+        found = _ancestry(classes, name, path)
         ancestry = found[0] if found is not None else None
-        result = inline_own_methods(expanded, name, lines, values=known, ancestry=ancestry)
+        result = inline_own_methods(
+            expanded, name, lines, values=known, ancestry=ancestry, classes=expanded_classes
+        )
+        if result.module is not expanded:
+            expanded_classes = ModuleClasses.of(result.module)
         expanded, inlined[name], branches[name] = result.module, result.methods, result.branches
         if found is not None:
             owner = found[1]
