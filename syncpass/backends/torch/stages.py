@@ -231,7 +231,12 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
     """
     settings = recorded_values(known.settings)
     source = expand_source(text, path, class_name, settings, known.model or class_name)
-    planned = analyse_traced(source.expanded.code, path, known, class_name)
+    if source.expanded is source.module:
+        # No class changed: the expanded module is the parsed base itself, analysed as it
+        # is rather than printed and parsed again (a second round trip of the whole file).
+        planned = analyse_traced(source.base, path, known, class_name, source.module)
+    else:
+        planned = analyse_traced(source.expanded.code, path, known, class_name)
     model = planned.graph.model_class
     graph = dataclasses.replace(
         planned.graph,
