@@ -147,8 +147,9 @@ def expand_source(
     ``values`` answers the settings (``self.config.return_dict``) of the built model, of
     class ``values_of``, that decide branches (:mod:`syncpass.frontend.branches`): the
     other classes' forwards are expanded without them."""
-    base = strip_pipe_splits(strip(text, path, class_name), path, class_name)
-    module = parse_source(base, path)
+    stripped, parsed = _without_stages(text, path)
+    base = strip_pipe_splits(stripped, path, class_name)
+    module = parsed if parsed is not None and base is stripped else parse_source(base, path)
     expanded = module
     inlined = {}
     branches = {}
@@ -315,6 +316,17 @@ def _last_op(
             path,
         )
     return ops[-1].id
+
+
+def _without_stages(text: str, path: str) -> tuple[str, cst.Module | None]:
+    """:func:`strip`, and the tree of what it returns when it parsed ``text`` to take the
+    stages out: the file with the stage classes removed, whose code is that text (the
+    ``--check`` of a rewritten file reads it from there rather than parsing it again)."""
+    if STAGES_COMMENT not in text:
+        return text, None
+    module = remove_stages(parse_source(text, path))
+    stripped: str = module.code
+    return stripped, module
 
 
 def strip(text: str, path: str, class_name: str | None = None) -> str:
