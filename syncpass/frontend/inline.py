@@ -924,10 +924,11 @@ class ModuleClasses:
     defined (``positions``, in ``module.body``; a name defined twice has two) and the
     class each name means (``classes``, the last definition, as Python binds it).
 
-    Expanding every model class of a file asks each of them for its class and for
-    the file's classes (the submodules it builds); reading them off ``module.body``
-    for each class made the pass grow with classes x file. Build it with :meth:`of`;
-    after a class is replaced in the module, :meth:`of` the new module again.
+    Expanding every model class of a file asks, for each class, for that class and
+    for the file's classes (the submodules it builds): read off ``module.body`` each
+    time, that work grew with classes x file. Build it with :meth:`of`; after a class
+    is replaced in the module, :meth:`of` the new module again (only the classes
+    whose forward changed cost that).
     """
 
     module: cst.Module
