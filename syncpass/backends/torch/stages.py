@@ -338,9 +338,30 @@ def strip(text: str, path: str, class_name: str | None = None) -> str:
 
 
 def remove(module: cst.Module, source: ModelSource, path: str) -> str:
-    """The code of ``module`` without the stage classes syncpass wrote."""
-    stripped: str = remove_stages(module).code
-    return stripped
+    """The code of ``module`` without the stage classes syncpass wrote.
+
+    When what is left is ``source``'s own tree, statement for statement (the same
+    nodes, and the same header, footer and settings), its code is ``source.base``
+    without printing it: the tree is the one ``base`` was parsed into, and printing
+    is a function of the tree. Anything else is printed and compared as it is."""
+    stripped = remove_stages(module)
+    if _same_nodes(stripped, source.module):
+        return source.base
+    code: str = stripped.code
+    return code
+
+
+def _same_nodes(one: cst.Module, other: cst.Module) -> bool:
+    """Whether two modules hold the very same statement nodes and equal module fields."""
+    if len(one.body) != len(other.body) or any(
+        a is not b for a, b in zip(one.body, other.body, strict=True)
+    ):
+        return False
+    return all(
+        getattr(one, field.name) == getattr(other, field.name)
+        for field in dataclasses.fields(cst.Module)
+        if field.name != "body"
+    )
 
 
 def insert(
