@@ -71,8 +71,9 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import libcst as cst
 import libcst.matchers as m
@@ -624,7 +625,7 @@ def _runs_a_sequence(forward: cst.FunctionDef, sequences: frozenset[str]) -> boo
 
 def _submodule_classes(
     classdef: cst.ClassDef,
-    classes: dict[str, cst.ClassDef],
+    classes: Mapping[str, cst.ClassDef],
     names: _Names,
     prefix: str = "",
     seen: frozenset[str] = frozenset(),
@@ -949,7 +950,7 @@ class _OriginalLines:
         statements: Sequence[cst.BaseStatement],
         origins: Sequence[Origin],
         frames: Sequence[Frame],
-        classes: dict[str, cst.ClassDef],
+        classes: Mapping[str, cst.ClassDef],
         owners: Sequence[SourceClass | None] = (),
     ) -> None:
         self.line_of = line_of
@@ -1005,6 +1006,151 @@ class SourceLines:
         return self.lines.get(node, 0)
 
 
+@dataclass(frozen=True)
+class ModuleClasses:
+    """The top-level classes of ``module``, read once per module: where each name is
+    defined (``positions``, in ``module.body``; a name defined twice has two) and the
+    class each name means (``classes``, the last definition, as Python binds it).
+
+    Expanding every model class of a file asks, for each class, for that class and
+    for the file's classes (the submodules it builds): read off ``module.body`` each
+    time, that work grew with classes x file. Build it with :meth:`of`; after a class
+    is replaced in the module, :meth:`of` the new module again (only the classes
+    whose forward changed cost that).
+    """
+
+    module: cst.Module
+    positions: Mapping[str, tuple[int, ...]]
+    classes: Mapping[str, cst.ClassDef]
+
+    def __post_init__(self) -> None:
+        for name, where in self.positions.items():
+            last = self.module.body[where[-1]] if where else None
+            if not isinstance(last, cst.ClassDef) or self.classes.get(name) is not last:
+                raise ValueError(
+                    f"ModuleClasses does not match its module at class {name}: "
+                    "build it with ModuleClasses.of(module)"
+                )
+
+    @classmethod
+    def of(cls, module: cst.Module) -> ModuleClasses:
+        """The classes of ``module``: one pass over its top-level statements."""
+        positions: dict[str, list[int]] = {}
+        classes: dict[str, cst.ClassDef] = {}
+        for index, statement in enumerate(module.body):
+            if isinstance(statement, cst.ClassDef):
+                positions.setdefault(statement.name.value, []).append(index)
+                classes[statement.name.value] = statement
+        return cls(
+            module,
+            MappingProxyType({name: tuple(where) for name, where in positions.items()}),
+            MappingProxyType(classes),
+        )
+
+    def single(self, name: str) -> tuple[int, cst.ClassDef] | None:
+        """The position and the class ``name``, when the module defines it exactly once."""
+        where = self.positions.get(name, ())
+        return (where[0], self.classes[name]) if len(where) == 1 else None
+
+
+def _own_methods(classdef: cst.ClassDef) -> dict[str, cst.FunctionDef]:
+    """The class's methods by name (the last ``def`` of a name, as Python binds it)."""
+    return {
+        member.name.value: member
+        for member in classdef.body.body
+        if isinstance(member, cst.FunctionDef)
+    }
+
+
+#: The compound statements :func:`_may_build_submodule` looks into, and the fields that hold
+#: their statements.
+_NESTING = (
+    cst.IndentedBlock,
+    cst.If,
+    cst.Else,
+    cst.For,
+    cst.While,
+    cst.With,
+    cst.Try,
+    cst.TryStar,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Finally,
+    cst.FunctionDef,
+    cst.ClassDef,
+    cst.Match,
+    cst.MatchCase,
+)
+_NESTED_FIELDS = ("body", "orelse", "handlers", "finalbody", "cases")
+
+
+def _may_build_submodule(
+    init: cst.FunctionDef, roots: set[str], classes: Mapping[str, cst.ClassDef]
+) -> bool:
+    """Whether ``init`` may assign one of ``self.ROOT`` (``roots``) a new instance of a class
+    of the file (``self.transformer = Transformer(...)``), the only way a call of it can be
+    a submodule :func:`_submodule_classes` follows. It walks statements only, never
+    expressions (where no assignment statement can be), so it costs no libcst visit; a
+    statement of a kind it does not know answers yes."""
+    built = m.Assign(
+        targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name()))],
+        value=m.Call(func=m.Name()),
+    )
+    pending: list[object] = [init.body]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, cst.SimpleStatementLine | cst.SimpleStatementSuite):
+            for small in node.body:
+                if isinstance(small, cst.Assign) and m.matches(small, built):
+                    target, call = small.targets[0].target, small.value
+                    assert isinstance(target, cst.Attribute) and isinstance(call, cst.Call)
+                    assert isinstance(call.func, cst.Name)
+                    if target.attr.value in roots and call.func.value in classes:
+                        return True
+        elif isinstance(node, _NESTING):
+            for field in _NESTED_FIELDS:
+                value = getattr(node, field, None)
+                if isinstance(value, Sequence):
+                    pending.extend(value)
+                elif value is not None:
+                    pending.append(value)
+        else:
+            return True
+    return False
+
+
+def _may_expand(
+    forward: cst.FunctionDef,
+    methods: Mapping[str, cst.FunctionDef],
+    classdef: cst.ClassDef,
+    classes: Mapping[str, cst.ClassDef],
+    names: _Names,
+) -> bool:
+    """Whether expanding ``forward`` could change it: one of its top-level statements is an
+    ``if`` (a branch to decide) or a call statement (:func:`_call_of`) of one of the class's
+    own ``methods`` or of a submodule that ``__init__`` builds from a class of the file.
+
+    Most classes of a large file are small modules whose forward calls nothing of their
+    own; this answers for them from their top-level statements, where the expansion
+    itself costs several libcst visits of the class (its ``__init__`` constants, its
+    submodules, its branches). It may say yes where nothing changes, never no where
+    something would."""
+    assert isinstance(forward.body, cst.IndentedBlock)
+    roots: set[str] = set()
+    for statement in forward.body.body:
+        if isinstance(statement, cst.If):
+            return True
+        found = _call_of(statement)
+        if found is None:
+            continue
+        name = found[1]
+        if name in methods:
+            return True
+        roots.add(name.split(".")[0])
+    init = method_of(classdef, names.init)
+    return bool(roots) and init is not None and _may_build_submodule(init, roots, classes)
+
+
 def inline_own_methods(
     module: cst.Module,
     class_name: str,
@@ -1014,6 +1160,7 @@ def inline_own_methods(
     init_method: str = "__init__",
     values: ValueLookup = no_values,
     ancestry: Ancestry | None = None,
+    classes: ModuleClasses | None = None,
 ) -> Inlined:
     """``module`` with ``class_name.forward``'s calls of the class's own methods inlined and
     its decided branches folded. ``lines`` gives the lines of the user's file (``module``'s
@@ -1027,19 +1174,25 @@ def inline_own_methods(
     returned module defines the expanded forward, and the bases' methods the forward
     still calls (for what a stage holds). A statement from a base's method that reads a
     global the user's module does not bind the same way keeps that method one call;
-    when it is the forward's own, :class:`SyncpassError` says which name and where."""
+    when it is the forward's own, :class:`SyncpassError` says which name and where.
+
+    ``classes`` is ``module``'s :class:`ModuleClasses`, when the caller expands several
+    classes of one module (read from ``module`` otherwise)."""
+    if classes is None:
+        classes = ModuleClasses.of(module)
+    elif classes.module is not module:
+        raise ValueError("inline_own_methods: `classes` must be ModuleClasses.of(module)")
+    names = _Names(forward_method, init_method)
     barred: set[str] = set()
     while True:
-        result = _inline_once(
-            module, class_name, lines, _Names(forward_method, init_method), ancestry, barred, values
-        )
+        result = _inline_once(classes, class_name, lines, names, ancestry, barred, values)
         if isinstance(result, Inlined):
             return result
         barred.add(result)
 
 
 def _inline_once(
-    module: cst.Module,
+    index: ModuleClasses,
     class_name: str,
     lines: SourceLines | None,
     names: _Names,
@@ -1050,20 +1203,21 @@ def _inline_once(
     """:func:`inline_own_methods` with the methods ``barred`` kept as calls; or the name of
     an inherited method to keep as a call too (its statements read a global that differs)."""
     forward_method = names.forward
-    found = [
-        (index, statement)
-        for index, statement in enumerate(module.body)
-        if isinstance(statement, cst.ClassDef) and statement.name.value == class_name
-    ]
-    if len(found) != 1:
+    module = index.module
+    found = index.single(class_name)
+    if found is None:
         return Inlined(module, ())
-    index, classdef = found[0]
-    assert isinstance(classdef, cst.ClassDef)
-    methods = {
-        member.name.value: member
-        for member in classdef.body.body
-        if isinstance(member, cst.FunctionDef)
-    }
+    at, classdef = found
+    methods = _own_methods(classdef)
+    classes = index.classes
+    if ancestry is None:
+        own_forward = methods.get(forward_method)
+        if (
+            own_forward is None
+            or not isinstance(own_forward.body, cst.IndentedBlock)
+            or not _may_expand(own_forward, methods, classdef, classes, names)
+        ):
+            return Inlined(module, ())
     owners: dict[str, SourceClass] = {}
     bases: tuple[cst.ClassDef, ...] = ()
     if ancestry is not None:
@@ -1076,11 +1230,6 @@ def _inline_once(
         return Inlined(module, ())
     inherited = forward_method not in {
         member.name.value for member in classdef.body.body if isinstance(member, cst.FunctionDef)
-    }
-    classes = {
-        statement.name.value: statement
-        for statement in module.body
-        if isinstance(statement, cst.ClassDef)
     }
     statements = list(forward.body.body)
     forward_owner = owners.get(forward_method)
@@ -1103,6 +1252,7 @@ def _inline_once(
     own_parameters = parameters(forward)
     attributes = init_constants(classdef, names.init, bases)
     line_of = lines if lines is not None else SourceLines(module)
+    stacks = _submodule_classes(classdef, classes, names)  # the same in every round
     for _ in range(MAX_ROUNDS):
         changed = False
         expanded: list[cst.BaseStatement] = []
@@ -1117,7 +1267,7 @@ def _inline_once(
         caller = _Caller(
             model=class_name,
             methods=methods,
-            stacks=_submodule_classes(classdef, classes, names),
+            stacks=stacks,
             names=own_parameters | bound.names,
             defaults={
                 name: default
@@ -1181,7 +1331,7 @@ def _inline_once(
         members.append(new_forward.with_changes(leading_lines=(cst.EmptyLine(indent=False),)))
         members.extend(_called_methods(statements, methods, owners, class_name))
     new_class = classdef.with_changes(body=classdef.body.with_changes(body=tuple(members)))
-    body = [*module.body[:index], new_class, *module.body[index + 1 :]]
+    body = [*module.body[:at], new_class, *module.body[at + 1 :]]
     if inherited and forward_owner is not None:
         line = forward_owner.file.line(forward)
         inlined.insert(0, f"{forward_owner.name}.{forward_method} ({forward_file}:{line})")

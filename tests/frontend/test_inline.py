@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import textwrap
+from pathlib import Path
 
 import libcst as cst
+import pytest
 
-from syncpass.frontend.inline import inline_own_methods
+from syncpass.frontend import inline as inline_module
+from syncpass.frontend.analysis import model_class_names
+from syncpass.frontend.inline import Inlined, ModuleClasses, inline_own_methods
 
 
 def forward_of(code: str, name: str = "Net") -> str:
@@ -494,3 +498,177 @@ def test_a_stack_run_inside_an_expression_is_followed_one_call_a_statement() -> 
             x = self.mlp(x)
             return x"""
     )
+
+
+# The per-module class index (ModuleClasses) and the test that passes over the classes
+# whose forward cannot change: they must give the answers the whole-module reading gave.
+
+DUPLICATES_AND_STACKS = """
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def forward(self, x):
+        return x
+
+
+class Block(nn.Module):  # a second definition: Python binds this one
+    def forward(self, x):
+        return x * 2
+
+
+class Stack(nn.Module):
+    def __init__(self, depth):
+        super().__init__()
+        self.layers = nn.ModuleList([Block() for _ in range(depth)])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class BuiltInAnIf(nn.Module):
+    def __init__(self, deep=True):
+        super().__init__()
+        if deep:
+            self.stack = Stack(4)
+        else:
+            with torch.no_grad():
+                self.stack = Stack(1)
+
+    def forward(self, x):
+        x = self.stack(x)
+        return x
+
+
+class BuiltInANestedFunction(nn.Module):
+    def __init__(self):
+        super().__init__()
+
+        def build():
+            self.stack = Stack(2)
+
+        build()
+
+    def forward(self, x):
+        y = self.stack(x)
+        return y
+
+
+class CallsItsOwn(nn.Module):
+    def helper(self, x):
+        return x + 1
+
+    def forward(self, x):
+        x = self.helper(x)
+        return x
+
+
+class Decides(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.flag = True
+
+    def forward(self, x):
+        if self.flag:
+            x = x + 1
+        return x
+
+
+class Plain(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.proj(x)
+        return y
+"""
+
+DATA = Path(__file__).resolve().parent.parent / "data"
+SOURCES = {path.name: path.read_text() for path in sorted(DATA.glob("*.py"))}
+SOURCES["duplicates_and_stacks.py"] = DUPLICATES_AND_STACKS
+#: The methods each kind of module is read with: torch's, then Flax's.
+METHODS = (("forward", "__init__"), ("__call__", "setup"))
+
+
+def test_the_class_index_answers_as_the_module_body_does() -> None:
+    for name, text in SOURCES.items():
+        module = cst.parse_module(text)
+        index = ModuleClasses.of(module)
+        classes = [s for s in module.body if isinstance(s, cst.ClassDef)]
+        assert dict(index.classes) == {c.name.value: c for c in classes}, name
+        for class_name in {c.name.value for c in classes}:
+            found = [
+                (i, s)
+                for i, s in enumerate(module.body)
+                if isinstance(s, cst.ClassDef) and s.name.value == class_name
+            ]
+            assert index.single(class_name) == (found[0] if len(found) == 1 else None), name
+    assert ModuleClasses.of(cst.parse_module(DUPLICATES_AND_STACKS)).single("Block") is None
+
+
+def test_a_class_index_of_another_module_is_refused() -> None:
+    module = cst.parse_module(DUPLICATES_AND_STACKS)
+    other = cst.parse_module(DUPLICATES_AND_STACKS)
+    with pytest.raises(ValueError, match=r"ModuleClasses\.of"):
+        inline_own_methods(module, "Plain", classes=ModuleClasses.of(other))
+    with pytest.raises(ValueError, match=r"ModuleClasses\.of"):
+        ModuleClasses(module, ModuleClasses.of(other).positions, ModuleClasses.of(other).classes)
+
+
+def expanded(result: Inlined) -> tuple[object, ...]:
+    return (result.module.code, result.methods, result.branches, result.frames, result.origins)
+
+
+@pytest.mark.parametrize("name", sorted(SOURCES))
+def test_classes_passed_over_expand_as_the_full_expansion_does(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every model class, expanded with the quick test that passes over a forward that
+    cannot change and with that test answering yes for all: the same module, inlined
+    calls, decided branches and origins; and the quick test passes over only classes
+    whose full expansion changes nothing."""
+    module = cst.parse_module(SOURCES[name])
+    for forward, init in METHODS:
+        for class_name in model_class_names(module, forward):
+            quick = inline_own_methods(module, class_name, forward_method=forward, init_method=init)
+            with monkeypatch.context() as patch:
+                patch.setattr(inline_module, "_may_expand", lambda *args: True)
+                full = inline_own_methods(
+                    module, class_name, forward_method=forward, init_method=init
+                )
+            assert expanded(quick) == expanded(full), class_name
+            assert (quick.module is module) == (full.module is module), class_name
+
+
+def test_the_quick_test_passes_over_only_forwards_that_cannot_change() -> None:
+    module = cst.parse_module(DUPLICATES_AND_STACKS)
+    index = ModuleClasses.of(module)
+    names = inline_module._Names()
+    may = {}
+    for class_name in model_class_names(module):
+        found = index.single(class_name)
+        if found is None:
+            continue
+        classdef = found[1]
+        methods = {
+            member.name.value: member
+            for member in classdef.body.body
+            if isinstance(member, cst.FunctionDef)
+        }
+        forward = methods["forward"]
+        may[class_name] = inline_module._may_expand(
+            forward, methods, classdef, index.classes, names
+        )
+    assert may == {
+        "Stack": False,
+        "BuiltInAnIf": True,
+        "BuiltInANestedFunction": True,
+        "CallsItsOwn": True,
+        "Decides": True,
+        "Plain": False,
+    }
+    assert inline_own_methods(module, "BuiltInAnIf").methods == ("self.stack",)

@@ -93,15 +93,24 @@ def checked_loops(
     return tuple(found)
 
 
-def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> ModelSource:
+def analyse(
+    text: str,
+    path: str,
+    known: KnownOps,
+    class_name: str | None,
+    parsed: cst.Module | None = None,
+) -> ModelSource:
     """The model of ``text`` and its op graph, loops sized by the op ids ``known`` lists.
 
     Calls of ``nn.Sequential`` submodules count as one op each unless ``known``
     lists their children (a profile made with ``--depth 2``), and so does each child
     unless ``known`` lists its own (``blocks.1.0``: a nested ``nn.Sequential``, which the
     eager form's profile plans per child).
+
+    ``parsed`` is ``text`` parsed already (:func:`parse_source`), where the caller has
+    it: parsing a large file again costs as much as the rest of the analysis.
     """
-    module = parse_source(text, path)
+    module = parse_source(text, path) if parsed is None else parsed
     base = text
     if SYNC_COMMENT_PREFIX in text:
         module = remove_pipe_splits(module, None, path, text)

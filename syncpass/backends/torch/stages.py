@@ -70,7 +70,12 @@ from syncpass.frontend.branches import (
     no_values,
     recorded_values,
 )
-from syncpass.frontend.inline import SourceLines, inline_own_methods, mentioned_names
+from syncpass.frontend.inline import (
+    ModuleClasses,
+    SourceLines,
+    inline_own_methods,
+    mentioned_names,
+)
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
 from syncpass.transformers.common import SyncSite
@@ -122,13 +127,13 @@ def import_roots() -> tuple[Path, ...]:
     return tuple(Path(entry) if entry else Path.cwd() for entry in sys.path)
 
 
-def _ancestry(module: cst.Module, name: str, path: str) -> tuple[Ancestry, SourceClass] | None:
+def _ancestry(classes: ModuleClasses, name: str, path: str) -> tuple[Ancestry, SourceClass] | None:
     """The bases of the model class ``name``, read from source, and the one whose forward it
     runs, when it inherits its forward (``None`` when it defines it, or is not in the file)."""
-    classdef = next(
-        (s for s in module.body if isinstance(s, cst.ClassDef) and s.name.value == name), None
-    )
-    if classdef is None or method_of(classdef) is not None:
+    module = classes.module
+    where = classes.positions.get(name, ())
+    classdef = module.body[where[0]] if where else None
+    if not isinstance(classdef, cst.ClassDef) or method_of(classdef) is not None:
         return None
     ancestry = read_ancestry(module, name, path, import_roots())
     found = ancestry.method("forward")
@@ -148,8 +153,9 @@ def expand_source(
     ``values`` answers the settings (``self.config.return_dict``) of the built model, of
     class ``values_of``, that decide branches (:mod:`syncpass.frontend.branches`): the
     other classes' forwards are expanded without them."""
-    base = strip_pipe_splits(strip(text, path, class_name), path, class_name)
-    module = parse_source(base, path)
+    stripped, parsed = _without_stages(text, path)
+    base = strip_pipe_splits(stripped, path, class_name)
+    module = parsed if parsed is not None and base is stripped else parse_source(base, path)
     expanded = module
     inlined = {}
     branches = {}
@@ -157,11 +163,17 @@ def expand_source(
     # Every model class's forward is expanded: which one is the model is the analysis's to
     # say (from --model, the cost file or the example), and the others' code is never run.
     lines = SourceLines(module)
+    classes = ModuleClasses.of(module)
+    expanded_classes = classes
     for name in [class_name] if class_name is not None else model_class_names(module):
         known = values if name == values_of else no_values
-        found = _ancestry(module, name, path)
+        found = _ancestry(classes, name, path)
         ancestry = found[0] if found is not None else None
-        result = inline_own_methods(expanded, name, lines, values=known, ancestry=ancestry)
+        result = inline_own_methods(
+            expanded, name, lines, values=known, ancestry=ancestry, classes=expanded_classes
+        )
+        if result.module is not expanded:
+            expanded_classes = ModuleClasses.of(result.module)
         expanded, inlined[name], branches[name] = result.module, result.methods, result.branches
         if found is not None:
             owner = found[1]
@@ -228,7 +240,12 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
     """
     settings = recorded_values(known.settings)
     source = expand_source(text, path, class_name, settings, known.model or class_name)
-    planned = analyse_traced(source.expanded.code, path, known, class_name)
+    if source.expanded is source.module:
+        # No class changed: the expanded module is the parsed base itself, analysed as it
+        # is rather than printed and parsed again (a second round trip of the whole file).
+        planned = analyse_traced(source.base, path, known, class_name, source.module)
+    else:
+        planned = analyse_traced(source.expanded.code, path, known, class_name)
     model = planned.graph.model_class
     graph = dataclasses.replace(
         planned.graph,
@@ -309,6 +326,17 @@ def _last_op(
     return ops[-1].id
 
 
+def _without_stages(text: str, path: str) -> tuple[str, cst.Module | None]:
+    """:func:`strip`, and the tree of what it returns when it parsed ``text`` to take the
+    stages out: the file with the stage classes removed, whose code is that text (the
+    ``--check`` of a rewritten file reads it from there rather than parsing it again)."""
+    if STAGES_COMMENT not in text:
+        return text, None
+    module = remove_stages(parse_source(text, path))
+    stripped: str = module.code
+    return stripped, module
+
+
 def strip(text: str, path: str, class_name: str | None = None) -> str:
     """``text`` without the stage classes syncpass wrote (unchanged if there are none)."""
     if STAGES_COMMENT not in text:
@@ -318,9 +346,30 @@ def strip(text: str, path: str, class_name: str | None = None) -> str:
 
 
 def remove(module: cst.Module, source: ModelSource, path: str) -> str:
-    """The code of ``module`` without the stage classes syncpass wrote."""
-    stripped: str = remove_stages(module).code
-    return stripped
+    """The code of ``module`` without the stage classes syncpass wrote.
+
+    When what is left is ``source``'s own tree, statement for statement (the same
+    nodes, and the same header, footer and settings), its code is ``source.base``
+    without printing it: the tree is the one ``base`` was parsed into, and printing
+    is a function of the tree. Anything else is printed and compared as it is."""
+    stripped = remove_stages(module)
+    if _same_nodes(stripped, source.module):
+        return source.base
+    code: str = stripped.code
+    return code
+
+
+def _same_nodes(one: cst.Module, other: cst.Module) -> bool:
+    """Whether two modules hold the very same statement nodes and equal module fields."""
+    if len(one.body) != len(other.body) or any(
+        a is not b for a, b in zip(one.body, other.body, strict=True)
+    ):
+        return False
+    return all(
+        getattr(one, field.name) == getattr(other, field.name)
+        for field in dataclasses.fields(cst.Module)
+        if field.name != "body"
+    )
 
 
 def insert(

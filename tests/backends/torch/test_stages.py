@@ -8,6 +8,7 @@ import dataclasses
 import json
 import textwrap
 
+import libcst as cst
 import pytest
 from costbuilder import cost_dict
 from golden_cases import Case, cases
@@ -314,3 +315,33 @@ def test_a_file_with_its_own_model_stage_class_gets_another_base_name() -> None:
     )
     names = classes(rewrite(imported, 3).rewritten)
     assert "NetStagePipelineStageBase" not in names and "NetPipelineStageBase" in names
+
+
+def test_removing_the_stages_gives_the_input_back_with_or_without_printing() -> None:
+    """The pre-write check knows the input's own tree with stage classes added strips back
+    to ``source.base`` without printing it (:func:`stages._same_nodes`), and prints
+    anything else: a changed statement of the model shows in what it returns."""
+    from syncpass.backends.torch import stages
+
+    written = cst.parse_module(rewrite(MASKED, 2).rewritten)
+    added = [s for s in written.body if isinstance(s, cst.ClassDef) and s.name.value != "Net"]
+    source = STAGES.analyse(MASKED, "net.py", KnownOps("Net", ()), "Net")
+    body = list(source.module.body)
+    at = next(i for i, s in enumerate(body) if isinstance(s, cst.ClassDef)) + 1
+    with_stages = source.module.with_changes(body=[*body[:at], *added, *body[at:]])
+    assert len(added) == 3  # the stages' base class, and one class per stage
+    assert stages._same_nodes(stages.remove_stages(with_stages), source.module)
+    assert stages.remove(with_stages, source, "net.py") == source.base == MASKED
+
+    model = body[at - 1]
+    assert isinstance(model, cst.ClassDef)
+    renamed = with_stages.deep_replace(model.name, model.name.with_changes(value="Other"))
+    assert not stages._same_nodes(stages.remove_stages(renamed), source.module)
+    assert stages.remove(renamed, source, "net.py") == MASKED.replace("class Net(", "class Other(")
+
+
+def test_a_rewritten_file_reads_as_the_file_it_was_written_from() -> None:
+    again = STAGES.analyse(rewrite(MASKED, 2).rewritten, "net.py", KnownOps("Net", ()), "Net")
+    first = STAGES.analyse(MASKED, "net.py", KnownOps("Net", ()), "Net")
+    assert again.base == first.base == MASKED and again.module.code == MASKED
+    assert again.graph == first.graph
