@@ -651,6 +651,12 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
         # forward's (`[1.0 / (1 + i) for i in range(n)]` reads n, not i).
         self.scoped: list[set[str]] = []
         self.scope_nodes: list[int] = []  # id() of the node each scope belongs to
+        # The forward's own locals (what its statements bind): a module (`torch.cuda.x()`)
+        # or a global is no value a method call changes.
+        names = _GatherNamesVisitor()
+        for statement in statements:
+            statement.visit(names)
+        self.bound = set(names.writes)
 
     @staticmethod
     def _own_names(node: cst.CSTNode) -> set[str] | None:
@@ -723,6 +729,25 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
 
     def visit_AnnAssign(self, node: cst.AnnAssign) -> None:
         self._store_into(node.target)
+
+    def visit_Expr(self, node: cst.Expr) -> None:
+        """``acc.append(h)``, ``x.masked_fill_(m, 0)``: a method called for its effect (its
+        result unused) may change the object, so the statement writes it too: a value
+        changed so is never taken for what its first statement computed."""
+        facts = self._facts()
+        if facts is None or not isinstance(node.value, cst.Call):
+            return
+        base = node.value.func
+        if not isinstance(base, cst.Attribute):
+            return
+        while isinstance(base, cst.Subscript | cst.Attribute):
+            base = base.value
+        if (
+            isinstance(base, cst.Name)
+            and base.value in self.bound
+            and not any(base.value in scope for scope in self.scoped)
+        ):
+            facts.writes.append(base.value)
 
     def _store_into(self, target: cst.BaseExpression) -> None:
         """``h[0] = y`` and ``state.k = y`` change the local ``h`` or ``state``: a write of
