@@ -86,7 +86,9 @@ class StageCode:
     the last, which returns what the model returns); ``keeps`` the submodule,
     parameter and buffer paths it holds; ``comment`` the text of the sync
     comment on its return line. ``nones`` are values that were ``None`` when
-    profiled, which the stage sets itself. ``received_kinds`` are the values it
+    profiled, which the stage sets itself; ``devices`` those that were a
+    ``torch.device``, which it reads off a tensor it receives (each stage runs on its
+    own device). ``received_kinds`` are the values it
     receives packed as tensors, with their kind, which it unpacks: a Python number
     (``int``/``float``/``bool``) or a tuple of ints (``ints``, ``size`` for a
     ``torch.Size``) arrives as one tensor, a tuple of N tensors (``tensors:N``) as its
@@ -103,6 +105,7 @@ class StageCode:
     nones: tuple[str, ...] = ()
     received_kinds: tuple[tuple[str, str], ...] = ()
     sent_kinds: tuple[tuple[str, str], ...] = ()
+    devices: tuple[str, ...] = ()  # torch.device values: the stage's own, read off its inputs
 
 
 def tensor_count(kind: str | None) -> int | None:
@@ -560,6 +563,13 @@ def _prelude(stage: StageCode, config: cst.Module) -> list[cst.BaseStatement]:
             parts = ", ".join(f"{name}_{k}" for k in range(count))
             lines.append(f"{name} = ({parts},)  # the stage before sends its {count} tensors\n")
     lines += [f"{name} = None  # None when profiled: nothing to send\n" for name in stage.nones]
+    if stage.devices:
+        packed = dict(stage.received_kinds)
+        tensor = next(name for name in stage.takes if name not in packed)
+        lines += [
+            f"{name} = {tensor}.device  # this stage's device: its inputs' one\n"
+            for name in stage.devices
+        ]
     return [cst.parse_statement(line, config=config.config_for_parsing) for line in lines]
 
 

@@ -166,7 +166,8 @@ class OpCost:
 
 
 #: What a live value that is not a tensor was when profiled: ``ints`` a tuple of Python
-#: ints, ``size`` a ``torch.Size``, ``tensors:N`` a tuple of N tensors, ``pytree:TEMPLATE``
+#: ints, ``size`` a ``torch.Size``, ``device`` a ``torch.device`` (each stage's own, not
+#: sent), ``tensors:N`` a tuple of N tensors, ``pytree:TEMPLATE``
 #: nested tuples, lists and dicts of tensors and constants (:func:`pytree_template`),
 #: ``other`` anything else (an object, a dataclass, a string).
 #: ``unbound``: a name the analysis finds live that held nothing when profiled (assigned
@@ -179,6 +180,7 @@ VALUE_KINDS = (
     "bool",
     "ints",
     "size",
+    "device",
     "tensors:N",
     "mapping:...",
     "pytree:...",

@@ -412,6 +412,8 @@ def value_kind(value: object, class_names: Mapping[type, str] | None = None) -> 
         return "float"
     if isinstance(value, torch.Size):
         return "size"
+    if isinstance(value, torch.device):
+        return "device"
     if isinstance(value, tuple) and value:
         if all(isinstance(item, int) and not isinstance(item, bool) for item in value):
             return "ints"

@@ -661,6 +661,7 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     all_kinds = {name: kind for site in ordered for name, kind in site.kinds}
     takes: list[tuple[str, ...]] = [()]
     nones: list[tuple[str, ...]] = [()]
+    own_devices: list[tuple[str, ...]] = [()]
     scalars: list[tuple[tuple[str, str], ...]] = [()]
     for number, (site, position) in enumerate(zip(ordered, positions, strict=True), start=1):
         reads = set(mentioned_names(pieces[number])) | set(receives[number])
@@ -676,6 +677,7 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         sent: list[str] = []
         nothing: list[str] = []
         numbers: list[tuple[str, str]] = []
+        devices: list[str] = []
         for name in receives[number]:
             kind = kinds.get(name)
             if kind == "unbound":
@@ -683,6 +685,9 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
             if kind == "none":
                 if name in reads:  # None when profiled: nothing to send, the stage says so
                     nothing.append(name)
+            elif kind == "device":
+                if name in reads:  # each stage's own: the device its inputs are on
+                    devices.append(name)
             elif kind is not None and tensor_count(kind) is not None:
                 sent.append(name)
                 numbers.append((name, kind))
@@ -701,9 +706,19 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
                 )
             else:
                 sent.append(name)
+        packed = dict(numbers)
+        if devices and not any(name not in packed for name in sent):
+            op = graph.ops[position - 1]
+            raise SyncpassError(
+                f"{devices[0]} (a torch.device) crosses the sync point after {op.id}, and the "
+                "stage after receives no tensor whose device it could take instead: move the "
+                "sync point, or read the device off a tensor after it",
+                str(op.location),
+            )
         takes.append(tuple(sent))
         nones.append(tuple(nothing))
         scalars.append(tuple(numbers))
+        own_devices.append(tuple(devices))
 
     # A nested nn.Sequential planned per child: the containers that hold it are sliced by
     # the stages (self.blocks[2:]), and what they hold is the ops' to say, too.
@@ -758,6 +773,7 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
                 keeps=_outermost(paths_by_stage[index]),
                 comment=comment,
                 nones=nones[index],
+                devices=own_devices[index],
                 received_kinds=scalars[index],
                 sent_kinds=scalars[index + 1] if index + 1 < count else (),
             )
