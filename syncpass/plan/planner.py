@@ -403,6 +403,9 @@ def make_plan(
             f"({costs.hardware.name or 'the hardware'}): ranks would share devices, which the "
             f"predicted step does not model; plan for at most {devices}, or for hardware with more"
         )
+    dominant = _dominant_op_note(costs, stages)
+    if dominant is not None:
+        notes.append(dominant)
     faster: _SpeedRaise | None = None
     admitting_cuts: tuple[int, ...] = ()  # the plan at the least threshold admitting one
     if strategy in OPTIMISING_STRATEGIES:
@@ -459,6 +462,28 @@ def make_plan(
         used, admitting, admitting_step_s = faster.threshold, used_tau, faster.admitting_step_s
     threshold = Threshold(requested_tau, used, forced_by, admitting, admitting_step_s)
     return _assemble(cache, problem, request, strategy, cuts, score, threshold, notes)
+
+
+def _dominant_op_note(costs: Costs, stages: int) -> str | None:
+    """What to tell of an op that holds more than a stage's share of the step's compute (a
+    mask built by a library function, a block the analysis does not open): no stage can
+    take less time than it, whatever the plan, so more stages stop paying."""
+    times = [op.compute_s + (op.backward_s if costs.training else 0.0) for op in costs.ops]
+    total = sum(times)
+    if stages < 2 or total <= 0:
+        return None
+    index = max(range(len(times)), key=times.__getitem__)
+    share = times[index] / total
+    if share <= 1 / stages:
+        return None
+    op = costs.ops[index]
+    where = f" at {op.source}" if op.source else ""
+    return (
+        f"{op.id}{where} holds {share:.0%} of the compute, more than a stage's share at "
+        f"{stages} stages ({1 / stages:.0%}): no stage takes less than it, so more stages "
+        "shorten the step no further; it stays whole because it is one call the analysis "
+        "does not open (a function, or a module whose forward runs no layer stack)"
+    )
 
 
 def _planned_stages(costs: Costs, request: PlanRequest) -> int:

@@ -506,3 +506,16 @@ def test_the_default_microbatches_keep_to_the_least_size_a_batch_norm_takes() ->
         make_plan(costs, PlanRequest(stages=4, config=SyncConfig(), microbatches=4)).microbatches
         == 4
     )
+
+
+def test_an_op_holding_more_than_a_stages_share_is_named_in_the_notes() -> None:
+    data = cost_dict([1.0, 4.0, 1.0, 2.0, 2.0])
+    data["ops"][1]["source"] = "model.py:12"
+    costs = parse_costs(data)
+    notes = make_plan(costs, request(4, communication_cost_threshold=math.inf)).notes
+    (note,) = [note for note in notes if "holds" in note]
+    assert note.startswith("op1 at model.py:12 holds 40% of the compute")
+    assert "at 4 stages (25%)" in note
+    # At 2 stages a stage's share (50%) is more than it: nothing to say.
+    plan = make_plan(costs, request(2, communication_cost_threshold=math.inf))
+    assert not any("holds" in note for note in plan.notes)
