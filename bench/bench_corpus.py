@@ -19,6 +19,7 @@ predicted step of syncpass's plan, of the equal-layer rule and of the
 the loss and every gradient matched.
 
     python bench/bench_corpus.py [--models vit,simple_vit,litgpt] [--steps 3]
+    python bench/bench_corpus.py --variants   # other versions, configs, encoder-decoders
 
 The tests (``tests/test_corpus.py``) run the same corpus. Figures are this
 machine's CPU; with more stages than cores the measured steps mostly show the
@@ -267,7 +268,7 @@ class CorpusModel:
     source: str  # inside the install folder
     example: str
     stages: tuple[int, ...]
-    layers: str  # the op id prefix of its layer stack
+    layers: str | tuple[str, ...]  # the op id prefix of its layer stack (of each, for two)
     depth: int  # how many layers the example builds
     kinds: int = 1  # how many different layers (by FLOPs) the stack holds
     package: str = ""
@@ -275,12 +276,14 @@ class CorpusModel:
     preamble: str = ""
     backend: str = "torch_stages"
     model: str = ""
+    unused: int = 0  # parameters its forward never reads with the example: no stage holds them
 
     @property
     def isolated(self) -> bool:
-        """Whether its commands run in a fresh process: the Flax models' transformers 4.x
-        would meet the 5.x that an earlier torch model imported into this one."""
-        return self.backend == "jax"
+        """Whether its commands run in a fresh process: a transformers 4.x (the Flax models',
+        the 4.x variants') would meet the 5.x that an earlier torch model imported into
+        this one."""
+        return self.backend == "jax" or self.packages[0].startswith("transformers==4.")
 
     def model_arguments(self) -> list[str]:
         """The backend and ``--model`` arguments of every command run on this model."""
@@ -1101,6 +1104,202 @@ HELD_OUT = (
 )
 
 
+#: The same libraries as shipped in other versions and configs, and whole encoder-decoders:
+#: Hugging Face's 4.x releases (whose base models return tuples with ``return_dict=False``
+#: and take their inputs by keyword), T5 and Whisper whole, esm2's per-layer dicts, and a
+#: ResNet whose batch leaves a batch norm one value per channel at one image a micro-batch.
+#: They share the Flax models' transformers 4.57 install and run in fresh processes.
+HF4_PACKAGES = FLAX_HF_PACKAGES
+
+HF4_BERT_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = BertConfig(
+        vocab_size=64, hidden_size=32, num_hidden_layers=6, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=32, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, return_dict=False,
+    )
+    return BertModel(config), (torch.randint(0, 64, (8, 16)),)
+"""
+
+HF4_GPT2_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = GPT2Config(
+        n_layer=6, n_head=4, n_embd=32, n_positions=32, vocab_size=64, use_cache=False,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
+        return_dict=False,
+    )
+    return GPT2Model(config), (torch.randint(0, 64, (8, 16)),)
+"""
+
+HF4_LLAMA_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+        use_cache=False, return_dict=False,
+    )
+    return LlamaModel(config), (torch.randint(0, 64, (8, 16)),)
+"""
+
+HF4_T5_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = T5Config(
+        vocab_size=64, d_model=32, d_kv=8, d_ff=64, num_layers=3, num_decoder_layers=3,
+        num_heads=4, dropout_rate=0.0, decoder_start_token_id=0, pad_token_id=0, use_cache=False,
+    )
+    tokens, decoder_tokens = torch.randint(1, 64, (8, 12)), torch.randint(1, 64, (8, 10))
+    return T5Model(config), (tokens, torch.ones(8, 12, dtype=torch.long), decoder_tokens)
+"""
+
+HF4_WHISPER_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = WhisperConfig(
+        vocab_size=64, num_mel_bins=8, encoder_layers=3, decoder_layers=3, d_model=32,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+        decoder_ffn_dim=64, max_source_positions=16, max_target_positions=16, dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, use_cache=False, pad_token_id=0,
+        decoder_start_token_id=1,
+    )
+    features, decoder_tokens = torch.randn(8, 8, 32), torch.randint(1, 64, (8, 10))
+    return WhisperModel(config), (features, None, decoder_tokens)
+"""
+
+HF4_MODERNBERT_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = ModernBertConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+        num_attention_heads=4, max_position_embeddings=64, global_attn_every_n_layers=3,
+        local_attention=8, embedding_dropout=0.0, mlp_dropout=0.0, attention_dropout=0.0,
+        pad_token_id=0, reference_compile=False,
+    )
+    return ModernBertModel(config), (torch.randint(1, 64, (8, 16)),)
+"""
+
+ESM2_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    model = ESM2(num_layers=6, embed_dim=32, attention_heads=4, alphabet="ESM-1b")
+    tokens = torch.randint(4, 24, (8, 16))
+    tokens[:, 0] = model.cls_idx
+    return model, (tokens,)
+"""
+
+#: resnet18 at batch 8: 8 micro-batches at 4 stages would give layer4's batch norms (1x1 maps
+#: at 32x32) one value per channel; the default count keeps two images a micro-batch.
+RESNET18_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    model = ResNet(BasicBlock, [2, 2, 2, 2], num_classes=10)
+    images, labels = torch.randn(8, 3, 32, 32), torch.randint(0, 10, (8,))
+    return model, (images,), labels, nn.functional.cross_entropy
+"""
+
+VARIANTS = (
+    CorpusModel(
+        "hf4_bert",
+        HF4_PACKAGES,
+        "transformers/models/bert/modeling_bert.py",
+        HF4_BERT_EXAMPLE,
+        (2, 4),
+        "encoder.layer.",
+        6,
+        package="transformers.models.bert",
+        model="BertModel",
+    ),
+    CorpusModel(
+        "hf4_gpt2",
+        HF4_PACKAGES,
+        "transformers/models/gpt2/modeling_gpt2.py",
+        HF4_GPT2_EXAMPLE,
+        (2, 4),
+        "h.",
+        6,
+        package="transformers.models.gpt2",
+        model="GPT2Model",
+    ),
+    CorpusModel(
+        "hf4_llama",
+        HF4_PACKAGES,
+        "transformers/models/llama/modeling_llama.py",
+        HF4_LLAMA_EXAMPLE,
+        (2, 4),
+        "layers.",
+        6,
+        package="transformers.models.llama",
+        model="LlamaModel",
+    ),
+    CorpusModel(
+        "hf4_t5",
+        HF4_PACKAGES,
+        "transformers/models/t5/modeling_t5.py",
+        HF4_T5_EXAMPLE,
+        (2, 4),
+        ("encoder.block.", "decoder.block."),
+        6,
+        package="transformers.models.t5",
+        model="T5Model",
+    ),
+    CorpusModel(
+        "hf4_whisper",
+        HF4_PACKAGES,
+        "transformers/models/whisper/modeling_whisper.py",
+        HF4_WHISPER_EXAMPLE,
+        (2, 4),
+        ("encoder.layers.", "decoder.layers."),
+        6,
+        package="transformers.models.whisper",
+        model="WhisperModel",
+    ),
+    CorpusModel(
+        "hf4_modernbert",
+        HF4_PACKAGES,
+        "transformers/models/modernbert/modeling_modernbert.py",
+        HF4_MODERNBERT_EXAMPLE,
+        (2, 4),
+        "layers.",
+        6,
+        package="transformers.models.modernbert",
+        model="ModernBertModel",
+    ),
+    CorpusModel(
+        "esm2",
+        ("fair-esm==2.0.0",),
+        "esm/model/esm2.py",
+        ESM2_EXAMPLE,
+        (2, 4),
+        "layers.",
+        6,
+        unused=2,  # the contact head's regression, which only return_contacts=True runs
+    ),
+    CorpusModel(
+        "tv_resnet18_b8",
+        TORCHVISION_PACKAGES,
+        "torchvision/models/resnet.py",
+        RESNET18_EXAMPLE,
+        (2, 4),
+        "layer",
+        8,
+        package="torchvision.models",
+        until="def _resnet(",
+        preamble=TORCHVISION_PREAMBLE,
+    ),
+)
+
+
 #: The held-out models whose first try found a bug in syncpass.
 TESTED_HELD_OUT = (
     "hf_qwen2",
@@ -1287,9 +1486,14 @@ def main() -> None:
         action="store_true",
         help="the models first tried with no test written against them (HELD_OUT)",
     )
+    parser.add_argument(
+        "--variants",
+        action="store_true",
+        help="other versions and configs of the same libraries, and encoder-decoders (VARIANTS)",
+    )
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
-    models = HELD_OUT if args.held_out else MODELS
+    models = HELD_OUT if args.held_out else VARIANTS if args.variants else MODELS
     wanted = args.models.split(",") if args.models else [model.name for model in models]
     bench([model for model in models if model.name in wanted], args.steps)
 
