@@ -481,8 +481,9 @@ def _dominant_op_note(costs: Costs, stages: int) -> str | None:
     return (
         f"{op.id}{where} holds {share:.0%} of the compute, more than a stage's share at "
         f"{stages} stages ({1 / stages:.0%}): no stage takes less than it, so more stages "
-        "shorten the step no further; it stays whole because it is one call the analysis "
-        "does not open (a function, or a module whose forward runs no layer stack)"
+        "shorten the step no further; it stays whole because it is one op the analysis does "
+        "not open (a function's call, a module whose forward runs no layer stack, or a loop "
+        "or branch no sync point may enter)"
     )
 
 
