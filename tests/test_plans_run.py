@@ -29,6 +29,7 @@ MODELS = [
         for name in (
             "aliased_skip",
             "encoder_decoder",
+            "index_loops",
             "late_input",
             "layerdrop_decoder",
             "lookup_output",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import libcst as cst
@@ -410,6 +410,87 @@ def match_container_loop(node: cst.For) -> ContainerLoop | None:
     return ContainerLoop(
         container, start, stop, item, index_name, parts, runtime_stop, root, view, key_name
     )
+
+
+def enumerated_index_loop(node: cst.For, taken: Collection[str] = ()) -> cst.For | None:
+    """``for i in range(len(self.layers)):`` whose body runs ``self.layers[i]``, as the
+    layer loop it is: ``for i, layer in enumerate(self.layers):``, the same iterations
+    with the layer each indexes, and the body as written (``self.layers[i](x)``), so the
+    loop is planned per layer (:func:`match_container_loop`); ``None`` for any other loop.
+
+    The range is ``range(len(self.X))``, ``range(STOP)`` or ``range(START, STOP)`` with
+    whole-number bounds, or ``range(self.<setting>)`` (a stop read when the forward runs,
+    checked by the profile as ``self.X[: self.<setting>]`` is), no step; the body indexes
+    exactly one container of the model by the loop's name, ``self.X[i]``, and never binds
+    that name. The layer's name is one neither the loop nor ``taken`` (the forward's
+    names) holds."""
+    if node.orelse is not None or node.asynchronous is not None:
+        return None
+    if not isinstance(node.target, cst.Name) or not isinstance(node.iter, cst.Call):
+        return None
+    call = node.iter
+    if not m.matches(call.func, m.Name("range")) or not 1 <= len(call.args) <= 2:
+        return None
+    if any(arg.keyword is not None or arg.star for arg in call.args):
+        return None
+    index = node.target.value
+    by_index = m.Subscript(slice=[m.SubscriptElement(slice=m.Index(value=m.Name(index)))])
+    indexed = {
+        path
+        for found in m.findall(node.body, by_index)
+        if isinstance(found, cst.Subscript) and (path := self_path(found.value))
+    }
+    bound = _GatherNamesVisitor()
+    node.body.visit(bound)
+    if len(indexed) != 1 or index in bound.writes:
+        return None
+    (container,) = indexed
+    start: cst.BaseExpression | None = call.args[0].value if len(call.args) == 2 else None
+    stop = call.args[-1].value
+    if start is not None and not _int_or_none(start)[0]:
+        return None
+    whole = m.Call(func=m.Name("len"), args=[m.Arg(value=m.DoNotCare())])
+    if m.matches(stop, whole):
+        assert isinstance(stop, cst.Call)
+        if self_path(stop.args[0].value) != container:
+            return None
+        upper = ""
+    elif _int_or_none(stop)[0] or self_path(stop):
+        upper = cst.Module([]).code_for_node(stop)
+    else:
+        return None
+    lower = cst.Module([]).code_for_node(start) if start is not None else ""
+    sliced = f"self.{container}" if not (lower or upper) else f"self.{container}[{lower}:{upper}]"
+    counted = f", start={lower}" if lower else ""
+    mentioned = {name.value for name in m.findall(node, m.Name()) if isinstance(name, cst.Name)}
+    mentioned |= set(taken)
+    item = next(
+        name for name in ("layer", *(f"layer_{k}" for k in range(2, 1000))) if name not in mentioned
+    )
+    header = cst.parse_expression(f"enumerate({sliced}{counted})")
+    target = cst.Tuple(
+        [cst.Element(cst.Name(index)), cst.Element(cst.Name(item))], lpar=[], rpar=[]
+    )
+    written = cst.Module([]).code_for_node(node.iter)
+    note = cst.EmptyLine(
+        comment=cst.Comment(
+            f"# syncpass: `for {index} in {written}:` over the layers it indexes, "
+            f"self.{container}[{index}] as {item}"
+        )
+    )
+    # Each iteration's layer by name: a stage then holds only the layers its slice runs.
+    body = m.replace(node.body, by_index, lambda found, _: _as_item(found, container, item))
+    assert isinstance(body, cst.BaseSuite)
+    return node.with_changes(
+        target=target, iter=header, body=body, leading_lines=(*node.leading_lines, note)
+    )
+
+
+def _as_item(found: cst.CSTNode, container: str, item: str) -> cst.CSTNode:
+    """``self.<container>[i]`` -> the loop's ``item``; another subscript by ``i`` as it is."""
+    if isinstance(found, cst.Subscript) and self_path(found.value) == container:
+        return cst.Name(item)
+    return found
 
 
 @dataclass(frozen=True)

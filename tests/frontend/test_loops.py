@@ -147,3 +147,43 @@ def test_zips_that_cannot_be_sliced_alike_stay_regions() -> None:
         graph = analyse_model(parse_source(text, "net.py"), "net.py", "Net", {"layers": 4})
         assert all(op.loop is None for op in graph.ops), iterable
         assert len(graph.regions) == 1, iterable
+
+
+def _enumerated(code: str, taken: tuple[str, ...] = ()) -> str | None:
+    import libcst as cst
+
+    from syncpass.frontend.analysis import enumerated_index_loop
+
+    loop = cst.parse_statement(textwrap.dedent(code))
+    assert isinstance(loop, cst.For)
+    found = enumerated_index_loop(loop, taken)
+    return None if found is None else cst.Module([found]).code
+
+
+def test_a_loop_over_an_index_is_the_layer_loop_it_runs() -> None:
+    found = _enumerated(
+        """\
+        for i in range(len(self.layers)):
+            x = self.layers[i](x) * (i + 1)
+        """,
+        taken=("layer",),  # a local of the forward: the layer gets another name
+    )
+    assert found is not None
+    assert "for i, layer_2 in enumerate(self.layers):" in found
+    assert "x = layer_2(x) * (i + 1)" in found  # the index still counts
+    bounded = _enumerated("for i in range(2, 5):\n    x = self.blocks[i](x)\n")
+    assert bounded is not None and "enumerate(self.blocks[2:5], start=2)" in bounded
+    read = _enumerated("for i in range(self.config.n):\n    x = self.h[i](x)\n")
+    assert read is not None and "enumerate(self.h[:self.config.n])" in read
+
+
+def test_index_loops_that_are_no_layer_loop_stay_as_written() -> None:
+    for code in (
+        "for i in range(0, 6, 2):\n    x = self.layers[i](x)\n",  # a step
+        "for i in range(len(self.layers)):\n    x = self.layers[i](x) + self.gates[i](x)\n",
+        "for i in range(len(self.norms)):\n    x = self.layers[i](x)\n",  # another length
+        "for i in range(4):\n    i = i + 1\n    x = self.layers[i](x)\n",  # rebound
+        "for i in range(n):\n    x = self.layers[i](x)\n",  # a local bound
+        "for i in range(4):\n    x = x * i\n",  # indexes nothing
+    ):
+        assert _enumerated(code) is None, code

@@ -56,6 +56,7 @@ from syncpass.contracts.graph import Cut, Op, OpGraph, Replayable
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.analysis import (
     DICT_VIEWS,
+    enumerated_index_loop,
     find_forward,
     match_container_loop,
     match_sequential_call,
@@ -175,10 +176,46 @@ def expand_source(
         if result.module is not expanded:
             expanded_classes = ModuleClasses.of(result.module)
         expanded, inlined[name], branches[name] = result.module, result.methods, result.branches
+        looped = _index_loops_enumerated(expanded, name)
+        if looped is not expanded:
+            expanded, expanded_classes = looped, ModuleClasses.of(looped)
         if found is not None:
             owner = found[1]
             inherited[name] = InheritedForward(owner.name, Path(path).parent / owner.file.path)
     return ExpandedSource(base, module, expanded, inlined, branches, inherited)
+
+
+def _index_loops_enumerated(module: cst.Module, name: str) -> cst.Module:
+    """``module`` with each top-level loop of class ``name``'s forward that runs a layer
+    container by index (``for i in range(len(self.layers)): x = self.layers[i](x)``)
+    written as the layer loop it is (:func:`enumerated_index_loop`), so that the stages
+    run it over slices; ``module`` itself when there is none."""
+    for position, statement in enumerate(module.body):
+        if not (isinstance(statement, cst.ClassDef) and statement.name.value == name):
+            continue
+        members = list(statement.body.body)
+        for place in reversed(range(len(members))):  # the forward Python runs: the last
+            forward = members[place]
+            if isinstance(forward, cst.FunctionDef) and forward.name.value == "forward":
+                break
+        else:
+            return module
+        assert isinstance(forward, cst.FunctionDef)
+        if not isinstance(forward.body, cst.IndentedBlock):
+            return module
+        names = mentioned_names([forward])
+        body = [
+            (enumerated_index_loop(line, names) or line) if isinstance(line, cst.For) else line
+            for line in forward.body.body
+        ]
+        if all(new is old for new, old in zip(body, forward.body.body, strict=True)):
+            return module
+        members[place] = forward.with_changes(body=forward.body.with_changes(body=body))
+        classdef = statement.with_changes(body=statement.body.with_changes(body=members))
+        return module.with_changes(
+            body=[*module.body[:position], classdef, *module.body[position + 1 :]]
+        )
+    return module
 
 
 def expand_text(text: str, path: str, class_name: str | None) -> str:
