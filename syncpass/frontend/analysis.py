@@ -442,12 +442,21 @@ def enumerated_index_loop(node: cst.For, taken: Collection[str] = ()) -> cst.For
     }
     bound = _GatherNamesVisitor()
     node.body.visit(bound)
-    if len(indexed) != 1 or index in bound.writes:
+    if len(indexed) != 1 or index in bound.writes or _rebinds(node.body, index):
         return None
+    stored = m.AssignTarget(target=by_index) | m.AugAssign(target=by_index) | m.Del(target=by_index)
+    if m.findall(node.body, stored):
+        return None  # `self.layers[i] = ...` changes the container, not a layer
     (container,) = indexed
     start: cst.BaseExpression | None = call.args[0].value if len(call.args) == 2 else None
     stop = call.args[-1].value
-    if start is not None and not _int_or_none(start)[0]:
+    # Whole-number bounds from 0 up: a negative one counts from the end for a slice, not
+    # for range().
+    if start is not None and not isinstance(start, cst.Integer):
+        return None
+    if isinstance(stop, cst.UnaryOperation) or (
+        start is not None and isinstance(stop, cst.Integer) and int(stop.value) < int(start.value)
+    ):
         return None
     whole = m.Call(func=m.Name("len"), args=[m.Arg(value=m.DoNotCare())])
     if m.matches(stop, whole):
@@ -455,7 +464,7 @@ def enumerated_index_loop(node: cst.For, taken: Collection[str] = ()) -> cst.For
         if self_path(stop.args[0].value) != container:
             return None
         upper = ""
-    elif _int_or_none(stop)[0] or self_path(stop):
+    elif isinstance(stop, cst.Integer) or self_path(stop):
         upper = cst.Module([]).code_for_node(stop)
     else:
         return None
@@ -484,6 +493,22 @@ def enumerated_index_loop(node: cst.For, taken: Collection[str] = ()) -> cst.For
     return node.with_changes(
         target=target, iter=header, body=body, leading_lines=(*node.leading_lines, note)
     )
+
+
+def _rebinds(body: cst.BaseSuite, name: str) -> bool:
+    """Whether ``body`` binds ``name`` in a way a plain assignment scan misses: a
+    comprehension's target, a walrus, a nested function's or lambda's parameter, ``with``
+    or ``except ... as``."""
+    binders = (
+        m.CompFor(target=m.Name(name))
+        | m.CompFor(
+            target=m.Tuple(elements=[m.ZeroOrMore(), m.Element(m.Name(name)), m.ZeroOrMore()])
+        )
+        | m.NamedExpr(target=m.Name(name))
+        | m.Param(name=m.Name(name))
+        | m.AsName(name=m.Name(name))
+    )
+    return bool(m.findall(body, binders))
 
 
 def _as_item(found: cst.CSTNode, container: str, item: str) -> cst.CSTNode:
@@ -825,6 +850,7 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
             base = base.value
         if (
             isinstance(base, cst.Name)
+            and base.value != "self"
             and base.value in self.bound
             and not any(base.value in scope for scope in self.scoped)
         ):
@@ -1036,7 +1062,7 @@ class _GatherNamesVisitor(cst.CSTVisitor):
             base = target
             while isinstance(base, cst.Subscript | cst.Attribute):
                 base = base.value
-            if isinstance(base, cst.Name):
+            if isinstance(base, cst.Name) and base.value != "self":
                 self.writes.append(base.value)
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
