@@ -211,6 +211,9 @@ class _BoundNamesVisitor(cst.CSTVisitor):
     def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
         self._bind(node.target)
 
+    def visit_Del(self, node: cst.Del) -> None:
+        self._bind(node.target)  # `del h`: the name is unbound, as clobbering as a binding
+
     def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
         self.names.add(node.name.value)
         return False
@@ -545,6 +548,20 @@ class _Renamed(cst.CSTTransformer):
         return updated_node.with_changes(keyword=original_node.keyword)
 
 
+def _closure_reads(statements: Sequence[cst.BaseStatement]) -> set[str]:
+    """The names functions and lambdas made in ``statements`` mention: they read them
+    whenever they run, after any call that comes later."""
+    nested = [node for statement in statements for node in m.findall(statement, _NESTED)]
+    return set(mentioned_names(nested))
+
+
+def _nested_parameters(body: cst.BaseSuite) -> set[str]:
+    """The parameters of the functions and lambdas defined in ``body``."""
+    return {
+        param.name.value for param in m.findall(body, m.Param()) if isinstance(param, cst.Param)
+    }
+
+
 def _fresh_names(clashing: set[str], prefix: str, taken: set[str]) -> dict[str, str]:
     """A new name for each of ``clashing``, ``<prefix>_<name>`` (a number after it while
     that is ``taken``): what an inlined method's locals become where the forward's own
@@ -827,7 +844,10 @@ def _inline_one(
     method.body.visit(bound)
     # A parameter handed the forward's name of the same name (`cache=cache`) binds nothing new.
     assigned = {param for param, value in arguments if not m.matches(value, m.Name(param))}
-    clashing = ((bound.names | assigned) - set(targets or ())) & _read_later(later)
+    # What the forward reads after the call: its later statements, and a function or lambda
+    # made before it, which reads its names when it runs.
+    read_after = _read_later(later) | _closure_reads(earlier)
+    clashing = ((bound.names | assigned) - set(targets or ())) & read_after
     # Python binds every argument before the body runs: a parameter assigned here must not
     # change what another argument reads (T5's decoder takes attention_mask=decoder_mask
     # and encoder_attention_mask=attention_mask, the forward's own).
@@ -836,13 +856,16 @@ def _inline_one(
         for param in assigned
         if any(param in mentioned_names([value]) for other, value in arguments if other != param)
     }
+    if clashing & _nested_parameters(method.body):
+        return None  # a keyword call of a nested function would no longer match its name
     if clashing:
         # The method binds names the forward still reads after the call (T5's decoder
         # rebinds `return_dict`, which the forward tests once it returns): as Python keeps
         # a call's locals apart, the inlined statements use names of their own.
         prefix = path.rsplit(".", 1)[-1] if path else method.name.value.strip("_")
         taken = {*caller.names, *mentioned_names([method.body]), *mentioned_names(later)}
-        taken |= {*mentioned_names(earlier), *(param for param, _ in arguments)}
+        taken |= {*mentioned_names(earlier), *mentioned_names([statement])}
+        taken |= {param for param, _ in arguments}
         renames = _fresh_names(clashing, prefix, taken)
         method = method.with_changes(body=method.body.visit(_Renamed(renames)))
         arguments = [(renames.get(param, param), value) for param, value in arguments]
