@@ -51,7 +51,15 @@ import libcst as cst
 import libcst.matchers as m
 from libcst.codemod import CodemodContext
 
-from syncpass.contracts.costs import PYTREE, TENSOR_LEAF, pytree_pieces, pytree_template
+from syncpass.contracts.costs import (
+    NUMBER_LEAVES,
+    PYTREE,
+    SENT_LEAVES,
+    TENSOR_LEAF,
+    pytree_leaves,
+    pytree_pieces,
+    pytree_template,
+)
 from syncpass.frontend.analysis import self_path
 from syncpass.transformers.common import (
     InsertSyncPointsCommand,
@@ -490,8 +498,13 @@ def _sent(stage: StageCode) -> list[str]:
             sent.append(name)
         elif kind.startswith("tensors:"):
             sent.append(f"*{name}")
-        elif (pieces := tensor_pieces(kind)) is not None:  # a mapping or pytree: its tensors
-            sent.extend(f"{name}{at}" for at in pieces)
+        elif (leaves := pytree_leaves(kind)) is not None:  # its tensors; numbers packed
+            sent.extend(
+                f"{name}{at}" if leaf == TENSOR_LEAF else f"torch.as_tensor({name}{at}{device})"
+                for at, leaf in zip(tensor_pieces(kind) or (), leaves, strict=True)
+            )
+        elif (entries := tensor_pieces(kind)) is not None:  # a mapping: its tensor entries
+            sent.extend(f"{name}{at}" for at in entries)
         else:
             sent.append(f"torch.as_tensor({name}{device})")
     return sent
@@ -533,9 +546,12 @@ def _rebuilt_pytree(name: str, kind: str) -> str:
 
     class Received(ast.NodeTransformer):
         def visit_Name(self, node: ast.Name) -> ast.expr:
-            if node.id != TENSOR_LEAF:
+            if node.id not in SENT_LEAVES:
                 return node  # a dataclass's name
-            return ast.Name(f"{name}_{next(received)}", ast.Load())
+            piece = ast.Name(f"{name}_{next(received)}", ast.Load())
+            if node.id == TENSOR_LEAF:
+                return piece
+            return ast.Call(ast.Name(NUMBER_LEAVES[node.id], ast.Load()), [piece], [])
 
     return ast.unparse(Received().visit(template))
 

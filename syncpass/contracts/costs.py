@@ -213,14 +213,20 @@ PYTREE = "pytree:"
 
 #: What stands for a tensor in a :data:`PYTREE` template.
 TENSOR_LEAF = "T"
+#: What stands for a Python number there (a size, a count): sent as a 0-d tensor, since it
+#: may change with the micro-batch; ``int`` or ``float`` again after the sync point.
+NUMBER_LEAVES = {"I": "int", "F": "float"}
+#: Every leaf a template names rather than writes out.
+SENT_LEAVES = (TENSOR_LEAF, *NUMBER_LEAVES)
 
 
 def pytree_template(kind: str) -> ast.expr | None:
     """The structure of a ``pytree:TEMPLATE`` kind: ``TEMPLATE`` is a Python literal of
-    tuples, lists, dicts (keys strings or ints) and dataclasses by their fields
-    (``Output(logits=T, loss=None)``, the class by its name in the model's module) whose
-    leaves are constants (``None``, booleans, numbers, strings) or ``T`` for a tensor:
-    ``pytree:(T, None, T)``, ``pytree:[None, None]``, ``pytree:{0: T, "mask": (T, T)}``.
+    tuples, lists, dicts (keys strings or ints), sets of constants and dataclasses by
+    their fields (``Output(logits=T, loss=None)``, the class by its name in the model's
+    module) whose leaves are constants (``None``, booleans, strings) or what is sent:
+    ``T`` for a tensor, ``I`` and ``F`` for a Python ``int`` and ``float``:
+    ``pytree:(T, None, T)``, ``pytree:[None, None]``, ``pytree:{0: T, "mask": (T, I)}``.
     ``None`` for any other kind, or a template that is not of that form."""
     if not kind.startswith(PYTREE):
         return None
@@ -231,33 +237,47 @@ def pytree_template(kind: str) -> ast.expr | None:
     return tree if _is_template(tree) else None
 
 
+def _is_number_literal(node: ast.expr) -> bool:
+    """A number literal, negative too (a dict key, a set member)."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        node = node.operand
+    return (
+        isinstance(node, ast.Constant)
+        and isinstance(node.value, int | float)
+        and not isinstance(node.value, bool)
+    )
+
+
+def _is_key(node: ast.expr | None) -> bool:
+    """A dict key a subscript spells plainly: a string or a whole number."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return True
+    return _is_number_literal(node) if node is not None else False
+
+
 def _is_template(node: ast.expr) -> bool:
     if isinstance(node, ast.Name):
-        return node.id == TENSOR_LEAF
+        return node.id in SENT_LEAVES
     if isinstance(node, ast.Constant):
-        return node.value is None or isinstance(node.value, bool | int | float | str)
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-        return isinstance(node.operand, ast.Constant) and isinstance(
-            node.operand.value, int | float
-        )
+        return node.value is None or isinstance(node.value, bool | str)
     if isinstance(node, ast.Tuple | ast.List):
         return all(_is_template(item) for item in node.elts)
     if isinstance(node, ast.Dict):
         return all(
-            isinstance(key, ast.Constant)
-            and isinstance(key.value, str | int)
-            and not isinstance(key.value, bool)
-            and _is_template(value)
+            _is_key(key) and _is_template(value)
             for key, value in zip(node.keys, node.values, strict=True)
         )
     if isinstance(node, ast.Set):  # of constants only
-        return all(isinstance(item, ast.Constant) and _is_template(item) for item in node.elts)
+        return all(
+            _is_number_literal(item) or (isinstance(item, ast.Constant) and _is_template(item))
+            for item in node.elts
+        )
     if isinstance(node, ast.Call) and _is_set_call(node):  # set(), frozenset({1, 2})
         return not node.args or _is_template(node.args[0])
     if isinstance(node, ast.Call):  # a dataclass by its fields: Output(logits=T, loss=None)
         return (
             isinstance(node.func, ast.Name)
-            and node.func.id != TENSOR_LEAF
+            and node.func.id not in SENT_LEAVES
             and not node.args
             and all(
                 keyword.arg is not None and _is_template(keyword.value) for keyword in node.keywords
@@ -277,18 +297,28 @@ def _is_set_call(node: ast.Call) -> bool:
 
 
 def pytree_pieces(kind: str) -> tuple[str, ...] | None:
-    """The subscripts of a ``pytree:`` kind's tensors, in the order they cross: ``("[0]",
-    "[2]")`` for ``pytree:(T, None, T)``, ``('["mask"][1]',)`` for ``pytree:{"mask": (None,
-    T)}``, ``(".logits",)`` for ``pytree:Output(logits=T)``; ``None`` for any other
-    kind."""
+    """The subscripts of what a ``pytree:`` kind sends, in order: ``("[0]", "[2]")`` for
+    ``pytree:(T, None, T)``, ``('["mask"][1]',)`` for ``pytree:{"mask": (None, T)}``,
+    ``(".logits",)`` for ``pytree:Output(logits=T)``; ``None`` for any other kind."""
+    found = _pytree_leaves(kind)
+    return None if found is None else tuple(at for at, _ in found)
+
+
+def pytree_leaves(kind: str) -> tuple[str, ...] | None:
+    """What each piece of :func:`pytree_pieces` is: ``T``, ``I`` or ``F``."""
+    found = _pytree_leaves(kind)
+    return None if found is None else tuple(leaf for _, leaf in found)
+
+
+def _pytree_leaves(kind: str) -> list[tuple[str, str]] | None:
     template = pytree_template(kind)
     if template is None:
         return None
-    found: list[str] = []
+    found: list[tuple[str, str]] = []
 
     def walk(node: ast.expr, at: str) -> None:
         if isinstance(node, ast.Name):
-            found.append(at)
+            found.append((at, node.id))
         elif isinstance(node, ast.Tuple | ast.List):
             for index, item in enumerate(node.elts):
                 walk(item, f"{at}[{index}]")
@@ -297,13 +327,16 @@ def pytree_pieces(kind: str) -> tuple[str, ...] | None:
                 walk(keyword.value, f"{at}.{keyword.arg}")
         elif isinstance(node, ast.Dict):
             for key, value in zip(node.keys, node.values, strict=True):
-                assert isinstance(key, ast.Constant)
-                key_value = key.value
-                written = json.dumps(key_value) if isinstance(key_value, str) else str(key_value)
+                assert key is not None
+                written = (
+                    json.dumps(key.value, ensure_ascii=False)
+                    if isinstance(key, ast.Constant) and isinstance(key.value, str)
+                    else ast.unparse(key)
+                )
                 walk(value, f"{at}[{written}]")
 
     walk(template, "")
-    return tuple(found)
+    return found
 
 
 @dataclass(frozen=True)

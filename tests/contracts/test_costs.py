@@ -18,6 +18,7 @@ from syncpass.contracts.costs import (
     known_kind,
     load_costs,
     parse_costs,
+    pytree_leaves,
     pytree_pieces,
 )
 from syncpass.core.errors import SyncpassError
@@ -217,7 +218,11 @@ def test_a_pytree_kind_names_its_tensors_by_subscript_and_nothing_else_is_one() 
     assert known_kind("pytree:(T, None, T)")
     assert pytree_pieces("pytree:(T, None, T)") == ("[0]", "[2]")
     assert pytree_pieces("pytree:[None, None]") == ()
-    assert pytree_pieces('pytree:{0: T, "mask": (T, -1.5)}') == ("[0]", '["mask"][0]')
+    # Numbers are sent too (they may be sizes): I for an int, F for a float.
+    kind = 'pytree:{0: T, "mask": (T, F), -1: [I, None]}'
+    assert pytree_pieces(kind) == ("[0]", '["mask"][0]', '["mask"][1]', "[-1][0]")
+    assert pytree_leaves(kind) == ("T", "T", "F", "I")
+    assert not known_kind("pytree:(T, 3)")  # a number is never written in
     assert pytree_pieces("pytree:{'a\"b': T}") == ('["a\\"b"]',)
     # A dataclass by its fields (the class by its name in the model's module), read by
     # attribute; a set of constants.

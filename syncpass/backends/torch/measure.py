@@ -421,13 +421,13 @@ def value_kind(value: object, class_names: Mapping[type, str] | None = None) -> 
             return f"tensors:{len(value)}"
     # A plain dict only: a subclass (Hugging Face's ModelOutput, an OrderedDict) is more
     # than its items, which is all the next stage would put together again.
-    if type(value) is dict and value:
+    if type(value) is dict and value and all(type(key) is str for key in value):
         entries = [f"{key}={_entry_kind(item)}" for key, item in value.items()]
         kind = "mapping:" + ",".join(entries)
         if known_kind(kind):
             return kind
     template = _template(value, MAX_TEMPLATE_LEAVES, class_names or {})
-    if template is not None:
+    if template is not None and known_kind(PYTREE + template):
         return PYTREE + template
     return "other"
 
@@ -439,21 +439,33 @@ MAX_TEMPLATE_LEAVES = 256
 
 def _template(value: object, room: int, class_names: Mapping[type, str]) -> str | None:
     """``value`` as a ``pytree:`` template (:func:`syncpass.contracts.costs.pytree_template`):
-    plain tuples, lists and dicts (string or int keys) and dataclasses whose every field
-    is set by ``__init__`` (rebuilt by the name ``class_names`` gives their class), of
-    tensors (``T``) and constants, at most ``room`` leaves; else ``None`` (another object,
-    a subclass of a container, which are more than their items)."""
+    plain tuples, lists and dicts (string or int keys), sets of constants, and dataclasses
+    that their own fields build again (rebuilt by the name ``class_names`` gives their
+    class), of tensors (``T``), numbers (``I``, ``F``: sent, they may be sizes) and
+    constants (``None``, booleans, strings), at most ``room`` leaves; else ``None``
+    (another object, a subclass of a container, which are more than their items)."""
     leaves = 0
+
+    def constant(item: object) -> str | None:
+        """A set member or dict key, written out: a constant, or a number."""
+        if item is None or type(item) in (bool, int, float, str):
+            if isinstance(item, float) and not math.isfinite(item):
+                return None
+            return repr(item)
+        return None
 
     def written(item: object) -> str | None:
         nonlocal leaves
+        leaves += 1
+        if leaves > room:
+            return None
         if isinstance(item, torch.Tensor):
-            leaves += 1
-            return TENSOR_LEAF if leaves <= room else None
-        if item is None or type(item) in (bool, int, float, str):
-            leaves += 1
-            if leaves > room or (isinstance(item, float) and not math.isfinite(item)):
-                return None
+            return TENSOR_LEAF
+        if type(item) is int:
+            return "I"
+        if type(item) is float:
+            return "F" if math.isfinite(item) else None
+        if item is None or type(item) in (bool, str):
             return repr(item)
         if type(item) in (tuple, list):
             assert isinstance(item, tuple | list)
@@ -468,29 +480,24 @@ def _template(value: object, room: int, class_names: Mapping[type, str]) -> str 
             assert isinstance(item, dict)
             entries = []
             for key, part in item.items():
-                if type(key) not in (str, int):
-                    return None
                 inner_part = written(part)
-                if inner_part is None:
+                if type(key) not in (str, int) or inner_part is None:
                     return None
                 entries.append(f"{key!r}: {inner_part}")
             return "{" + ", ".join(entries) + "}"
         if type(item) in (set, frozenset):  # of constants: esm2's set(repr_layers)
             assert isinstance(item, set | frozenset)
-            members = sorted((written(part) for part in item), key=str)
-            if any(part is None or part == TENSOR_LEAF for part in members):
+            members = sorted((constant(part) for part in item), key=str)
+            if any(part is None for part in members):
                 return None
             inner = ", ".join(members)  # type: ignore[arg-type]
             if type(item) is frozenset:
                 return f"frozenset({{{inner}}})" if members else "frozenset()"
             return f"{{{inner}}}" if members else "set()"
         name = class_names.get(type(item))
-        if name is not None and dataclasses.is_dataclass(item):
-            fields = dataclasses.fields(item)
-            if not all(field.init for field in fields):
-                return None
+        if name is not None and dataclasses.is_dataclass(item) and _rebuilt_alike(item):
             arguments = []
-            for field in fields:
+            for field in dataclasses.fields(item):
                 inner_part = written(getattr(item, field.name))
                 if inner_part is None:
                     return None
@@ -499,6 +506,20 @@ def _template(value: object, room: int, class_names: Mapping[type, str]) -> str 
         return None
 
     return written(value)
+
+
+def _rebuilt_alike(item: object) -> bool:
+    """Whether the dataclass ``item``'s class, called with its fields, gives back the same
+    fields: no ``InitVar`` it needs, no field ``__init__`` does not take, no
+    ``__post_init__`` that changes one (a Hugging Face ``ModelOutput`` is rebuilt so)."""
+    fields = dataclasses.fields(item)  # type: ignore[arg-type]
+    if not all(field.init for field in fields):
+        return False
+    try:
+        again = type(item)(**{field.name: getattr(item, field.name) for field in fields})
+    except Exception:  # an InitVar it needs, a check that fails: not rebuilt so
+        return False
+    return all(getattr(again, field.name) is getattr(item, field.name) for field in fields)
 
 
 def _entry_kind(item: object) -> str:

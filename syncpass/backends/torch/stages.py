@@ -52,6 +52,7 @@ import libcst as cst
 
 from syncpass.backends.torch.analysis import analyse as analyse_traced
 from syncpass.backends.torch.rewrite import strip_sync_points as strip_pipe_splits
+from syncpass.contracts.costs import pytree_leaves
 from syncpass.contracts.graph import Cut, Op, OpGraph, Replayable
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.analysis import (
@@ -726,6 +727,8 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
                 if name in reads:  # each stage's own: the device its inputs are on
                     devices.append(name)
             elif kind is not None and tensor_count(kind) is not None:
+                if any(leaf != "T" for leaf in pytree_leaves(kind) or ()):
+                    _need_torch(source.module, name, graph.ops[position - 1])
                 sent.append(name)
                 numbers.append((name, kind))
             elif kind in PACKED_KINDS:

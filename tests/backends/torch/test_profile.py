@@ -763,11 +763,11 @@ def test_what_a_cut_sends_that_is_no_tensor_is_recorded_by_kind() -> None:
     # its tensors, the rest written into the stage after (Hugging Face's head_mask, esm2's
     # representations by layer, an accumulator that starts empty).
     assert value_kind({"a b": torch.zeros(1)}) == "pytree:{'a b': T}"
-    assert value_kind({"a": 3}) == "pytree:{'a': 3}"
+    assert value_kind({"a": 3}) == "pytree:{'a': I}"  # a number is sent: it may be a size
     assert value_kind({"a": {"b": torch.zeros(1)}}) == "pytree:{'a': {'b': T}}"
     assert value_kind({"a": ()}) == "pytree:{'a': ()}"
     assert value_kind({}) == "pytree:{}"
-    assert value_kind((torch.zeros(1), 3)) == "pytree:(T, 3)"
+    assert value_kind((torch.zeros(1), 3.5, "x", True)) == "pytree:(T, F, 'x', True)"
     assert value_kind(()) == "pytree:()"
     assert value_kind([None] * 3) == "pytree:[None, None, None]"
     assert value_kind({1: torch.zeros(1), 3: (torch.zeros(1),)}) == "pytree:{1: T, 3: (T,)}"
@@ -778,6 +778,8 @@ def test_what_a_cut_sends_that_is_no_tensor_is_recorded_by_kind() -> None:
     assert value_kind(Pair(torch.zeros(1), None)) == "other"  # no name in the module
     assert value_kind({3, 1}) == "pytree:{1, 3}" and value_kind(set()) == "pytree:set()"
     assert value_kind({torch.zeros(1)}) == "other"
+    assert value_kind({True: torch.zeros(1)}) == "other"  # a key no subscript spells as it is
+    assert value_kind({-1: torch.zeros(1)}) == "pytree:{-1: T}"
     # More than its items, or too many of them: not sent.
     assert value_kind(collections.OrderedDict(a=torch.zeros(1))) == "other"  # not a plain dict
     assert value_kind((torch.zeros(1), object())) == "other"
