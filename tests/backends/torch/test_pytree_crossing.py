@@ -11,7 +11,7 @@ import io
 import json
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from syncpass.cli import main
@@ -19,7 +19,9 @@ from syncpass.cli import main
 pytest.importorskip("torch")
 
 #: Leaves of the value built before the loop: tensors made from the input, and constants.
-LEAVES = st.sampled_from(["x * 0.5", "x.sum(-1)", "None", "3", "'tag'", "True", "x[:, :1]"])
+LEAVES = st.sampled_from(
+    ["x * 0.5", "x.sum(-1)", "None", "'tag'", "True", "x[:, :1]", "x.shape[0]", "0.5"]
+)
 
 
 def _containers(children: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
@@ -57,6 +59,17 @@ def tensors(value):
     return []
 
 
+def numbers(value):
+    """The sum of the numbers in it (a micro-batch's size among them)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (tuple, list)):
+        return sum(numbers(item) for item in value)
+    return 0
+
+
 class Net(nn.Module):
     def __init__(self):
         super().__init__()
@@ -71,7 +84,7 @@ class Net(nn.Module):
         for i, layer in enumerate(self.layers):
             h = torch.tanh(layer(h))
             {grow}
-        out = self.head(h).sum(-1)
+        out = self.head(h).sum(-1) * numbers(extra)
         for tensor in tensors(extra) + tensors(list({held})):
             out = out + tensor.float().mean()
         return out
@@ -98,6 +111,8 @@ def quiet(argv: list[str]) -> tuple[int, str]:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(value=VALUES, accumulator=st.sampled_from(sorted(ACCUMULATORS)))
+# A size that changes with the micro-batch, beside a tensor, and a per-layer dict.
+@example(value="{'n': (x.shape[0], x * 0.5), 'm': [None, 0.5]}", accumulator="dict")
 def test_pytrees_cross_every_cut_and_the_split_run_matches(
     tmp_path_factory: pytest.TempPathFactory, value: str, accumulator: str
 ) -> None:
