@@ -20,6 +20,7 @@ the loss and every gradient matched.
 
     python bench/bench_corpus.py [--models vit,simple_vit,litgpt] [--steps 3]
     python bench/bench_corpus.py --variants   # other versions, configs, encoder-decoders
+    python bench/bench_corpus.py --fourth-batch   # first tried after issue 26's changes
 
 The tests (``tests/test_corpus.py``) run the same corpus. Figures are this
 machine's CPU; with more stages than cores the measured steps mostly show the
@@ -98,6 +99,37 @@ TORCHVISION_PACKAGES = ("torchvision==0.28.0", "pillow==13.0.0")
 
 #: timm imports torchvision (its frozen BatchNorm, its transforms).
 TIMM_PACKAGES = ("timm==1.0.31", *TORCHVISION_PACKAGES)
+
+#: torchtune with what ``import torchtune`` imports (its datasets, tokenizers and torchao), and
+#: huggingface-hub with what that imports.
+TORCHTUNE_PACKAGES = (
+    "torchtune==0.6.1",
+    "torchao==0.10.0",
+    "datasets==5.2.0",
+    "pyarrow==26.0.1",
+    "pandas==3.1.1",
+    "tzdata==2026.6",
+    "dill==0.4.1",
+    "multiprocess==0.70.19",
+    "xxhash==4.1.0",
+    "omegaconf==2.4.0",
+    "antlr4-python3-runtime==4.13.2",
+    "tiktoken==0.14.0",
+    "sentencepiece==0.2.3",
+    "pillow==13.0.0",
+    *HF_PACKAGES[1:],
+)
+
+#: torchtitan with what its model package imports: its config system (tyro), spmd-types, and
+#: triton, which its MoE token dispatcher imports at module level (imported, never run here).
+TORCHTITAN_PACKAGES = (
+    "torchtitan==0.3.0",
+    "spmd-types==0.2.3",
+    "tyro==1.0.16",
+    "docstring-parser==0.18.0",
+    "typeguard==4.6.0",
+    "triton==3.9.0",
+)
 
 #: PyPI's torchvision wheel links CUDA libraries that the pinned CPU torch does not ship, so its
 #: compiled operators (detection: nms, roi_align, ...) do not load; torchvision's Python runs
@@ -1300,6 +1332,421 @@ VARIANTS = (
 )
 
 
+#: BART whole: encoder and decoder, the LM head over the decoder's tokens.
+BART_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = BartConfig(
+        vocab_size=64, d_model=32, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=32, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+        encoder_layerdrop=0.0, decoder_layerdrop=0.0, use_cache=False, pad_token_id=1,
+        bos_token_id=0, eos_token_id=2, decoder_start_token_id=2,
+    )
+    tokens, decoder_tokens = torch.randint(3, 64, (8, 12)), torch.randint(3, 64, (8, 11))
+    inputs = (tokens, torch.ones(8, 12, dtype=torch.long), decoder_tokens[:, :-1])
+
+    def loss(output, targets):
+        logits = output.logits
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return BartForConditionalGeneration(config), inputs, decoder_tokens[:, 1:], loss
+"""
+
+#: A Hugging Face image classifier of ``cls`` from a tiny ``config``, on 16 images of
+#: {size}x{size}.
+HF_IMAGE_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = {config}
+    images, labels = torch.randn(16, 3, {size}, {size}), torch.randint(0, 10, (16,))
+
+    def loss(output, targets):
+        return nn.functional.cross_entropy(output.logits, targets)
+
+    return {cls}(config), (images,), labels, loss
+"""
+
+#: HuBERT on 8 clips of 800 samples: a convolutional feature encoder, a convolutional position
+#: embedding, then the layers. SpecAugment's masking off (it draws at random in training).
+HUBERT_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    config = HubertConfig(
+        hidden_size=32, num_hidden_layers=6, num_attention_heads=4, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=4, hidden_dropout=0.0, activation_dropout=0.0,
+        attention_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0, layerdrop=0.0,
+        mask_time_prob=0.0, mask_feature_prob=0.0, num_labels=10, classifier_proj_size=16,
+    )
+    audio, labels = torch.randn(8, 800), torch.randint(0, 10, (8,))
+
+    def loss(output, targets):
+        return nn.functional.cross_entropy(output.logits, targets)
+
+    return HubertForSequenceClassification(config), (audio,), labels, loss
+"""
+
+#: torchtune's Llama 3.2 builder, shrunk; its parts are put in the copy's TransformerDecoder
+#: (the builder makes the installed module's). Tied embeddings, as Llama 3.2 has.
+TORCHTUNE_EXAMPLE = """
+
+from torchtune.models.llama3_2 import llama3_2
+
+
+def example():
+    torch.manual_seed(0)
+    built = llama3_2(
+        vocab_size=64, num_layers=6, num_heads=4, num_kv_heads=2, embed_dim=32, max_seq_len=32,
+        intermediate_dim=64,
+    )
+    model = TransformerDecoder(
+        tok_embeddings=built.tok_embeddings, layers=built.layers, max_seq_len=32, num_heads=4,
+        head_dim=8, norm=built.norm, output=built.output,
+    )
+    tokens = torch.randint(0, 64, (8, 17))
+
+    def loss(logits, targets):
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return model, (tokens[:, :-1],), tokens[:, 1:], loss
+"""
+
+#: torchtitan's Llama 3 at 6 layers of width 32, its layers built as its own registry builds
+#: them. FlexAttention, its language models' attention, has no backward on CPU: each layer's
+#: inner attention is swapped for causal SDPA, as torchtitan's graph_trainer tests do.
+TORCHTITAN_EXAMPLE = """
+
+from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+from torchtitan.models.common.attention import ScaledDotProductAttention
+from torchtitan.models.llama3 import _build_llama3_layers
+
+
+def example():
+    torch.manual_seed(0)
+    layers = _build_llama3_layers(
+        n_layers=6, dim=32, n_heads=4, n_kv_heads=2, hidden_dim=64, attn_backend="flex",
+        rope=ComplexRoPE.Config(dim=8, max_seq_len=32, theta=500000.0),
+    )
+    for layer in layers:
+        layer.attention.inner_attention = ScaledDotProductAttention.Config()
+    config = Llama3Model.Config(
+        dim=32, vocab_size=64, layers=layers, norm=RMSNorm.Config(normalized_shape=32),
+        tok_embeddings=Embedding.Config(num_embeddings=64, embedding_dim=32),
+        lm_head=Linear.Config(in_features=32, out_features=64),
+    )
+    model = config.build()
+    model.init_states()
+    tokens = torch.randint(0, 64, (8, 17))
+
+    def loss(logits, targets):
+        return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    return model, (tokens[:, :-1],), tokens[:, 1:], loss
+"""
+
+_HF_ENC = (
+    "vocab_size=64, hidden_size=32, num_hidden_layers=6, num_attention_heads=4, "
+    "intermediate_size=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, "
+    "num_labels=10, "
+)
+_HF_TOKENS = "pad_token_id=0, bos_token_id=0, eos_token_id=0"
+
+#: A fourth batch, first tried after the changes of issue 26 (the third batch of HELD_OUT, and
+#: VARIANTS) had landed, with no test of syncpass written against them: other Hugging Face
+#: architectures (an encoder-decoder whole, encoders, decoders, a convolutional image model,
+#: speech), other timm families, torchtune's and torchtitan's Llama (``--fourth-batch``). Their
+#: table, with the construct that stops each one that does not split or verify, is in
+#: docs/stages.md; tests/test_corpus.py does not run them.
+FOURTH_BATCH = (
+    CorpusModel(
+        "hf_bart",  # encoder and decoder whole, cross-attention, learned positions offset by 2
+        HF_PACKAGES,
+        "transformers/models/bart/modeling_bart.py",
+        BART_EXAMPLE,
+        (2, 4),
+        ("model.encoder.layers.", "model.decoder.layers."),
+        6,
+        package="transformers.models.bart",
+        model="BartForConditionalGeneration",
+    ),
+    CorpusModel(
+        "hf_roberta",  # position ids made from the tokens past the padding index
+        HF_PACKAGES,
+        "transformers/models/roberta/modeling_roberta.py",
+        HF_CLS_EXAMPLE.format(
+            config=f"RobertaConfig({_HF_ENC}max_position_embeddings=40, pad_token_id=1)",
+            cls="RobertaForSequenceClassification",
+        ),
+        (2, 4),
+        "roberta.encoder.layer.",
+        6,
+        package="transformers.models.roberta",
+        model="RobertaForSequenceClassification",
+    ),
+    CorpusModel(
+        "hf_electra",  # embeddings narrower than the layers, projected up
+        HF_PACKAGES,
+        "transformers/models/electra/modeling_electra.py",
+        HF_CLS_EXAMPLE.format(
+            config=f"ElectraConfig({_HF_ENC}embedding_size=16, max_position_embeddings=32, "
+            "pad_token_id=0)",
+            cls="ElectraForSequenceClassification",
+        ),
+        (2, 4),
+        "electra.encoder.layer.",
+        6,
+        package="transformers.models.electra",
+        model="ElectraForSequenceClassification",
+    ),
+    CorpusModel(
+        "hf_deberta_v2",  # disentangled attention: relative embeddings handed to every layer
+        HF_PACKAGES,
+        "transformers/models/deberta_v2/modeling_deberta_v2.py",
+        HF_CLS_EXAMPLE.format(
+            config=f"DebertaV2Config({_HF_ENC}max_position_embeddings=32, relative_attention=True, "
+            "position_buckets=16, pos_att_type=['p2c', 'c2p'], pooler_dropout=0.0, "
+            "pad_token_id=0)",
+            cls="DebertaV2ForSequenceClassification",
+        ),
+        (2, 4),
+        "deberta.encoder.layer.",
+        6,
+        package="transformers.models.deberta_v2",
+        model="DebertaV2ForSequenceClassification",
+    ),
+    CorpusModel(
+        "hf_qwen3",  # query and key norms per head
+        HF_PACKAGES,
+        "transformers/models/qwen3/modeling_qwen3.py",
+        HF_LM_EXAMPLE.format(
+            config=f"Qwen3Config({_HF_LM}{_HF_HEADS}head_dim=8, use_cache=False, "
+            "tie_word_embeddings=True)",
+            cls="Qwen3ForCausalLM",
+        ),
+        (2, 4),
+        "model.layers.",
+        6,
+        package="transformers.models.qwen3",
+        model="Qwen3ForCausalLM",
+    ),
+    CorpusModel(
+        "hf_olmo2",  # norms after attention and MLP, query and key norms
+        HF_PACKAGES,
+        "transformers/models/olmo2/modeling_olmo2.py",
+        HF_LM_EXAMPLE.format(
+            config=f"Olmo2Config({_HF_LM}{_HF_HEADS}use_cache=False, {_HF_TOKENS})",
+            cls="Olmo2ForCausalLM",
+        ),
+        (2, 4),
+        "model.layers.",
+        6,
+        package="transformers.models.olmo2",
+        model="Olmo2ForCausalLM",
+    ),
+    CorpusModel(
+        "hf_granite",  # embedding, residual, attention and logit multipliers
+        HF_PACKAGES,
+        "transformers/models/granite/modeling_granite.py",
+        HF_LM_EXAMPLE.format(
+            config=f"GraniteConfig({_HF_LM}{_HF_HEADS}embedding_multiplier=2.0, "
+            "residual_multiplier=0.5, attention_multiplier=0.25, logits_scaling=2.0, "
+            f"use_cache=False, {_HF_TOKENS})",
+            cls="GraniteForCausalLM",
+        ),
+        (2, 4),
+        "model.layers.",
+        6,
+        package="transformers.models.granite",
+        model="GraniteForCausalLM",
+    ),
+    CorpusModel(
+        "hf_phi",  # Phi-2: parallel attention and MLP, partial rotary, one LayerNorm a block
+        HF_PACKAGES,
+        "transformers/models/phi/modeling_phi.py",
+        HF_LM_EXAMPLE.format(
+            config=f"PhiConfig({_HF_LM}num_attention_heads=4, max_position_embeddings=32, "
+            "partial_rotary_factor=0.5, resid_pdrop=0.0, embd_pdrop=0.0, attention_dropout=0.0, "
+            f"use_cache=False, {_HF_TOKENS})",
+            cls="PhiForCausalLM",
+        ),
+        (2, 4),
+        "model.layers.",
+        6,
+        package="transformers.models.phi",
+        model="PhiForCausalLM",
+    ),
+    CorpusModel(
+        "hf_smollm3",  # rotary left out of every fourth layer (no_rope_layers)
+        HF_PACKAGES,
+        "transformers/models/smollm3/modeling_smollm3.py",
+        HF_LM_EXAMPLE.format(
+            config=f"SmolLM3Config({_HF_LM}{_HF_HEADS}use_cache=False, {_HF_TOKENS})",
+            cls="SmolLM3ForCausalLM",
+        ),
+        (2, 4),
+        "model.layers.",
+        6,
+        package="transformers.models.smollm3",
+        model="SmolLM3ForCausalLM",
+    ),
+    CorpusModel(
+        "hf_cohere",  # parallel attention and MLP, interleaved rotary, scaled logits
+        HF_PACKAGES,
+        "transformers/models/cohere/modeling_cohere.py",
+        HF_LM_EXAMPLE.format(
+            config=f"CohereConfig({_HF_LM}{_HF_HEADS}use_cache=False, {_HF_TOKENS})",
+            cls="CohereForCausalLM",
+        ),
+        (2, 4),
+        "model.layers.",
+        6,
+        package="transformers.models.cohere",
+        model="CohereForCausalLM",
+    ),
+    CorpusModel(
+        "hf_convnextv2",  # four stages of blocks with global response norm
+        HF_PACKAGES,
+        "transformers/models/convnextv2/modeling_convnextv2.py",
+        HF_IMAGE_EXAMPLE.format(
+            config="ConvNextV2Config(num_channels=3, patch_size=4, hidden_sizes=[16, 32, 64, 128], "
+            "depths=[2, 2, 2, 2], drop_path_rate=0.0, num_labels=10, image_size=64)",
+            cls="ConvNextV2ForImageClassification",
+            size=64,
+        ),
+        (2, 4),
+        "convnextv2.encoder.stages.",
+        4,
+        package="transformers.models.convnextv2",
+        model="ConvNextV2ForImageClassification",
+    ),
+    CorpusModel(
+        "hf_hubert",  # convolutional feature encoder and position embedding, then the layers
+        HF_PACKAGES,
+        "transformers/models/hubert/modeling_hubert.py",
+        HUBERT_EXAMPLE,
+        (2, 4),
+        "hubert.encoder.layers.",
+        6,
+        package="transformers.models.hubert",
+        model="HubertForSequenceClassification",
+    ),
+    CorpusModel(
+        # timm's own ResNet: BatchNorm, a downsampling block at each stage. It starts each
+        # block's last BatchNorm at zero, which leaves its convolutions' gradients zero: verify
+        # would compare zeros, so the example starts them at one (zero_init_last=False).
+        "timm_resnet",
+        TIMM_PACKAGES,
+        "timm/models/resnet.py",
+        VISION16_EXAMPLE.format(
+            build="ResNet(BasicBlock, (2, 2, 2, 2), num_classes=10, drop_rate=0.0, "
+            "zero_init_last=False)",
+            size=64,
+        ),
+        (2, 4),
+        "layer",
+        8,
+        2,
+        package="timm.models",
+        until="def _create_resnet(",
+        preamble=TORCHVISION_PREAMBLE,
+        model="ResNet",
+    ),
+    CorpusModel(
+        "timm_beit",  # relative position bias in every block, layer scale
+        TIMM_PACKAGES,
+        "timm/models/beit.py",
+        VISION_EXAMPLE.format(
+            build="Beit(img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=6, "
+            "num_heads=4, use_abs_pos_emb=False, use_rel_pos_bias=True, init_values=0.1)",
+            size=32,
+        ),
+        (2, 4),
+        "blocks.",
+        6,
+        package="timm.models",
+        until="def _create_beit(",
+        preamble=TORCHVISION_PREAMBLE,
+        model="Beit",
+    ),
+    CorpusModel(
+        "timm_cait",  # two stacks: self-attention blocks, then class-attention blocks
+        TIMM_PACKAGES,
+        "timm/models/cait.py",
+        VISION_EXAMPLE.format(
+            build="Cait(img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=6, "
+            "num_heads=4, depth_token_only=2)",
+            size=32,
+        ),
+        (2, 4),
+        ("blocks.", "blocks_token_only."),
+        8,
+        2,
+        package="timm.models",
+        until="def _create_cait(",
+        preamble=TORCHVISION_PREAMBLE,
+        model="Cait",
+    ),
+    CorpusModel(
+        "timm_pvt_v2",  # four stages of spatial-reduction attention, overlapping patch embeds
+        TIMM_PACKAGES,
+        "timm/models/pvt_v2.py",
+        VISION_EXAMPLE.format(
+            build="PyramidVisionTransformerV2(depths=(2, 2, 2, 2), embed_dims=(16, 32, 64, 128), "
+            "num_heads=(1, 2, 4, 8), num_classes=10, drop_rate=0.0, drop_path_rate=0.0)",
+            size=64,
+        ),
+        (2, 4),
+        "stages.",
+        4,
+        package="timm.models",
+        until="def _create_pvt2(",
+        preamble=TORCHVISION_PREAMBLE,
+        model="PyramidVisionTransformerV2",
+    ),
+    CorpusModel(
+        "timm_eva",  # rotary position embedding over the patch grid, handed to every block
+        TIMM_PACKAGES,
+        "timm/models/eva.py",
+        VISION_EXAMPLE.format(
+            build="Eva(img_size=32, patch_size=8, num_classes=10, embed_dim=64, depth=6, "
+            "num_heads=4, use_rot_pos_emb=True)",
+            size=32,
+        ),
+        (2, 4),
+        "blocks.",
+        6,
+        package="timm.models",
+        until="def _create_eva(",
+        preamble=TORCHVISION_PREAMBLE,
+        model="Eva",
+    ),
+    CorpusModel(
+        "torchtune_llama3_2",  # TransformerDecoder: a layer loop that may collect hidden states
+        TORCHTUNE_PACKAGES,
+        "torchtune/modules/transformer.py",
+        TORCHTUNE_EXAMPLE,
+        (2, 4),
+        "layers.",
+        6,
+        model="TransformerDecoder",
+    ),
+    CorpusModel(
+        "titan_llama3",  # forward inherited from torchtitan's Decoder, layers in a ModuleDict
+        TORCHTITAN_PACKAGES,
+        "torchtitan/models/llama3/model.py",
+        TORCHTITAN_EXAMPLE,
+        (2, 4),
+        "layers.",
+        6,
+        model="Llama3Model",
+    ),
+)
+
+
 #: The held-out models whose first try found a bug in syncpass.
 TESTED_HELD_OUT = (
     "hf_qwen2",
@@ -1491,9 +1938,22 @@ def main() -> None:
         action="store_true",
         help="other versions and configs of the same libraries, and encoder-decoders (VARIANTS)",
     )
+    parser.add_argument(
+        "--fourth-batch",
+        action="store_true",
+        help="models first tried after the issue-26 changes landed (FOURTH_BATCH)",
+    )
     parser.add_argument("--steps", type=int, default=3)
     args = parser.parse_args()
-    models = HELD_OUT if args.held_out else VARIANTS if args.variants else MODELS
+    models = (
+        HELD_OUT
+        if args.held_out
+        else VARIANTS
+        if args.variants
+        else FOURTH_BATCH
+        if args.fourth_batch
+        else MODELS
+    )
     wanted = args.models.split(",") if args.models else [model.name for model in models]
     bench([model for model in models if model.name in wanted], args.steps)
 
