@@ -44,6 +44,7 @@ MODELS = [
             "rope_cache_gpt",
             "rotary_mapping",
             "stage_named",
+            "submodule_method",
             "zipped_layers",
         )
     ),

@@ -44,11 +44,12 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import libcst as cst
+import libcst.matchers as m
 
 from syncpass.backends.torch.analysis import analyse as analyse_traced
 from syncpass.backends.torch.rewrite import strip_sync_points as strip_pipe_splits
@@ -619,10 +620,20 @@ def _sent_at_cuts(graph: OpGraph, forward: cst.FunctionDef) -> tuple[Cut, ...]:
     return tuple(cuts)
 
 
+#: A submodule's own method by its path from the model (``encoder.get_rel_embedding``):
+#: the submodule's path and the method, or ``None`` when the path names none.
+SubmoduleMethod = Callable[[str], "tuple[str, cst.FunctionDef] | None"]
+
+
 def _reach(
-    paths: Sequence[str], methods: dict[str, cst.FunctionDef], seen: set[str]
+    paths: Sequence[str],
+    methods: dict[str, cst.FunctionDef],
+    seen: set[str],
+    submodule_method: SubmoduleMethod | None = None,
 ) -> tuple[list[str], bool]:
-    """``paths`` with the paths the model's own methods among them reach, methods left out."""
+    """``paths`` with the paths the model's own methods among them reach, and those a
+    submodule's own method reaches (DeBERTa's ``self.encoder.get_rel_embedding()`` reads
+    ``self.rel_embeddings`` of the encoder), methods left out."""
     reached: list[str] = []
     bare = False
     for path in paths:
@@ -631,12 +642,58 @@ def _reach(
             if head not in seen:
                 seen.add(head)
                 inner, inner_bare = self_paths([methods[head].body])
-                more, more_bare = _reach(inner, methods, seen)
+                more, more_bare = _reach(inner, methods, seen, submodule_method)
                 reached.extend(more)
                 bare = bare or inner_bare or more_bare
             continue
+        found = submodule_method(path) if submodule_method is not None else None
+        if found is not None:
+            if path not in seen:
+                seen.add(path)
+                owner, method = found
+                inner, _ = self_paths([method.body])  # `self` there is the submodule
+                more, _ = _reach(
+                    [f"{owner}.{inner_path}" for inner_path in inner], {}, seen, submodule_method
+                )
+                reached.extend(more)
+            continue
         reached.append(path)
     return reached, bare
+
+
+def _submodule_methods(module: cst.Module, model_class: str) -> SubmoduleMethod:
+    """The lookup of submodules' methods: the class of each submodule along a path is the
+    one ``__init__`` builds it from (``self.encoder = DebertaV2Encoder(config)``, a class
+    of the file), and the path's last part a method that class defines."""
+    classes = {
+        statement.name.value: statement
+        for statement in module.body
+        if isinstance(statement, cst.ClassDef)
+    }
+    built = m.Assign(
+        targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name()))],
+        value=m.Call(func=m.Name()),
+    )
+
+    def child_class(classdef: cst.ClassDef, name: str) -> cst.ClassDef | None:
+        init = method_of(classdef, "__init__")
+        for assign in m.findall(init, built) if init is not None else ():
+            assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+            target, func = assign.targets[0].target, assign.value.func
+            assert isinstance(target, cst.Attribute) and isinstance(func, cst.Name)
+            if target.attr.value == name and func.value in classes:
+                return classes[func.value]
+        return None
+
+    def lookup(path: str) -> tuple[str, cst.FunctionDef] | None:
+        *owner, name = path.split(".")
+        classdef = classes.get(model_class)
+        for part in owner:
+            classdef = child_class(classdef, part) if classdef is not None else None
+        method = method_of(classdef, name) if classdef is not None and owner else None
+        return (".".join(owner), method) if method is not None else None
+
+    return lookup
 
 
 def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> list[StageCode]:
@@ -649,6 +706,7 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     forward = find_forward(planned, graph.model_class, path).forward
     unsent = _unsent_params(forward)
     methods = method_bodies(planned, graph.model_class)
+    submodule_method = _submodule_methods(planned, graph.model_class)
     pieces, warnings = split_forward(planned, graph.model_class, ordered, path)
     if warnings or len(pieces) != len(bounds) - 1:
         raise SyncpassError("; ".join(warnings) or "the forward does not cut at the planned sites")
@@ -773,7 +831,7 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     for index, (start, end) in enumerate(itertools.pairwise(bounds)):
         code = [*(statements[i] for i in replays[index]), *pieces[index]]
         paths, bare = self_paths(code)
-        reached, reached_bare = _reach(paths, methods, set())
+        reached, reached_bare = _reach(paths, methods, set(), submodule_method)
         layers = [
             f"{container}.{op.loop.index}"
             for op in graph.ops[start:end]
