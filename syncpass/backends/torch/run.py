@@ -99,14 +99,19 @@ def with_batch_norm_floor(request: RunRequest) -> RunRequest:
     norms (:mod:`syncpass.backends.torch.norms`: one forward of the example, in a guarded
     child process, before any stage starts), which the default count keeps to; an asked
     ``--microbatches`` that gives smaller micro-batches is refused here, with the counts
-    that work."""
-    batch, size, by = call_guarded(
-        _example_floor,
-        request.example,
-        what="the example",
-        timeout_s=request.timeout_s,
-        preload=PRELOAD,
-    )
+    that work. An example that builds only inside a rank (it reads ``RANK``, say) sets no
+    floor here: the ranks build it, and a batch norm it starves fails there, as it
+    would run."""
+    try:
+        batch, size, by = call_guarded(
+            _example_floor,
+            request.example,
+            what="the example",
+            timeout_s=request.timeout_s,
+            preload=PRELOAD,
+        )
+    except SyncpassError:
+        return request
     if request.microbatches is not None:
         one_per_stage = request.stages if request.schedule == "1f1b" else 1
         error = small_microbatches_error(request.microbatches, batch, size, by, one_per_stage)
