@@ -1038,6 +1038,28 @@ SyncPointTest = Callable[[cst.BaseStatement, "StatementFacts"], bool]
 StatementLabel = Callable[[cst.BaseStatement], "str | None"]
 
 
+def target_names(target: cst.CSTNode) -> tuple[list[cst.Name], list[cst.Name]]:
+    """What an assignment target binds, as Python binds it: the names (``x``, ``x, (y,
+    *z)``), and the names of the objects a store into a subscript or attribute changes
+    (``h`` of ``h[i] = y``, ``state`` of ``state.k = y``), which it binds nothing of."""
+    if isinstance(target, cst.Name):
+        return [target], []
+    if isinstance(target, cst.Tuple | cst.List):
+        names: list[cst.Name] = []
+        changed: list[cst.Name] = []
+        for element in target.elements:
+            more, more_changed = target_names(element.value)
+            names += more
+            changed += more_changed
+        return names, changed
+    if isinstance(target, cst.StarredElement):
+        return target_names(target.value)
+    base = target
+    while isinstance(base, cst.Subscript | cst.Attribute):
+        base = base.value
+    return [], [base] if isinstance(base, cst.Name) else []
+
+
 class _GatherNamesVisitor(cst.CSTVisitor):
     """Names a statement reads and binds, told apart by syntax (no metadata needed)."""
 
@@ -1048,21 +1070,14 @@ class _GatherNamesVisitor(cst.CSTVisitor):
         self.writes: list[str] = []
 
     def _bind(self, target: cst.CSTNode) -> None:
-        if isinstance(target, cst.Name):
-            self.bound.add(id(target))
-            self.writes.append(target.value)
-        elif isinstance(target, cst.Tuple | cst.List):
-            for element in target.elements:
-                self._bind(element.value)
-        elif isinstance(target, cst.StarredElement):
-            self._bind(target.value)
-        else:
+        names, changed = target_names(target)
+        for name in names:
+            self.bound.add(id(name))
+            self.writes.append(name.value)
+        for base in changed:
             # `kept[i] = y`, `state.k = y`: the object the base names changes, so the
             # statement reads it and writes it; the index (`i`) is only read.
-            base = target
-            while isinstance(base, cst.Subscript | cst.Attribute):
-                base = base.value
-            if isinstance(base, cst.Name) and base.value != "self":
+            if base.value != "self":
                 self.writes.append(base.value)
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:

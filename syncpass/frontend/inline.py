@@ -80,7 +80,7 @@ import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
 from syncpass.core.errors import SyncpassError
-from syncpass.frontend.analysis import match_container_loop, method_of, self_path
+from syncpass.frontend.analysis import match_container_loop, method_of, self_path, target_names
 from syncpass.frontend.bases import Ancestry, SourceClass
 from syncpass.frontend.branches import (
     UNKNOWN,
@@ -185,13 +185,7 @@ class _BoundNamesVisitor(cst.CSTVisitor):
 
     def _bind(self, target: cst.CSTNode) -> None:
         # `x`, `x, (y, *z)`: names bound; `self.x`, `h[i]`: an object changed, nothing bound.
-        if isinstance(target, cst.Name):
-            self.names.add(target.value)
-        elif isinstance(target, cst.Tuple | cst.List):
-            for element in target.elements:
-                self._bind(element.value)
-        elif isinstance(target, cst.StarredElement):
-            self._bind(target.value)
+        self.names.update(name.value for name in target_names(target)[0])
 
     def visit_AssignTarget(self, node: cst.AssignTarget) -> None:
         self._bind(node.target)
