@@ -45,6 +45,7 @@ MODELS = [
             "rotary_mapping",
             "stage_named",
             "submodule_method",
+            "tied_object_head",
             "zipped_layers",
         )
     ),

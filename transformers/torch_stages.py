@@ -409,7 +409,7 @@ class {base}({model}):
     def of(cls, model: {model}) -> "{base}":
         """This stage of ``model``: the same parameter objects, the other stages' set to None."""
 
-        def kept(module, prefix, into):
+        def kept(module, prefix, into, keeps):
             part = into.__new__(into)
             part.__dict__.update(module.__dict__)
             for table in ("_parameters", "_buffers", "_modules"):
@@ -420,19 +420,37 @@ class {base}({model}):
                     paths = [prefix + name]
                     if table == "_modules":
                         paths.append(prefix + str(place))
-                    whole = any(p == k or p.startswith(k + ".") for p in paths for k in cls.keeps)
-                    inside = [p for p in paths if any(k.startswith(p + ".") for k in cls.keeps)]
+                    whole = any(p == k or p.startswith(k + ".") for p in paths for k in keeps)
+                    inside = [p for p in paths if any(k.startswith(p + ".") for k in keeps)]
                     if value is None or whole:
                         continue
                     if not inside:
                         entries[name] = None
                     elif table == "_modules":
-                        entries[name] = kept(value, inside[0] + ".", type(value))
+                        entries[name] = kept(value, inside[0] + ".", type(value), keeps)
                     # else a parameter or buffer whose attribute the stage reads: kept whole
                 part.__dict__[table] = entries
             return part
 
-        stage: "{base}" = kept(model, "", cls)
+        def held(path, keeps):
+            return any(path == k or path.startswith(k + ".") for k in keeps)
+
+        stage: "{base}" = kept(model, "", cls, cls.keeps)
+        # A plain object the stage uses may hold modules of the model (a tied head that is
+        # not a module and calls the embedding's weight): the stage keeps those too, so
+        # that their parameters are its own (its optimizer and gradients reach them).
+        paths = {{id(module): path for path, module in model.named_modules() if path}}
+        used = [
+            paths[id(part)]
+            for owner, module in stage.named_modules()
+            for name, value in vars(module).items()
+            if held(f"{{owner}}.{{name}}".lstrip("."), cls.keeps)
+            for part in getattr(value, "__dict__", {{}}).values()
+            if id(part) in paths
+        ]
+        extra = tuple(dict.fromkeys(path for path in used if not held(path, cls.keeps)))
+        if extra:
+            stage = kept(model, "", cls, cls.keeps + extra)
         return stage
 '''
 

@@ -117,6 +117,25 @@ class LossCheck:
 
 
 @dataclass(frozen=True)
+class TiedCheck:
+    """A weight several stages hold copies of (a tied embedding and head) after the timed
+    steps: each step gives every copy the sum of their gradients, so the copies stay equal,
+    as the unsplit model's one parameter is. ``max_abs`` is the largest difference between
+    two copies; ``atol`` the verification's absolute tolerance."""
+
+    name: str
+    stages: tuple[int, ...]
+    steps: int
+    max_abs: float
+    atol: float
+
+    @property
+    def ok(self) -> bool:
+        """Whether the copies are still equal within the tolerance."""
+        return self.max_abs <= self.atol
+
+
+@dataclass(frozen=True)
 class StageFigures:
     """What one stage measured, and (with ``--verify``) what it checked.
 
@@ -151,6 +170,7 @@ class StageFigures:
     device: str = ""
     held: tuple[int, ...] = ()
     actions: tuple[tuple[str, int, int], ...] = ()
+    tied: tuple[TiedCheck, ...] = ()  # rank 0's, with --verify: every rank computes the same
 
     @property
     def stages_held(self) -> tuple[int, ...]:
@@ -222,12 +242,19 @@ class RunResult:
         return tuple(check for stage in self.stages for check in stage.loss_checks)
 
     @property
+    def tied(self) -> tuple[TiedCheck, ...]:
+        """The weights several stages hold, as they stand after the timed steps."""
+        return tuple(check for stage in self.stages for check in stage.tied)
+
+    @property
     def verified(self) -> bool:
-        """Whether ``--verify`` ran and found every loss and gradient equal within tolerance."""
+        """Whether ``--verify`` ran and found every loss and gradient equal within tolerance
+        (and every tied weight's copies still equal after the steps)."""
         return (
             self.request.verify
             and all(check.ok for check in self.checks)
             and all(check.ok for check in self.loss_checks)
+            and all(check.ok for check in self.tied)
         )
 
 

@@ -68,6 +68,17 @@ def render_verification(result: RunResult) -> list[str]:
         lines.append(f"  mismatch: {check.name} ({where}): {detail}")
     if len(bad) > MISMATCHES_SHOWN:
         lines.append(f"  ... and {len(bad) - MISMATCHES_SHOWN} more mismatching parameter(s)")
+    for tied in result.tied:
+        where = f"{tied.name}'s copies on stages {', '.join(map(str, tied.stages))}"
+        if tied.ok:
+            lines.append(
+                f"  tied: {where} equal after {tied.steps} step(s) (each step gives every copy "
+                "the sum of their gradients)"
+            )
+        else:
+            lines.append(
+                f"  mismatch: tied {where} {_figure(tied.max_abs)} apart after {tied.steps} step(s)"
+            )
     if result.randomness is not None and not result.verified:
         lines.append(f"  note: {result.randomness}")
     for loss in bad_losses:
@@ -221,6 +232,17 @@ def report_document(result: RunResult) -> dict[str, Any]:
                     "note": check.note,
                 }
                 for check in checks
+            ],
+            "tied": [
+                {
+                    "name": tied.name,
+                    "stages": list(tied.stages),
+                    "steps": tied.steps,
+                    "max_abs_diff": _number(tied.max_abs),
+                    "atol": tied.atol,
+                    "ok": tied.ok,
+                }
+                for tied in result.tied
             ],
             "losses": [
                 {

@@ -20,6 +20,7 @@ import dataclasses
 import inspect
 import io
 import logging
+import math
 import os
 import sys
 import time
@@ -51,6 +52,7 @@ from syncpass.runtime.contracts import (
     RunRequest,
     RunResult,
     StageFigures,
+    TiedCheck,
     WorkerDone,
     WorkerFailed,
     default_microbatches,
@@ -273,6 +275,7 @@ def _run(request: RunRequest, rank: int) -> RunResult | None:
     if run.reference is not None:
         checks, loss_checks = _check(run, run.reference, losses)
     if run.optimizer is not None:
+        sum_tied_gradients(run)
         run.optimizer.step()
     if request.timeline is not None:
         from syncpass.backends.torch.profiler import Profile
@@ -281,6 +284,7 @@ def _run(request: RunRequest, rank: int) -> RunResult | None:
             step_times, compute_times = _timed_steps(run)
     else:
         step_times, compute_times = _timed_steps(run)
+    tied = _tied_checks(run) if run.reference is not None else ()
     parameters = run.parameters()
     held = tuple(stage.stage_index for stage in run.stages)
     figures = StageFigures(
@@ -294,6 +298,7 @@ def _run(request: RunRequest, rank: int) -> RunResult | None:
         loss_checks=loss_checks,
         held=held if request.stages_per_device > 1 else (),
         actions=tuple(run.log.actions),
+        tied=tied if rank == 0 else (),
     )
     return _gather(run, figures)
 
@@ -956,9 +961,79 @@ def _step(run: StageRun, timed: bool) -> list[torch.Tensor]:
     else:
         run.schedule.step(*inputs)
     if timed and run.optimizer is not None:
+        sum_tied_gradients(run)
         with run.clock.measure():
             run.optimizer.step()
     return losses
+
+
+@dataclass(frozen=True)
+class _TiedWeight:
+    """A weight several stages hold: its copies on this rank and its shape (every rank
+    joins its collectives, holding a copy or not)."""
+
+    name: str  # in the unsplit model
+    stages: tuple[int, ...]
+    copies: tuple[torch.nn.Parameter, ...]
+    like: torch.Tensor  # a copy, on whichever rank: for the shape and dtype
+
+
+def _tied_weights(run: StageRun) -> list[_TiedWeight]:
+    """The weights several stages hold copies of (a tied embedding and head), in the same
+    order on every rank."""
+    if run.pipe is not None:
+        groups = list(run.pipe.replicated_params)
+        every = dict(run.pipe.split_gm.named_children())
+    else:
+        groups = shared_parameters(run.stage_modules, run.aliases)
+        every = {f"stage{index}": module for index, module in enumerate(run.stage_modules)}
+    own = {
+        name: module
+        for name, module in every.items()
+        if any(stage.submod is module for stage in run.stages)
+    }
+    found = []
+    for group in sorted(groups, key=lambda group: sorted(group.items())):
+        holder, name = sorted(group.items())[0]
+        stages = tuple(sorted(int("".join(filter(str.isdigit, held))) for held in group))
+        copies = tuple(
+            own[held].get_parameter(local) for held, local in group.items() if held in own
+        )
+        like = every[holder].get_parameter(name)
+        found.append(_TiedWeight(run.aliases.get(name, name), stages, copies, like))
+    return found
+
+
+def sum_tied_gradients(run: StageRun) -> None:
+    """Give every copy of a weight several stages hold (a tied embedding and head) the sum
+    of the copies' gradients, the one gradient the unsplit model's parameter gets, so that
+    the optimizer keeps the copies equal: one all-reduce per such weight, which every rank
+    joins in the same order (a rank holding no copy adds zeros)."""
+    for weight in _tied_weights(run):
+        total = torch.zeros_like(weight.like, device=run.device)
+        for tied in weight.copies:
+            if tied.grad is not None:
+                total += tied.grad
+        dist.all_reduce(total)
+        for tied in weight.copies:
+            tied.grad = total.clone()
+
+
+def _tied_checks(run: StageRun) -> tuple[TiedCheck, ...]:
+    """How far apart the copies of each tied weight are after the timed steps."""
+    _, atol = verify.tolerances(torch.float32, run.device, run.request.rtol, run.request.atol)
+    checks = []
+    for weight in _tied_weights(run):
+        high = torch.full_like(weight.like, -math.inf, device=run.device)
+        low = torch.full_like(weight.like, math.inf, device=run.device)
+        for tied in weight.copies:
+            high = torch.maximum(high, tied.detach())
+            low = torch.minimum(low, tied.detach())
+        dist.all_reduce(high, op=dist.ReduceOp.MAX)
+        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        drift = float((high - low).abs().max())
+        checks.append(TiedCheck(weight.name, weight.stages, run.request.steps + 1, drift, atol))
+    return tuple(checks)
 
 
 def _check(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,10 @@ def test_masked_gpt_splits_and_verifies(
     assert sorted((entry["name"], entry["stage"]) for entry in tied) == [
         ("wte.weight", 0),
         ("wte.weight", stages - 1),
+    ]
+    # Each step gives both copies the sum of their gradients: they stay one weight.
+    assert [(tied["name"], tied["stages"], tied["ok"]) for tied in verify["tied"]] == [
+        ("wte.weight", [0, stages - 1], True)
     ]
     # Each stage holds only what it runs: every layer's parameters are on one stage only.
     by_name: dict[str, set[int]] = {}
@@ -570,3 +575,24 @@ def test_a_forward_inherited_from_another_module_splits_and_verifies(
     document = run_verified(out, f"--stages {stages}", capsys)
     assert document["verify"]["ok"] is True
     assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+
+
+@pytest.mark.slow
+def test_a_stage_holds_the_modules_a_plain_object_it_uses_refers_to(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # torchtune's TiedLinear: the head is an object, not a module, that calls the
+    # embedding's weight; the last stage keeps the embedding so that the weight is its own.
+    source = tmp_path / "tied_object_head.py"
+    shutil.copy(REPO / "tests" / "data" / "tied_object_head.py", source)
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "2"]
+    assert main([*argv, "--in-place"]) == 0, capsys.readouterr().err
+    example = load_example(f"{source}:example")
+    model = example.model
+    module = sys.modules[type(model).__module__]
+    first, last = (getattr(module, f"TiedHeadLMStage{index}").of(model) for index in (0, 1))
+    assert "tok_embeddings" not in last.keeps  # what the forward's slice reads, as written
+    held = dict(last.named_parameters())
+    assert held["tok_embeddings.weight"] is model.tok_embeddings.weight
+    assert not any(name.startswith("layers.0.") for name in held)
+    assert "norm.weight" not in dict(first.named_parameters())
