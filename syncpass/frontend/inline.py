@@ -325,6 +325,16 @@ def _followed_decorators(method: cst.FunctionDef) -> tuple[str, ...] | None:
     return tuple(name for name in names if name is not None)
 
 
+def opaque_decorators(method: cst.FunctionDef) -> tuple[cst.Decorator, ...]:
+    """The decorators of ``method`` that are not :data:`TRANSPARENT_DECORATORS`: what they
+    do around the call is unknown, and a slice of the body cannot run it."""
+    return tuple(
+        decorator
+        for decorator in method.decorators
+        if _decorator_name(decorator) not in TRANSPARENT_DECORATORS
+    )
+
+
 def _plain_method(method: cst.FunctionDef) -> bool:
     if method.asynchronous is not None or _followed_decorators(method) is None:
         return False

@@ -78,6 +78,7 @@ from syncpass.frontend.inline import (
     SourceLines,
     inline_own_methods,
     mentioned_names,
+    opaque_decorators,
 )
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
@@ -417,12 +418,41 @@ def insert(
     """``source``'s module with one stage class per stage of the plan after the model."""
     if not sites:
         return source.module, ()
+    _refuse_opaque_decorators(source, path)
     try:
         codes = stage_codes(source, sites, path)
     except SyncpassError as error:
         return source.module, (error.message,)
     return insert_stages(
         source.module, source.graph.model_class, sites, codes, path, _planned(source)
+    )
+
+
+def _refuse_opaque_decorators(source: ModelSource, path: str) -> None:
+    """Stop at a decorator of the model's forward that the stages would leave out: each
+    stage runs a slice of the forward's statements, so what a wrapper does around the whole
+    call (Hugging Face's ``@filter_output_hidden_states`` sets ``output_hidden_states``
+    first and filters the output after) happens in none of them, and the split would
+    compute something else than the model the profile ran."""
+    model = source.graph.model_class
+    planned = find_forward(_planned(source), model, path).forward
+    opaque = opaque_decorators(planned)
+    if not opaque:
+        return
+    where = path
+    try:
+        written = find_forward(source.module, model, path).forward
+    except SyncpassError:  # the forward is inherited: its decorators are the base's
+        written = None
+    if written is not None and written.decorators:
+        where = f"{path}:{SourceLines(source.module)(written.decorators[0])}"
+    named = ", ".join(f"@{cst.Module([]).code_for_node(d.decorator)}" for d in opaque)
+    raise SyncpassError(
+        f"{model}.forward is wrapped in {named}, which the stages cannot run: each stage "
+        "runs a slice of the forward's statements, and what a decorator does around the "
+        "whole call would happen in none of them. Split the module the forward calls "
+        "(the base model it wraps) or a subclass whose forward is not decorated",
+        where,
     )
 
 

@@ -345,3 +345,20 @@ def test_a_rewritten_file_reads_as_the_file_it_was_written_from() -> None:
     first = STAGES.analyse(MASKED, "net.py", KnownOps("Net", ()), "Net")
     assert again.base == first.base == MASKED and again.module.code == MASKED
     assert again.graph == first.graph
+
+
+def test_a_forward_wrapped_in_an_unknown_decorator_is_refused_at_the_decorator() -> None:
+    # Hugging Face's @filter_output_hidden_states sets a flag before the call and filters
+    # the output after: a stage running a slice of the body would do neither.
+    wrapped = MASKED.replace(
+        "    def forward(self, idx", "    @filter_output_hidden_states\n    def forward(self, idx"
+    )
+    with pytest.raises(SyncpassError, match="wrapped in @filter_output_hidden_states") as raised:
+        rewrite(wrapped, 2)
+    line = wrapped.splitlines().index("    @filter_output_hidden_states") + 1
+    assert raised.value.location == f"net.py:{line}"
+    # A decorator known to compute nothing the loss reads is left out, as before.
+    known = MASKED.replace(
+        "    def forward(self, idx", "    @can_return_tuple\n    def forward(self, idx"
+    )
+    assert "class NetStage1" in rewrite(known, 2).rewritten
