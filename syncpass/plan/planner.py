@@ -198,6 +198,9 @@ class Plan:
     model_settings: tuple[tuple[str, SettingValue], ...] = ()
     # Nested nn.Sequential children the plan looks into, and why (syncpass.plan.levels).
     expanded: tuple[Expansion, ...] = ()
+    # With more pipeline ranks than the hardware has devices: the least step of the ranks
+    # sharing them (their whole work over the devices), beside the predicted one.
+    shared_step_s: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.stages) != len(self.sync_points) + 1:
@@ -396,13 +399,6 @@ def make_plan(
             cache, request.schedule, stages // per_device, per_device, microbatches, origin
         )
     notes: list[str] = list(costs.notes)
-    devices = costs.hardware.devices
-    if devices is not None and stages // per_device > devices:
-        notes.append(
-            f"{stages // per_device} pipeline ranks on {devices} device(s) "
-            f"({costs.hardware.name or 'the hardware'}): ranks would share devices, which the "
-            f"predicted step does not model; plan for at most {devices}, or for hardware with more"
-        )
     dominant = _dominant_op_note(costs, stages)
     if dominant is not None:
         notes.append(dominant)
@@ -655,6 +651,36 @@ def _best_stages_per_device(
         + (f"; refused {'; '.join(refused)}" if refused else "")
     )
     return dataclasses.replace(best, notes=(*best.notes, note))
+
+
+def shared_step(costs: Costs, prediction: Prediction) -> float | None:
+    """The least step of a plan with more pipeline ranks than the hardware has devices
+    (``hardware.devices``, when known), the ranks sharing them: their whole work over the
+    devices there are, or the predicted step if that is more. None when each rank has a
+    device of its own (or the count is unknown)."""
+    devices, ranks = costs.hardware.devices, len(prediction.stages)
+    if devices is None or ranks <= devices:
+        return None
+    work = sum(stage.compute_s + stage.sync_s for stage in prediction.stages)
+    return max(prediction.step_s, work / devices)
+
+
+def _shared_devices_note(costs: Costs, prediction: Prediction) -> str | None:
+    """What the prediction means when the plan has more pipeline ranks than the hardware
+    has devices: it is for a device per rank, as the hardware profile would give; ranks
+    that share devices take at least :func:`shared_step`, which the note puts beside it."""
+    shared = shared_step(costs, prediction)
+    if shared is None:
+        return None
+    devices, ranks = costs.hardware.devices, len(prediction.stages)
+    work = sum(stage.compute_s + stage.sync_s for stage in prediction.stages)
+    return (
+        f"{ranks} pipeline ranks on {devices} device(s) ({costs.hardware.name or 'the hardware'}):"
+        f" the predicted step, {seconds(prediction.step_s)}, is for a device per rank; ranks "
+        f"sharing {devices} take at least their {seconds(work)} of work over {devices}, "
+        f"{seconds(shared)} a step ({shared / prediction.step_s:.2f}x the prediction). Plan for "
+        f"at most {devices}, or read it as the figure for hardware with {ranks} devices"
+    )
 
 
 def auto_stage_limit(costs: Costs, max_stages: int, stages_per_device: int = 1) -> int:
@@ -1119,6 +1145,9 @@ def _assemble(
             "microbatches",
         )
     prediction = cache.predict(problem, cuts, microbatches, request.schedule, per_device)
+    shared = _shared_devices_note(costs, prediction)
+    if shared is not None:
+        notes = [*notes, shared]
     placement = stage_devices(request.schedule, stages // per_device, per_device)
     live = costs.live_bytes_at
     reasons = explain_sync_points(costs, problem, cuts, score, threshold.used)
@@ -1180,4 +1209,5 @@ def _assemble(
         model=costs.model,
         model_settings=costs.model_settings,
         stages_per_device=per_device,
+        shared_step_s=shared_step(costs, prediction),
     )

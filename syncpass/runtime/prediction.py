@@ -54,6 +54,14 @@ def render_prediction(prediction: RunPrediction) -> str:
         f"communication wait predicted {percent(plan.comm_wait_ratio)}, measured "
         f"{percent(prediction.measured_wait_ratio)} (bubbles included)"
     )
+    if plan.shared_step_s is not None and prediction.measured_step_s:
+        shared = plan.shared_step_s
+        lines.append(
+            f"  the prediction is for a device per rank (the hardware profile's); here "
+            f"{plan.devices} ranks share fewer, which takes at least {seconds(shared)} a step "
+            f"({shared / plan.predicted_step_s:.2f}x the prediction; predicted/measured "
+            f"{shared / prediction.measured_step_s:.2f} with it)"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -64,6 +72,7 @@ def prediction_to_json(prediction: RunPrediction) -> dict[str, Any]:
         "predicted_step_s": plan.predicted_step_s,
         "measured_step_s": prediction.measured_step_s,
         "predicted_over_measured": prediction.ratio,
+        "shared_step_s": plan.shared_step_s,
         "predicted_comm_wait_ratio": plan.comm_wait_ratio,
         "measured_wait_ratio": prediction.measured_wait_ratio,
         "stages": [

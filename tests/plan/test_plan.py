@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import math
 import random
+import re
 
 import pytest
 from costbuilder import cost_dict
@@ -423,7 +424,15 @@ def test_stages_auto_never_plans_more_stages_than_devices() -> None:
     # An explicit count beyond the devices is planned, with a warning in the notes.
     forced = make_plan(costs, request(4))
     assert len(forced.stages) == 4
-    assert any("4 pipeline ranks on 2 device(s)" in note for note in forced.notes)
+    (shared,) = [note for note in forced.notes if "4 pipeline ranks on 2 device(s)" in note]
+    # 12 ops of 3 s (forward and backward) shared by 2 devices: 18 s a step at least.
+    assert "is for a device per rank" in shared
+    found = re.search(r"over 2, (\d+(?:\.\d+)?) s a step \((\d+\.\d+)x the prediction\)", shared)
+    assert found is not None, shared
+    assert float(found.group(1)) >= 18.0
+    assert float(found.group(2)) == pytest.approx(
+        float(found.group(1)) / forced.predicted_step_s, rel=0.01
+    )
 
 
 @pytest.mark.parametrize("devices", [0, 1.5, True, "2"])
