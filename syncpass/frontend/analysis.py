@@ -495,6 +495,74 @@ def enumerated_index_loop(node: cst.For, taken: Collection[str] = ()) -> cst.For
     )
 
 
+def while_index_loop(
+    start: cst.BaseStatement,
+    node: cst.While,
+    after: Sequence[cst.BaseStatement],
+    taken: Collection[str] = (),
+) -> cst.For | None:
+    """``i = 0`` then ``while i < len(self.layers):`` whose body runs ``self.layers[i]``
+    and ends in ``i += 1``, as the layer loop it is (:func:`enumerated_index_loop` on
+    ``for i in range(len(self.layers)):``, the body without its last line); ``None`` for
+    any other loop.
+
+    ``start`` is the statement right before the loop: ``i = K`` with a whole number
+    ``K`` from 0. The test is ``i < STOP`` with a stop :func:`enumerated_index_loop`
+    takes; the body steps ``i`` by one in its last line only and holds no ``break`` or
+    ``continue`` (which would skip the step or end the loop early), and nothing in
+    ``after`` (the statements after the loop) reads ``i``, which the ``for`` leaves one
+    lower than the ``while`` does."""
+    if node.orelse is not None or not isinstance(node.body, cst.IndentedBlock):
+        return None
+    if not (
+        isinstance(start, cst.SimpleStatementLine)
+        and len(start.body) == 1
+        and isinstance(assign := start.body[0], cst.Assign)
+        and len(assign.targets) == 1
+        and isinstance(index := assign.targets[0].target, cst.Name)
+        and isinstance(first := assign.value, cst.Integer)
+    ):
+        return None
+    name = index.value
+    test = node.test
+    if not (
+        isinstance(test, cst.Comparison)
+        and m.matches(test.left, m.Name(name))
+        and len(test.comparisons) == 1
+        and isinstance(test.comparisons[0].operator, cst.LessThan)
+    ):
+        return None
+    *body, last = node.body.body
+    step = m.SimpleStatementLine(
+        body=[m.AugAssign(target=m.Name(name), operator=m.AddAssign(), value=m.Integer("1"))]
+    )
+    if not body or not m.matches(last, step):
+        return None
+    if m.findall(cst.IndentedBlock(body=body), m.Break() | m.Continue()):
+        return None
+    if any(m.findall(line, m.Name(name)) for line in after):
+        return None
+    bounds = [cst.Arg(first), cst.Arg(test.comparisons[0].comparator)]
+    loop = cst.For(
+        target=cst.Name(name),
+        iter=cst.Call(func=cst.Name("range"), args=bounds[1:] if first.value == "0" else bounds),
+        body=node.body.with_changes(body=body),
+        leading_lines=node.leading_lines,
+    )
+    found = enumerated_index_loop(loop, taken)
+    if found is None:
+        return None
+    written = cst.Module([]).code_for_node(test)
+    note = cst.EmptyLine(
+        comment=cst.Comment(
+            f"# syncpass: `while {written}:` stepping {name} by 1 from {first.value}"
+        )
+    )
+    return found.with_changes(
+        leading_lines=(*node.leading_lines, note, *found.leading_lines[len(node.leading_lines) :])
+    )
+
+
 def _rebinds(body: cst.BaseSuite, name: str) -> bool:
     """Whether ``body`` binds ``name`` in a way a plain assignment scan misses: a
     comprehension's target, a walrus, a nested function's or lambda's parameter, ``with``

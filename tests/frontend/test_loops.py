@@ -187,3 +187,45 @@ def test_index_loops_that_are_no_layer_loop_stay_as_written() -> None:
         "for i in range(4):\n    x = x * i\n",  # indexes nothing
     ):
         assert _enumerated(code) is None, code
+
+
+def _while(code: str) -> str | None:
+    import libcst as cst
+
+    from syncpass.frontend.analysis import while_index_loop
+
+    start, loop, *after = cst.parse_module(textwrap.dedent(code)).body
+    assert isinstance(loop, cst.While)
+    found = while_index_loop(start, loop, after)
+    return None if found is None else cst.Module([found]).code
+
+
+def test_a_while_stepping_an_index_is_the_layer_loop_it_runs() -> None:
+    found = _while(
+        """\
+        i = 0
+        while i < len(self.layers):
+            x = self.layers[i](x) * i
+            i += 1
+        y = x
+        """
+    )
+    assert found is not None
+    assert "# syncpass: `while i < len(self.layers):` stepping i by 1 from 0" in found
+    assert "for i, layer in enumerate(self.layers):" in found
+    assert "x = layer(x) * i" in found and "i += 1" not in found
+    later = _while("i = 2\nwhile i < self.depth:\n    x = self.h[i](x)\n    i += 1\n")
+    assert later is not None and "enumerate(self.h[2:self.depth], start=2)" in later
+
+
+def test_whiles_that_are_no_layer_loop_stay_as_written() -> None:
+    for code in (
+        "i = 0\nwhile i < 4:\n    x = self.layers[i](x)\n    i += 2\n",  # a step of 2
+        "i = 0\nwhile i < 4:\n    i += 1\n    x = self.layers[i](x)\n",  # stepped first
+        "i = 0\nwhile i < 4:\n    if x.sum() > 0:\n        break\n    x = self.layers[i](x)\n"
+        "    i += 1\n",  # may end early
+        "i = 0\nwhile i < 4:\n    x = self.layers[i](x)\n    i += 1\nprint(i)\n",  # read after
+        "i = n\nwhile i < 4:\n    x = self.layers[i](x)\n    i += 1\n",  # a start not known
+        "i = 0\nwhile i <= 4:\n    x = self.layers[i](x)\n    i += 1\n",  # another test
+    ):
+        assert _while(code) is None, code

@@ -64,6 +64,7 @@ from syncpass.frontend.analysis import (
     match_sequential_call,
     method_of,
     model_class_names,
+    while_index_loop,
 )
 from syncpass.frontend.bases import Ancestry, SourceClass, read_ancestry
 from syncpass.frontend.branches import (
@@ -190,9 +191,10 @@ def expand_source(
 
 def _index_loops_enumerated(module: cst.Module, name: str) -> cst.Module:
     """``module`` with each top-level loop of class ``name``'s forward that runs a layer
-    container by index (``for i in range(len(self.layers)): x = self.layers[i](x)``)
-    written as the layer loop it is (:func:`enumerated_index_loop`), so that the stages
-    run it over slices; ``module`` itself when there is none."""
+    container by index (``for i in range(len(self.layers)): x = self.layers[i](x)``, or
+    the same as a ``while`` stepping ``i``) written as the layer loop it is
+    (:func:`enumerated_index_loop`, :func:`while_index_loop`), so that the stages run it
+    over slices; ``module`` itself when there is none."""
     for position, statement in enumerate(module.body):
         if not (isinstance(statement, cst.ClassDef) and statement.name.value == name):
             continue
@@ -207,9 +209,14 @@ def _index_loops_enumerated(module: cst.Module, name: str) -> cst.Module:
         if not isinstance(forward.body, cst.IndentedBlock):
             return module
         names = mentioned_names([forward])
+        lines = forward.body.body
         body = [
-            (enumerated_index_loop(line, names) or line) if isinstance(line, cst.For) else line
-            for line in forward.body.body
+            (enumerated_index_loop(line, names) or line)
+            if isinstance(line, cst.For)
+            else (while_index_loop(lines[place - 1], line, lines[place + 1 :], names) or line)
+            if isinstance(line, cst.While) and place > 0
+            else line
+            for place, line in enumerate(lines)
         ]
         if all(new is old for new, old in zip(body, forward.body.body, strict=True)):
             return module
