@@ -436,13 +436,18 @@ def _sliced_zip(call: cst.Call, start: int | None, stop: int | None) -> cst.Call
 def _slice_iter(
     iterable: cst.BaseExpression, loop: ContainerLoop, start: int | None, stop: int | None
 ) -> cst.BaseExpression:
-    if loop.zipped:
+    if loop.zipped and loop.index_name is None:
         assert isinstance(iterable, cst.Call)
         return _sliced_zip(iterable, start, stop)
     if loop.index_name is None:
         return _sliced(iterable, start, stop)
     assert isinstance(iterable, cst.Call)
-    inner = _sliced(iterable.args[0].value, start, stop)
+    if loop.zipped:  # enumerate(zip(...)): the zip sliced, the index counted on
+        zipped = iterable.args[0].value
+        assert isinstance(zipped, cst.Call)
+        inner: cst.BaseExpression = _sliced_zip(zipped, start, stop)
+    else:
+        inner = _sliced(iterable.args[0].value, start, stop)
     # The index must go on counting where the previous piece stopped.
     offset = (start or 0) - (loop.start or 0)
     if len(iterable.args) == 2:  # enumerate(..., 1) or enumerate(..., start=1): keep its form
@@ -528,6 +533,9 @@ def _slice_bounds(
     if _is_enumerate(iterable) or _is_zip(iterable):
         assert isinstance(iterable, cst.Call)
         iterable = iterable.args[0].value
+    if _is_zip(iterable):  # enumerate(zip(...))
+        assert isinstance(iterable, cst.Call)
+        iterable = iterable.args[0].value
     if isinstance(iterable, cst.Subscript) and isinstance(iterable.slice[0].slice, cst.Slice):
         part = iterable.slice[0].slice
         return iterable.value, _int_bound(part.lower), _int_bound(part.upper)
@@ -603,7 +611,12 @@ def _joined_iter(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.B
         return _sliced_zip(first, start, stop)
     if _is_enumerate(first):
         assert isinstance(first, cst.Call)
-        inner = _sliced(first.args[0].value, start, stop)
+        within = first.args[0].value
+        inner = (
+            _sliced_zip(within, start, stop)
+            if isinstance(within, cst.Call) and _is_zip(within)
+            else _sliced(within, start, stop)
+        )
         args = [first.args[0].with_changes(value=inner), *first.args[1:]]
         if len(args) == 1:
             args[0] = args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)

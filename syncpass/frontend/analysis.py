@@ -10,9 +10,10 @@ computed for the model class and the file's imports only, not the whole file.
 from __future__ import annotations
 
 import builtins
+import keyword
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 import libcst.matchers as m
@@ -304,21 +305,39 @@ _ZIP = m.Call(
 )
 
 
+#: ``enumerate(zip(a, b, ...))``, counted from 0 or a whole number.
+_ENUMERATED_ZIP = m.Call(
+    func=m.Name("enumerate"),
+    args=[
+        m.Arg(value=_ZIP, keyword=None, star=""),
+        m.ZeroOrOne(m.Arg(value=m.Integer(), keyword=m.Name("start") | None)),
+    ],
+)
+
+
 def _zipped_part(
-    node: cst.BaseExpression, start: int | None, stop: int | None
+    node: cst.BaseExpression, start: int | None, stop: int | None, runtime_stop: str | None = None
 ) -> tuple[bool, str | None]:
     """``(ok, path)`` for one further ``zip`` argument: a container of the model (its path)
-    or a plain local name (``None``), sliced exactly as the first argument is."""
+    or a plain local name (``None``), sliced exactly as the first argument is (with the
+    same stop read when the forward runs, ``self.<runtime_stop>``, where it has one)."""
     base, lower, upper = node, None, None
     if isinstance(node, cst.Subscript) and len(node.slice) == 1:
         part = node.slice[0].slice
         if not isinstance(part, cst.Slice) or part.step is not None:
             return False, None
         ok_lower, lower = _int_or_none(part.lower)
-        ok_upper, upper = _int_or_none(part.upper)
+        if runtime_stop is not None:
+            if part.upper is None or self_path(part.upper) != runtime_stop:
+                return False, None
+            ok_upper = True
+        else:
+            ok_upper, upper = _int_or_none(part.upper)
         if not (ok_lower and ok_upper):
             return False, None
         base = node.value
+    elif runtime_stop is not None:
+        return False, None
     if (lower, upper) != (start, stop):
         return False, None
     path = self_path(base)
@@ -343,17 +362,41 @@ def _match_zip_loop(node: cst.For) -> ContainerLoop | None:
     if found is None:
         return None
     root, container, start, stop, runtime_stop, view = found
-    if root != "self" or runtime_stop is not None or view is not None:
+    if root != "self" or view is not None:
         return None
     zipped = []
     for name, arg in zip(items[1:], args[1:], strict=True):
-        ok, path = _zipped_part(arg.value, start, stop)
-        if not ok or path == container:
+        ok, path = _zipped_part(arg.value, start, stop, runtime_stop)
+        if not ok or path == container or (runtime_stop is not None and path is None):
             return None
         zipped.append((name, path))
     if _has_jump(node.body):
         return None
-    return ContainerLoop(container, start, stop, items[0], zipped=tuple(zipped))
+    return ContainerLoop(
+        container, start, stop, items[0], zipped=tuple(zipped), runtime_stop=runtime_stop
+    )
+
+
+def _match_enumerated_zip_loop(node: cst.For) -> ContainerLoop | None:
+    """``for i, (layer, norm) in enumerate(zip(self.layers, self.norms))``: the zipped loop
+    (:func:`_match_zip_loop`) with the index counted from 0 (or the whole number
+    ``enumerate`` is given), never from a bound counted from the end."""
+    call = node.iter
+    assert isinstance(call, cst.Call)
+    target = node.target
+    if not (
+        isinstance(target, cst.Tuple)
+        and len(target.elements) == 2
+        and isinstance(index := target.elements[0].value, cst.Name)
+        and isinstance(inner := target.elements[1].value, cst.Tuple)
+    ):
+        return None
+    zipped = _match_zip_loop(node.with_changes(target=inner, iter=call.args[0].value))
+    if zipped is None or any(
+        bound is not None and bound < 0 for bound in (zipped.start, zipped.stop)
+    ):
+        return None
+    return replace(zipped, index_name=index.value)
 
 
 def match_container_loop(node: cst.For) -> ContainerLoop | None:
@@ -363,6 +406,8 @@ def match_container_loop(node: cst.For) -> ContainerLoop | None:
     iterable = node.iter
     if m.matches(iterable, _ZIP):
         return _match_zip_loop(node)
+    if m.matches(iterable, _ENUMERATED_ZIP):
+        return _match_enumerated_zip_loop(node)
     index_name = None
     parts: tuple[str, ...] = ()
     counted_from = m.Arg(value=m.Integer(), keyword=None) | m.Arg(
@@ -417,13 +462,16 @@ def enumerated_index_loop(node: cst.For, taken: Collection[str] = ()) -> cst.For
     layer loop it is: ``for i, layer in enumerate(self.layers):``, the same iterations
     with the layer each indexes, and the body as written (``self.layers[i](x)``), so the
     loop is planned per layer (:func:`match_container_loop`); ``None`` for any other loop.
+    A body that indexes several containers by the loop's name (``self.norms[i]`` beside
+    ``self.layers[i]``) runs them zipped: ``for i, (layer, norm) in
+    enumerate(zip(self.layers, self.norms)):``, the container whose length bounds the
+    range first (else the first indexed), each sliced alike.
 
     The range is ``range(len(self.X))``, ``range(STOP)`` or ``range(START, STOP)`` with
     whole-number bounds, or ``range(self.<setting>)`` (a stop read when the forward runs,
     checked by the profile as ``self.X[: self.<setting>]`` is), no step; the body indexes
-    exactly one container of the model by the loop's name, ``self.X[i]``, and never binds
-    that name. The layer's name is one neither the loop nor ``taken`` (the forward's
-    names) holds."""
+    containers of the model by the loop's name, ``self.X[i]``, and never binds that name.
+    The items' names are ones neither the loop nor ``taken`` (the forward's names) holds."""
     if node.orelse is not None or node.asynchronous is not None:
         return None
     if not isinstance(node.target, cst.Name) or not isinstance(node.iter, cst.Call):
@@ -435,19 +483,19 @@ def enumerated_index_loop(node: cst.For, taken: Collection[str] = ()) -> cst.For
         return None
     index = node.target.value
     by_index = m.Subscript(slice=[m.SubscriptElement(slice=m.Index(value=m.Name(index)))])
-    indexed = {
-        path
-        for found in m.findall(node.body, by_index)
-        if isinstance(found, cst.Subscript) and (path := self_path(found.value))
-    }
+    subscripts = [
+        found for found in m.findall(node.body, by_index) if isinstance(found, cst.Subscript)
+    ]
+    if any(not self_path(found.value) for found in subscripts):
+        return None  # a local sequence by the index: not a container the stages can slice
+    indexed = list(dict.fromkeys(path for found in subscripts if (path := self_path(found.value))))
     bound = _GatherNamesVisitor()
     node.body.visit(bound)
-    if len(indexed) != 1 or index in bound.writes or _rebinds(node.body, index):
+    if not indexed or index in bound.writes or _rebinds(node.body, index):
         return None
     stored = m.AssignTarget(target=by_index) | m.AugAssign(target=by_index) | m.Del(target=by_index)
     if m.findall(node.body, stored):
         return None  # `self.layers[i] = ...` changes the container, not a layer
-    (container,) = indexed
     start: cst.BaseExpression | None = call.args[0].value if len(call.args) == 2 else None
     stop = call.args[-1].value
     # Whole-number bounds from 0 up: a negative one counts from the end for a slice, not
@@ -461,38 +509,69 @@ def enumerated_index_loop(node: cst.For, taken: Collection[str] = ()) -> cst.For
     whole = m.Call(func=m.Name("len"), args=[m.Arg(value=m.DoNotCare())])
     if m.matches(stop, whole):
         assert isinstance(stop, cst.Call)
-        if self_path(stop.args[0].value) != container:
+        measured = self_path(stop.args[0].value)
+        if measured not in indexed:
             return None
+        # Zipped first, it bounds the iterations as the range did (zip stops at the
+        # shortest; a shorter other container would have failed the indexing).
         upper = ""
+        indexed = [measured, *(path for path in indexed if path != measured)]
     elif isinstance(stop, cst.Integer) or self_path(stop):
         upper = cst.Module([]).code_for_node(stop)
     else:
         return None
     lower = cst.Module([]).code_for_node(start) if start is not None else ""
-    sliced = f"self.{container}" if not (lower or upper) else f"self.{container}[{lower}:{upper}]"
-    counted = f", start={lower}" if lower else ""
     mentioned = {name.value for name in m.findall(node, m.Name()) if isinstance(name, cst.Name)}
     mentioned |= set(taken)
-    item = next(
-        name for name in ("layer", *(f"layer_{k}" for k in range(2, 1000))) if name not in mentioned
-    )
-    header = cst.parse_expression(f"enumerate({sliced}{counted})")
-    target = cst.Tuple(
-        [cst.Element(cst.Name(index)), cst.Element(cst.Name(item))], lpar=[], rpar=[]
-    )
+    items: list[str] = []
+    for place, container in enumerate(indexed):
+        stem = "layer" if place == 0 else _item_stem(container)
+        item = next(
+            name
+            for name in (stem, *(f"{stem}_{k}" for k in range(2, 1000)))
+            if name not in mentioned and name not in items
+        )
+        items.append(item)
+    counted = f", start={lower}" if lower else ""
+    if len(indexed) == 1:
+        sliced = (
+            f"self.{indexed[0]}" if not (lower or upper) else f"self.{indexed[0]}[{lower}:{upper}]"
+        )
+        header = cst.parse_expression(f"enumerate({sliced}{counted})")
+        item_target: cst.BaseExpression = cst.Name(items[0])
+    else:
+        parts = [
+            f"self.{path}" if not (lower or upper) else f"self.{path}[{lower}:{upper}]"
+            for path in indexed
+        ]
+        header = cst.parse_expression(f"enumerate(zip({', '.join(parts)}){counted})")
+        item_target = cst.Tuple([cst.Element(cst.Name(item)) for item in items])
+    target = cst.Tuple([cst.Element(cst.Name(index)), cst.Element(item_target)], lpar=[], rpar=[])
     written = cst.Module([]).code_for_node(node.iter)
+    named = ", ".join(
+        f"self.{path}[{index}] as {item}" for path, item in zip(indexed, items, strict=True)
+    )
     note = cst.EmptyLine(
         comment=cst.Comment(
-            f"# syncpass: `for {index} in {written}:` over the layers it indexes, "
-            f"self.{container}[{index}] as {item}"
+            f"# syncpass: `for {index} in {written}:` over the layers it indexes, {named}"
         )
     )
     # Each iteration's layer by name: a stage then holds only the layers its slice runs.
-    body = m.replace(node.body, by_index, lambda found, _: _as_item(found, container, item))
-    assert isinstance(body, cst.BaseSuite)
+    body = node.body
+    for path, item in zip(indexed, items, strict=True):
+        replaced = m.replace(body, by_index, _item_of(path, item))
+        assert isinstance(replaced, cst.BaseSuite)
+        body = replaced
     return node.with_changes(
         target=target, iter=header, body=body, leading_lines=(*node.leading_lines, note)
     )
+
+
+def _item_stem(container: str) -> str:
+    """What one item of ``container`` is called: ``norm`` for ``norms``, ``h`` for ``h``."""
+    last = container.rpartition(".")[2].lstrip("_") or "item"
+    stem = last[:-1] if last.endswith("s") and len(last) > 2 else last
+    return stem if stem.isidentifier() and not keyword.iskeyword(stem) else "item"
 
 
 def while_index_loop(
@@ -577,6 +656,19 @@ def _rebinds(body: cst.BaseSuite, name: str) -> bool:
         | m.AsName(name=m.Name(name))
     )
     return bool(m.findall(body, binders))
+
+
+def _item_of(
+    container: str, item: str
+) -> Callable[[cst.CSTNode, dict[str, cst.CSTNode | Sequence[cst.CSTNode]]], cst.CSTNode]:
+    """:func:`_as_item` for ``container``, as ``m.replace`` calls a replacement."""
+
+    def replace(
+        found: cst.CSTNode, _: dict[str, cst.CSTNode | Sequence[cst.CSTNode]]
+    ) -> cst.CSTNode:
+        return _as_item(found, container, item)
+
+    return replace
 
 
 def _as_item(found: cst.CSTNode, container: str, item: str) -> cst.CSTNode:

@@ -1,7 +1,7 @@
 """Layer stacks run by index, as older and hand-written models do: ``for i in
 range(len(self.layers))`` with ``self.layers[i](x)``, ``for i in range(self.depth)``
-reading a second container by the same index only outside it, and a ``while`` stepping
-an index over a third. Planned per layer, each stage holding only its layers."""
+reading two containers by the same index (run zipped), and a ``while`` stepping an index
+over a third. Planned per layer, each stage holding only its layers."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ class IndexedNet(nn.Module):
         self.embed = nn.Linear(8, width)
         self.layers = nn.ModuleList([nn.Linear(width, width) for _ in range(depth)])
         self.blocks = nn.ModuleList([nn.Linear(width, width) for _ in range(depth)])
+        self.gates = nn.ModuleList([nn.Linear(width, width) for _ in range(depth + 1)])
         self.mixers = nn.ModuleList([nn.Linear(width, width) for _ in range(depth)])
         self.head = nn.Linear(width, 3)
 
@@ -27,7 +28,7 @@ class IndexedNet(nn.Module):
             h = torch.tanh(self.layers[i](h)) + h * (i + 1) / 10
         for i in range(self.depth):
             block = self.blocks[i]
-            h = block(h) + h
+            h = block(h) + torch.sigmoid(self.gates[i](h)) * h
         k = 1
         while k < len(self.mixers):
             h = torch.tanh(self.mixers[k](h)) * k + h

@@ -135,6 +135,37 @@ def test_splitting_a_zipped_loop_slices_every_sequence_alike_and_joins_back() ->
     assert remove_pipe_splits(rewritten, "Net", "net.py").code == ZIPPED
 
 
+ENUMERATED_ZIP = textwrap.dedent(
+    """\
+    class Net:
+        def forward(self, x):
+            h = self.stem(x)
+            for i, (layer, norm) in enumerate(zip(self.layers, self.norms), start=1):
+                h = h + layer(norm(h)) / i
+            return self.head(h)
+    """
+)
+
+
+def test_an_enumerated_zip_is_planned_per_layer_and_split_counting_on() -> None:
+    graph = analyse_model(parse_source(ENUMERATED_ZIP, "net.py"), "net.py", "Net", {"layers": 4})
+    loop_ops = [op for op in graph.ops if op.loop is not None]
+    assert [op.id for op in loop_ops] == [f"layers.{index}" for index in range(4)]
+    assert {"self.layers.2", "self.norms.2"} <= set(loop_ops[2].calls)
+    module = parse_source(ENUMERATED_ZIP, "net.py")
+    site = SyncSite(statement=1, split_after=1, comment="1/1: test")
+    rewritten, warnings = insert_pipe_splits(module, "Net", [site], "net.py")
+    assert warnings == ()
+    assert "enumerate(zip(self.layers[:2], self.norms[:2]), start=1):" in rewritten.code
+    assert "enumerate(zip(self.layers[2:], self.norms[2:]), start=3):" in rewritten.code
+    assert remove_pipe_splits(rewritten, "Net", "net.py").code == ENUMERATED_ZIP
+    counted_back = ENUMERATED_ZIP.replace("self.norms)", "self.norms[-4:])").replace(
+        "self.layers,", "self.layers[-4:],"
+    )
+    graph = analyse_model(parse_source(counted_back, "net.py"), "net.py", "Net", {"layers": 4})
+    assert all(op.loop is None for op in graph.ops)  # the index would not follow the bounds
+
+
 def test_zips_that_cannot_be_sliced_alike_stay_regions() -> None:
     for iterable in (
         "zip(self.layers[1:], self.norms)",  # sliced differently
@@ -177,10 +208,42 @@ def test_a_loop_over_an_index_is_the_layer_loop_it_runs() -> None:
     assert read is not None and "enumerate(self.h[:self.config.n])" in read
 
 
+def test_a_loop_indexing_several_containers_runs_them_zipped() -> None:
+    found = _enumerated(
+        """\
+        for i in range(len(self.blocks)):
+            x = self.norms[i](self.blocks[i](x)) * self.gates[i](x) + self.norms[i](x)
+        """,
+        taken=("norm",),
+    )
+    assert found is not None
+    assert (
+        "for i, (layer, norm_2, gate) in enumerate(zip(self.blocks, self.norms, self.gates)):"
+        in found
+    )
+    assert "x = norm_2(layer(x)) * gate(x) + norm_2(x)" in found
+    assert "self.blocks[i] as layer, self.norms[i] as norm_2, self.gates[i] as gate" in found
+    bounded = _enumerated("for i in range(1, 3):\n    x = self.h[i](self.ln[i](x))\n")
+    assert bounded is not None
+    assert "enumerate(zip(self.h[1:3], self.ln[1:3]), start=1)" in bounded
+    graph = analyse_model(
+        parse_source(
+            "class Net:\n    def forward(self, x):\n"
+            "        for i, (layer, ln) in enumerate(zip(self.h[1:3], self.ln[1:3]), start=1):\n"
+            "            x = layer(ln(x))\n        return x\n",
+            "net.py",
+        ),
+        "net.py",
+        "Net",
+        {"h": 4},
+    )
+    assert [op.id for op in graph.ops if op.loop is not None] == ["h.1", "h.2"]
+
+
 def test_index_loops_that_are_no_layer_loop_stay_as_written() -> None:
     for code in (
         "for i in range(0, 6, 2):\n    x = self.layers[i](x)\n",  # a step
-        "for i in range(len(self.layers)):\n    x = self.layers[i](x) + self.gates[i](x)\n",
+        "for i in range(len(self.layers)):\n    x = self.layers[i](x) + scales[i]\n",  # a local
         "for i in range(len(self.norms)):\n    x = self.layers[i](x)\n",  # another length
         "for i in range(4):\n    i = i + 1\n    x = self.layers[i](x)\n",  # rebound
         "for i in range(n):\n    x = self.layers[i](x)\n",  # a local bound

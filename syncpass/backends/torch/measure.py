@@ -282,7 +282,8 @@ def _check_loop(
     when the forward runs (``self.config.num_hidden_layers``) must cover the whole container
     (the plan and the stages run every layer of it); a ``ModuleDict``'s keys must be ``"0"``,
     ``"1"``, ... in order (its layers are named by position: ``layers.3``); containers
-    zipped with it must be as long."""
+    zipped with it must be at least as long (``zip`` stops at the shortest, and the plan
+    runs every layer)."""
     if loop.view is not None:
         container = _resolve(model, loop.container)
         keys = list(container.keys()) if isinstance(container, torch.nn.ModuleDict) else None
@@ -299,11 +300,12 @@ def _check_loop(
             length: int | None = len(_resolve(model, other))  # type: ignore[arg-type]
         except TypeError:
             length = None
-        if size is not None and length != size:
+        if size is not None and (length is None or length < size):
             raise SyncpassError(
                 f"the loop zips self.{loop.container} ({size} layers) with self.{other} "
                 f"({'no length' if length is None else length}): syncpass plans a zipped loop "
-                "per layer only over containers of one length (zip stops at the shortest)",
+                "per layer only over containers at least as long as the layers (zip stops at "
+                "the shortest)",
                 f"{path}:{line}",
             )
     if loop.runtime_stop is None:
