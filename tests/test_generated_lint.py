@@ -84,6 +84,7 @@ def tool(*argv: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # profiles four examples, runs mypy over 30 files: about half a minute
 def test_the_bundled_examples_rewritten_pass_ruff(written: Path) -> None:
     config = str(REPO / "pyproject.toml")
     checked = tool("ruff", "check", "--no-cache", "--config", config, str(written))
@@ -92,6 +93,7 @@ def test_the_bundled_examples_rewritten_pass_ruff(written: Path) -> None:
     assert formatted.returncode == 0, formatted.stdout + formatted.stderr
 
 
+@pytest.mark.slow
 def test_the_bundled_examples_rewritten_pass_mypy(written: Path) -> None:
     files = sorted(str(path) for path in written.glob("*.py"))
     checked = tool("mypy", "--config-file", str(REPO / "pyproject.toml"), *files)
