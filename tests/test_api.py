@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -149,6 +150,30 @@ def test_the_codemod_rewrites_a_folder_with_libcst_tool(tmp_path: Path) -> None:
     again = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
     assert again.returncode == 0, again.stderr
     assert (models / "tower.py").read_text() == CASE.expected
+
+
+def readme_codemod_commands() -> list[list[str]]:
+    """The README's codemod commands ("Inside other pipelines"), as a user types them."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    section = text[text.index("- A libcst codemod") :]
+    block = section[section.index("```bash\n") + 8 : section.index("```\n", 8)]
+    commands = [shlex.split(line, comments=True) for line in block.splitlines() if line.strip()]
+    assert commands and all(command[:3] == ["python", "-m", "libcst.tool"] for command in commands)
+    return [[sys.executable, *command[1:]] for command in commands]
+
+
+def test_the_readmes_codemod_steps_work_from_a_fresh_install(tmp_path: Path) -> None:
+    # A fresh install has no black, which libcst's tool runs by default: the README's
+    # steps must not need it.
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "tower.py").write_text(CASE.source)
+    shutil.copy(CASE.costs_path, models / "tower.costs.json")
+    for command in readme_codemod_commands():
+        done = subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+    assert (models / "tower.py").read_text().count("# syncpass sync") == 3
 
 
 def test_the_codemod_reports_a_refused_file_and_goes_on(tmp_path: Path) -> None:

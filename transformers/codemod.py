@@ -1,8 +1,8 @@
 """syncpass as a libcst codemod: ``python -m libcst.tool codemod`` over files and folders.
 
     python -m libcst.tool initialize .        # once: writes .libcst.codemod.yaml
-    python -m libcst.tool codemod -x syncpass.transformers.codemod.PipelineSyncCommand \\
-        --stages 4 models/
+    python -m libcst.tool codemod --no-format \\
+        -x syncpass.transformers.codemod.PipelineSyncCommand --stages 4 models/
 
 Each Python file that holds a model and has a cost file is planned and
 rewritten in place, as ``syncpass rewrite --in-place`` would, with the same

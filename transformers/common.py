@@ -49,6 +49,31 @@ def is_sync_comment(text: str) -> bool:
 SYNC_TRAILER = m.TrailingWhitespace(comment=m.Comment(value=m.MatchIfTrue(is_sync_comment)))
 
 
+#: The widest line syncpass writes: black's and ruff's default. A line it breaks up ends its
+#: items with a comma (the "magic trailing comma"), so that a formatter with this or a
+#: wider line length leaves what syncpass wrote as it is.
+LINE_WIDTH = 88
+
+
+def body_column(tree: cst.Module, function: cst.FunctionDef) -> int:
+    """The column ``function``'s own statements start at in ``tree`` (0 if not found)."""
+
+    def find(node: cst.CSTNode, column: int) -> int | None:
+        if isinstance(node, cst.IndentedBlock):
+            column += len(tree.default_indent if node.indent is None else node.indent)
+        if node is function:
+            assert isinstance(function.body, cst.IndentedBlock)
+            body = function.body.indent
+            return column + len(tree.default_indent if body is None else body)
+        for child in node.children:
+            found = find(child, column)
+            if found is not None:
+                return found
+        return None
+
+    return find(tree, 0) or 0
+
+
 def sync_comment(text: str) -> str:
     """The comment on a sync line: ``# syncpass sync`` and the site's own text."""
     return f"{SYNC_COMMENT_PREFIX} {text}"
@@ -146,6 +171,11 @@ class InsertSyncPointsCommand(VisitorBasedCodemodCommand):
         super().__init__(context)
         wanted = (site for site in sites if self.WRITE_HAND_WRITTEN or not site.written)
         self.sites = tuple(sorted(wanted, key=_site_order))
+        #: The column the sync lines start at (the forward's body), for a backend that lays a
+        #: long line out as a formatter would.
+        self.column = 0
+        #: The widest line the project's formatter keeps (its line length).
+        self.width = LINE_WIDTH
 
     @property
     @abstractmethod
@@ -175,6 +205,7 @@ class InsertSyncPointsCommand(VisitorBasedCodemodCommand):
         if forward is None:
             self.warn(f"no single {self.title} to place sync points in; nothing changed")
             return tree
+        self.column = body_column(tree, forward)
         if not isinstance(forward.body, cst.IndentedBlock):
             self.warn(f"{self.title} has no indented body; nothing changed")
             return tree

@@ -50,12 +50,14 @@ from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
 from syncpass.frontend.analysis import STACK_SLICE, match_scan_call, scan_parts
 from syncpass.transformers.common import (
+    LINE_WIDTH,
     SYNC_COMMENT_PREFIX,
     SYNC_TRAILER,
     InsertSyncPointsCommand,
     RemoveSyncPointsCommand,
     SyncSite,
     add_import,
+    sync_comment,
 )
 
 FLAX_METHOD = "__call__"
@@ -78,14 +80,27 @@ def device_expression(stage: int) -> str:
     return f"jax.devices()[{stage}]"
 
 
-def transfer_code(values: Sequence[str], stage: int) -> str:
-    """``h = jax.device_put(h, jax.devices()[1])``, or a tuple of several values."""
+def transfer_code(
+    values: Sequence[str],
+    stage: int,
+    column: int | None = None,
+    comment: str = "",
+    width: int = LINE_WIDTH,
+) -> str:
+    """``h = jax.device_put(h, jax.devices()[1])``, or a tuple of several values. Given the
+    ``column`` it starts at and the ``comment`` it ends with, one argument a line where it
+    would not fit in ``width`` columns, as black and ruff lay out such a call."""
     if not values:
         raise ValueError("a transfer needs at least one value")
-    if len(values) == 1:
-        return f"{values[0]} = jax.device_put({values[0]}, {device_expression(stage)})"
     names = ", ".join(values)
-    return f"{names} = jax.device_put(({names}), {device_expression(stage)})"
+    moved = values[0] if len(values) == 1 else f"({names})"
+    arguments = ", ".join([moved, device_expression(stage)])
+    one_line = f"{names} = jax.device_put({arguments})"
+    if column is None or column + len(one_line) + len(f"  {comment}".rstrip()) <= width:
+        return one_line
+    # One argument a line, with the trailing comma that keeps a formatter from joining them
+    # again at a wider line length.
+    return f"{names} = jax.device_put(\n    {moved},\n    {device_expression(stage)},\n)"
 
 
 def _find_function(
@@ -194,7 +209,8 @@ class InsertDevicePutsCommand(InsertSyncPointsCommand):
         AddImportsVisitor.add_needed_import(self.context, JAX_IMPORT.module)
 
     def sync_statement(self, site: SyncSite) -> str:
-        return transfer_code(site.values, site.stage)
+        comment = sync_comment(site.comment)
+        return transfer_code(site.values, site.stage, self.column, comment, self.width)
 
     def split_other(
         self, statement: cst.BaseStatement, sites: Sequence[SyncSite], tree: cst.Module
@@ -401,9 +417,12 @@ def insert_device_puts(
     sites: Sequence[SyncSite],
     filename: str,
     method: str = FLAX_METHOD,
+    width: int = LINE_WIDTH,
 ) -> tuple[cst.Module, tuple[str, ...]]:
     """Carry out :class:`InsertDevicePutsCommand` in the function ``name`` (or the method
-    ``method`` of the class ``name``); the new module and its warnings."""
+    ``method`` of the class ``name``), a transfer longer than ``width`` columns (the
+    project formatter's line length) laid out as the formatter would; the new module and
+    its warnings."""
     context = CodemodContext(filename=filename)
     for site in sites:
         if not site.values:
@@ -412,6 +431,7 @@ def insert_device_puts(
             )
             return module, tuple(context.warnings)
     command = InsertDevicePutsCommand(context, name, is_function, sites, method)
+    command.width = width
     rewritten = command.transform_module_impl(module)
     if rewritten is not module and not _imports_jax(rewritten):
         rewritten = _mark_added_import(add_import(rewritten, context, JAX_IMPORT))

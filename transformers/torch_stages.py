@@ -62,6 +62,7 @@ from syncpass.contracts.costs import (
 )
 from syncpass.frontend.analysis import self_path
 from syncpass.transformers.common import (
+    LINE_WIDTH,
     InsertSyncPointsCommand,
     SyncSite,
     is_sync_comment,
@@ -406,10 +407,12 @@ class {base}({model}):
     sends: tuple[str, ...] = ()  # what its forward returns to the next stage
 
     @classmethod
-    def of(cls, model: {model}) -> "{base}":
+    def of(cls, model: {model}) -> {returns}:
         """This stage of ``model``: the same parameter objects, the other stages' set to None."""
 
-        def kept(module, prefix, into, keeps):
+        keeps = cls.keeps  # what kept() keeps: the stage's, then with what its objects use
+
+        def kept(module: object, prefix: str, into: type[object]) -> object:
             part = into.__new__(into)
             part.__dict__.update(module.__dict__)
             for table in ("_parameters", "_buffers", "_modules"):
@@ -427,15 +430,16 @@ class {base}({model}):
                     if not inside:
                         entries[name] = None
                     elif table == "_modules":
-                        entries[name] = kept(value, inside[0] + ".", type(value), keeps)
+                        entries[name] = kept(value, inside[0] + ".", type(value))
                     # else a parameter or buffer whose attribute the stage reads: kept whole
                 part.__dict__[table] = entries
             return part
 
-        def held(path, keeps):
-            return any(path == k or path.startswith(k + ".") for k in keeps)
+        def held(path: str) -> bool:
+            return any(path == k or path.startswith(k + ".") for k in cls.keeps)
 
-        stage: "{base}" = kept(model, "", cls, cls.keeps)
+        stage = kept(model, "", cls)
+        assert isinstance(stage, cls)
         # A plain object the stage uses may hold modules of the model (a tied head that is
         # not a module and calls the embedding's weight): the stage keeps those too, so
         # that their parameters are its own (its optimizer and gradients reach them).
@@ -444,13 +448,15 @@ class {base}({model}):
             paths[id(part)]
             for owner, module in stage.named_modules()
             for name, value in vars(module).items()
-            if held(f"{{owner}}.{{name}}".lstrip("."), cls.keeps)
+            if held(f"{{owner}}.{{name}}".lstrip("."))
             for part in getattr(value, "__dict__", {{}}).values()
             if id(part) in paths
         ]
-        extra = tuple(dict.fromkeys(path for path in used if not held(path, cls.keeps)))
+        extra = tuple(dict.fromkeys(path for path in used if not held(path)))
         if extra:
-            stage = kept(model, "", cls, cls.keeps + extra)
+            keeps = cls.keeps + extra
+            stage = kept(model, "", cls)
+            assert isinstance(stage, cls)
         return stage
 '''
 
@@ -467,14 +473,161 @@ def _tuple_code(names: Sequence[str], indent: str = "    ", width: int = 88) -> 
     return f"(\n{inner}{indent})"
 
 
-def _stage_params(forward: cst.FunctionDef, stage: StageCode) -> cst.Parameters:
-    """Stage 0: the model's own parameters. Later stages: what they take, then the constant
-    defaults they read as keyword-only parameters (the schedule passes them nothing)."""
+def _defers_annotations(module: cst.Module) -> bool:
+    """Whether ``module`` has ``from __future__ import annotations``."""
+    future = m.ImportFrom(
+        module=m.Name("__future__"),
+        names=[m.ZeroOrMore(), m.ImportAlias(m.Name("annotations")), m.ZeroOrMore()],
+    )
+    return any(
+        m.matches(statement, m.SimpleStatementLine(body=[future])) for statement in module.body
+    )
+
+
+def _binds_torch(module: cst.Module) -> bool:
+    """Whether ``module`` binds ``torch`` to the torch package (``import torch``) at its top."""
+    plain = m.Import(
+        names=[m.ZeroOrMore(), m.ImportAlias(m.Name("torch"), asname=None), m.ZeroOrMore()]
+    )
+    return any(
+        m.matches(statement, m.SimpleStatementLine(body=[plain])) for statement in module.body
+    )
+
+
+def _typed(forward: cst.FunctionDef, stage: StageCode, module: cst.Module) -> bool:
+    """Whether a stage's method is annotated, as the model's ``forward`` is when it annotates
+    every parameter and what it returns, so that a type checker holds the stage to what it
+    holds the model to: what crosses is tensors (``torch.Tensor``), unless a value is
+    received packed as a number (it changes type)."""
+    params = _all_params(forward.params)[1:]  # self aside
+    annotated = forward.returns is not None and all(p.annotation is not None for p in params)
+    packed = any(kind in _UNPACK for _, kind in stage.received_kinds)
+    return annotated and not packed and _binds_torch(module)
+
+
+def _sent_annotation(stage: StageCode) -> cst.Annotation:
+    """What a stage that is not the last returns: a tensor, or a tuple of them."""
+    sent = _sent(stage)
+    one = len(sent) == 1 and not sent[0].startswith("*")
+    return cst.Annotation(
+        cst.parse_expression("torch.Tensor" if one else "tuple[torch.Tensor, ...]")
+    )
+
+
+def _param_items(params: cst.Parameters) -> list[cst.Param | cst.ParamStar]:
+    """Each parameter in order, the bare ``*`` of keyword-only ones among them."""
+    star: list[cst.Param | cst.ParamStar] = []
+    if isinstance(params.star_arg, cst.Param | cst.ParamStar):
+        star = [params.star_arg]
+    double = [params.star_kwarg] if isinstance(params.star_kwarg, cst.Param) else []
+    return [*params.posonly_params, *params.params, *star, *params.kwonly_params, *double]
+
+
+def _same_signature(
+    forward: cst.FunctionDef, params: cst.Parameters, returns: cst.Annotation | None
+) -> bool:
+    """Whether a stage's method takes and returns what the model's ``forward`` does, as a type
+    checker compares an override (names aside). Where not, the method says it overrides
+    ``forward`` knowingly: a stage runs a slice of it, on what the stage before sends."""
+    code = cst.Module([]).code_for_node
+
+    def shape(of: cst.Parameters) -> list[str] | None:
+        stars = (of.star_arg, of.star_kwarg)
+        if of.posonly_params or of.kwonly_params or any(isinstance(x, cst.CSTNode) for x in stars):
+            return None
+        if any(param.default is not None for param in of.params):
+            return None
+        return [code(p.annotation.annotation) if p.annotation else "" for p in of.params]
+
+    theirs, ours = shape(forward.params), shape(params)
+    if theirs is None or ours is None:
+        return forward.params.deep_equals(params) and _same_annotation(forward.returns, returns)
+    return theirs == ours and _same_annotation(forward.returns, returns)
+
+
+def _same_annotation(one: cst.Annotation | None, other: cst.Annotation | None) -> bool:
+    if one is None or other is None:
+        return one is other
+    code = cst.Module([]).code_for_node
+    return code(one.annotation) == code(other.annotation)
+
+
+#: What a stage's method says where its signature is not ``forward``'s.
+_OVERRIDE_IGNORE = "# type: ignore[override]"
+
+
+def _laid_out(method: cst.FunctionDef, module: cst.Module, ignore: bool) -> cst.FunctionDef:
+    """A typed stage method's ``def`` line as black and ruff lay it out inside the class: on
+    one line where it fits in :data:`LINE_WIDTH`, else one parameter a line; with
+    ``# type: ignore[override]`` on its first line when ``ignore``. A
+    first stage whose parameters the user laid out over several lines keeps their layout."""
+    code = module.code_for_node
+    empty = cst.Module([])
+    header = code(method.params)
+    if "\n" in header or "#" in header:  # the user's own layout, comments and all
+        if not ignore:
+            return method
+        comment = cst.Comment(_OVERRIDE_IGNORE)
+        before = method.whitespace_before_params
+        if isinstance(before, cst.ParenthesizedWhitespace):
+            first = before.first_line.with_changes(
+                whitespace=cst.SimpleWhitespace("  "), comment=comment
+            )
+            return method.with_changes(
+                whitespace_before_params=before.with_changes(first_line=first)
+            )
+        assert isinstance(method.body, cst.IndentedBlock)
+        line = method.body.header.with_changes(
+            whitespace=cst.SimpleWhitespace("  "), comment=comment
+        )
+        return method.with_changes(body=method.body.with_changes(header=line))
+    stars = {id(method.params.star_arg): "*", id(method.params.star_kwarg): "**"}
+    items = [
+        "*"
+        if isinstance(item, cst.ParamStar)
+        else empty.code_for_node(
+            item.with_changes(
+                star=stars.get(id(item), ""),
+                comma=cst.MaybeSentinel.DEFAULT,
+                whitespace_after_param=cst.SimpleWhitespace(""),
+            )
+        )
+        for item in _param_items(method.params)
+    ]
+    arrow = (
+        "" if method.returns is None else f" -> {empty.code_for_node(method.returns.annotation)}"
+    )
+    name = method.name.value
+    pragma = f"  {_OVERRIDE_IGNORE}" if ignore else ""
+    indent = 4  # the class body's, as the class header writes it
+    one_line = f"def {name}({', '.join(items)}){arrow}:"
+    if indent + len(one_line) <= LINE_WIDTH:
+        text = one_line + pragma
+    else:  # the trailing comma keeps a formatter with a wider line length from joining them
+        inner = "".join(f"    {item},\n" for item in items)
+        text = f"def {name}({pragma}\n{inner}){arrow}:"
+    parsed = cst.parse_statement(f"{text}\n    pass\n", config=module.config_for_parsing)
+    assert isinstance(parsed, cst.FunctionDef) and isinstance(method.body, cst.IndentedBlock)
+    assert isinstance(parsed.body, cst.IndentedBlock)
+    return method.with_changes(
+        params=parsed.params,
+        whitespace_before_params=parsed.whitespace_before_params,
+        returns=parsed.returns,
+        whitespace_before_colon=parsed.whitespace_before_colon,
+        body=method.body.with_changes(header=parsed.body.header),
+    )
+
+
+def _stage_params(forward: cst.FunctionDef, stage: StageCode, typed: bool) -> cst.Parameters:
+    """Stage 0: the model's own parameters. Later stages: what they take (tensors, annotated
+    as such when ``typed``), then the constant defaults they read as keyword-only parameters
+    (the schedule passes them nothing)."""
     if stage.index == 0:
         return forward.params
     own = {param.name.value: param for param in _all_params(forward.params)}
     self_param = forward.params.params[0] if forward.params.params else cst.Param(cst.Name("self"))
-    taken = [cst.Param(cst.Name(name)) for name in _received_names(stage)]
+    tensor = cst.Annotation(cst.parse_expression("torch.Tensor")) if typed else None
+    taken = [cst.Param(cst.Name(name), annotation=tensor) for name in _received_names(stage)]
     star_kwarg = forward.params.star_kwarg
     kwargs = star_kwarg.name.value if isinstance(star_kwarg, cst.Param) else None
     defaults = [
@@ -607,12 +760,21 @@ def _prelude(stage: StageCode, config: cst.Module) -> list[cst.BaseStatement]:
     return [cst.parse_statement(line, config=config.config_for_parsing) for line in lines]
 
 
-def _return_line(stage: StageCode, config: cst.Module) -> cst.SimpleStatementLine:
+def _return_lines(
+    stage: StageCode, config: cst.Module, forward: cst.FunctionDef
+) -> list[cst.BaseStatement]:
+    """``return ...  # syncpass sync ...``: the comment on the line above where the line
+    would be wider than :data:`LINE_WIDTH` (a formatter would break the return up)."""
     value = ", ".join(_sent(stage))
-    code = f"return {value}  {sync_comment(stage.comment)}\n"
+    comment = sync_comment(stage.comment)
+    assert isinstance(forward.body, cst.IndentedBlock)
+    indent = 4 + len(forward.body.indent or config.default_indent)  # class body, then method
+    code = f"return {value}  {comment}\n"
+    if indent + len(code) - 1 > LINE_WIDTH:
+        code = f"{comment}\nreturn {value}\n"
     line = cst.parse_statement(code, config=config.config_for_parsing)
     assert isinstance(line, cst.SimpleStatementLine)
-    return line
+    return [line]
 
 
 def _stage_class(
@@ -641,9 +803,11 @@ def _stage_class(
         comments = tuple(line for line in first.leading_lines if line.comment is not None)
         body[0] = first.with_changes(leading_lines=comments)
     if not last:
-        body.append(_return_line(stage, module))
-    params = _stage_params(forward, stage)
-    returns = forward.returns if last else None
+        body.extend(_return_lines(stage, module, forward))
+    typed = _typed(forward, stage, module)
+    params = _stage_params(forward, stage, typed)
+    returns = forward.returns if last else _sent_annotation(stage) if typed else None
+    ignore = typed and not _same_signature(forward, params, returns)
     assert isinstance(forward.body, cst.IndentedBlock)
     method = forward.with_changes(
         params=params,
@@ -656,6 +820,8 @@ def _stage_class(
         leading_lines=(cst.EmptyLine(indent=False),),
         decorators=(),
     )
+    if typed:
+        method = _laid_out(method, module, ignore)
     header = (
         f"class {stage_class_name(model, stage.index)}({base}):\n"
         f'    """Stage {stage.index} of {count} of {model}.forward."""\n\n'
@@ -709,7 +875,9 @@ def insert_stages(
             f"the file already defines {', '.join(class_name + s for s in _BASE_SUFFIXES)}: "
             "no name is left for the base stage class",
         )
-    base_code = _BASE_TEMPLATE.format(base=base_name, model=class_name)
+    # Quoted only where annotations are evaluated: the class is not bound yet inside it.
+    returns = base_name if _defers_annotations(module) else f'"{base_name}"'
+    base_code = _BASE_TEMPLATE.format(base=base_name, model=class_name, returns=returns)
     base = cst.parse_statement(base_code, config=module.config_for_parsing)
     note = cst.EmptyLine(
         comment=cst.Comment(

@@ -156,6 +156,20 @@ class OpCost:
             return self.backward_s / 2
         return self.backward_input_s
 
+    def with_compute_scaled(self, factor: float) -> OpCost:
+        """This op with the part of its forward and backward time that scales (all but the
+        fixed time per call) multiplied by ``factor``: by a batch size's ratio, or by a
+        device's compute rate. ``backward_input_s`` stays the same share of the backward,
+        so every figure stays consistent with every other."""
+        compute = self.fixed_s + (self.compute_s - self.fixed_s) * factor
+        backward = self.backward_fixed_s + (self.backward_s - self.backward_fixed_s) * factor
+        backward_input = self.backward_input_s
+        if backward_input is not None and self.backward_s > 0:
+            backward_input = min(backward, backward_input / self.backward_s * backward)
+        return dataclasses.replace(
+            self, compute_s=compute, backward_s=backward, backward_input_s=backward_input
+        )
+
     def forward_step_s(self, microbatches: int = 1) -> float:
         """Forward time over one step of ``microbatches`` micro-batches."""
         return self.compute_s + (microbatches - 1) * self.fixed_s

@@ -123,14 +123,7 @@ def retarget_hardware(costs: Costs, profile: HardwareProfile) -> Costs:
     ops = costs.ops
     if measured.flops_per_s is not None and target.flops_per_s is not None:
         scale = measured.flops_per_s / target.flops_per_s
-        ops = tuple(
-            dataclasses.replace(
-                op,
-                compute_s=op.fixed_s + (op.compute_s - op.fixed_s) * scale,
-                backward_s=op.backward_fixed_s + (op.backward_s - op.backward_fixed_s) * scale,
-            )
-            for op in costs.ops
-        )
+        ops = tuple(op.with_compute_scaled(scale) for op in costs.ops)
         compute = (
             f"compute x{scale:.3g} ({measured.flops_per_s:.3g} -> {target.flops_per_s:.3g} FLOP/s;"
             " each op's fixed time per call, host-side work, kept as measured)"

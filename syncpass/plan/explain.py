@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from syncpass.contracts.costs import Costs
-from syncpass.core.units import num_bytes, percent, seconds
+from syncpass.core.units import num_bytes, percent, percents_apart, seconds
 from syncpass.plan.optimizer import PlanScore, Problem
 
 
@@ -96,9 +96,11 @@ def _stage_breaks(
                 f"so its communication exceeds any threshold"
             )
         elif ratio > threshold:
+            # With the digits that tell them apart: "10.1% over 10.1%" would not read true.
+            cost, limit = percents_apart(ratio, threshold)
             broken.append(
-                f"{sync_point} costs {percent(ratio)} of the "
-                f"compute of the stage it closes, over the threshold {percent(threshold)}"
+                f"{sync_point} costs {cost} of the "
+                f"compute of the stage it closes, over the threshold {limit}"
             )
     return broken
 

@@ -54,7 +54,12 @@ from syncpass.plan.schedule import (
     simulate_order,
     single_stage_order,
 )
-from syncpass.plan.strategies import BASELINE_RULES, baseline_cuts, plugin_cuts
+from syncpass.plan.strategies import (
+    BASELINE_RULES,
+    baseline_cuts,
+    plugin_cuts,
+    uniform_rule,
+)
 
 
 @dataclass(frozen=True)
@@ -428,7 +433,8 @@ def make_plan(
                 baseline, problem, stages, request.config, costs, origin, per_device
             )
         cuts, used_tau = baseline, requested_tau
-        notes.append(f"{strategy}: {BASELINE_RULES[strategy]}")
+        rule = uniform_rule(costs) if strategy == "uniform" else BASELINE_RULES[strategy]
+        notes.append(f"{strategy}: {rule}")
     forced_by = None
     if used_tau > requested_tau:
         # The sync point whose ratio the least admitting threshold is, in the plan made there.

@@ -182,6 +182,8 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
                 ]
             )
         lines += _table(rows, right=frozenset({1, 2, 3}))
+        for other in baselines:  # what the equal-layers rule counted
+            lines += [f"  {note}" for note in other.notes if note.startswith("uniform: ")]
         for other in baselines:
             for violation in other.violations:
                 lines.append(f"  {other.strategy} breaks: {violation}")

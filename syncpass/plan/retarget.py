@@ -22,18 +22,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from syncpass.contracts.costs import Costs, OpCost
+from syncpass.contracts.costs import Costs
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import Plan, PlanCache, PlanRequest, make_plan
 from syncpass.plan.schedule import OrderSource, single_stage_order
-
-
-def _input_share(op: OpCost, scale: float) -> float | None:
-    """``op.backward_input_s`` at the new batch: the same share of the backward."""
-    if op.backward_input_s is None or op.backward_s == 0:
-        return op.backward_input_s
-    backward = op.backward_fixed_s + (op.backward_s - op.backward_fixed_s) * scale
-    return min(backward, op.backward_input_s * backward / op.backward_s)
 
 
 def retarget_batch(costs: Costs, batch_size: int) -> Costs:
@@ -45,12 +37,9 @@ def retarget_batch(costs: Costs, batch_size: int) -> Costs:
     scale = batch_size / costs.batch_size
     ops = tuple(
         dataclasses.replace(
-            op,
-            compute_s=op.fixed_s + (op.compute_s - op.fixed_s) * scale,
-            backward_s=op.backward_fixed_s + (op.backward_s - op.backward_fixed_s) * scale,
+            op.with_compute_scaled(scale),
             out_bytes=op.out_bytes * scale,
             flops=None if op.flops is None else op.flops * scale,
-            backward_input_s=_input_share(op, scale),
         )
         for op in costs.ops
     )

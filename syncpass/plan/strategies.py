@@ -52,12 +52,72 @@ def load_strategy(name: str) -> StrategyFunction:
     return function  # type: ignore[no-any-return]
 
 
-#: What each rule of thumb balances, for the plan's notes.
+#: What each rule of thumb balances, for the plan's notes (``uniform``'s says what it
+#: counted: :func:`uniform_rule`).
 BASELINE_RULES = {
-    "uniform": "equal numbers of ops per stage",
+    "uniform": "equal numbers of layers per stage",
     "parameters": "equal parameter bytes per stage (DeepSpeed's default)",
     "time": "equal compute per stage, communication ignored (torchgpipe's balance_by_time)",
 }
+
+
+def op_layers(costs: Costs) -> tuple[str | None, ...]:
+    """The layer each op belongs to, as a person splitting a model by hand counts layers:
+    the item of a layer container (``blocks.3`` for ``blocks.3.attn``; the outermost, for
+    containers in containers), or ``None`` for an op outside every container (an
+    embedding, a head, a statement such as ``torch.triu@L29``).
+
+    The containers are the cost file's ``containers`` (``syncpass profile`` records each
+    ``nn.ModuleList`` or ``nn.Sequential`` it planned per item), else every name whose
+    numbered items (``blocks.0``, ``blocks.1``) the op ids show."""
+    containers = {name for name, _ in costs.containers}
+    if not containers:
+        items: dict[str, set[str]] = {}
+        for op in costs.ops:
+            parts = op.id.split(".")
+            for end in range(1, len(parts)):
+                if parts[end].isdigit():
+                    items.setdefault(".".join(parts[:end]), set()).add(parts[end])
+        containers = {name for name, indices in items.items() if len(indices) > 1}
+    layers: list[str | None] = []
+    for op in costs.ops:
+        parts = op.id.split(".")
+        layer = None
+        for end in range(1, len(parts)):
+            if parts[end].isdigit() and ".".join(parts[:end]) in containers:
+                layer = ".".join(parts[: end + 1])
+                break
+        layers.append(layer)
+    return tuple(layers)
+
+
+def uniform_rule(costs: Costs) -> str:
+    """What ``uniform`` balances on ``costs``, for the report: the layers it counted."""
+    layers = list(dict.fromkeys(layer for layer in op_layers(costs) if layer is not None))
+    if len(layers) < 2:
+        return (
+            f"equal numbers of ops per stage ({len(costs.ops)} ops counted: the cost file "
+            "shows no stack of layers)"
+        )
+    outside = sum(layer is None for layer in op_layers(costs))
+    beside = f"; the {outside} op(s) outside them go with the layers beside them" if outside else ""
+    return (
+        f"equal numbers of layers per stage ({len(layers)} layers counted: "
+        f"{layers[0]} .. {layers[-1]}{beside})"
+    )
+
+
+def _layer_weights(costs: Costs) -> np.ndarray:
+    """One per layer, shared by its ops; 0 for an op outside every layer. One per op when
+    the cost file shows no stack of layers."""
+    layers = op_layers(costs)
+    if len({layer for layer in layers if layer is not None}) < 2:
+        return np.ones(len(layers))
+    sizes: dict[str, int] = {}
+    for layer in layers:
+        if layer is not None:
+            sizes[layer] = sizes.get(layer, 0) + 1
+    return np.array([0.0 if layer is None else 1 / sizes[layer] for layer in layers])
 
 
 def plugin_cuts(
@@ -105,13 +165,14 @@ def baseline_cuts(
     problem: Problem, stages: int, strategy: str, costs: Costs
 ) -> tuple[int, ...] | Infeasible:
     """Balanced partition of one weight per op, honouring what makes a plan legal: admissible
-    and pinned cuts, min interval, values reaching only the next stage.
+    and pinned cuts, min interval, values reaching only the next stage. ``uniform`` weighs
+    layers (:func:`op_layers`), ``parameters`` parameter bytes, ``time`` compute.
 
     Ties between equally balanced partitions go to the cuts closest to the
     ideal boundaries (multiples of total weight / stages).
     """
     if strategy == "uniform":
-        weights = np.ones(problem.num_ops)
+        weights = _layer_weights(costs)
     elif strategy == "parameters":
         weights = np.array([op.param_bytes for op in costs.ops], dtype=np.float64)
     else:

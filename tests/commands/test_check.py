@@ -334,3 +334,46 @@ def test_pre_commit_refuses_a_stale_generated_file_until_fixed(project: Path) ->
     accepted = _git(project, env, "commit", "-q", "-m", "add the model")
     assert accepted.returncode == 0, accepted.stdout + accepted.stderr
     assert "syncpass check" in accepted.stdout + accepted.stderr  # the hook ran, and passed
+
+
+def test_pre_commit_runs_the_hook_from_the_syncpass_repository_at_a_commit(project: Path) -> None:
+    # The README's remote form: `repo:` the syncpass repository, `rev:` a full commit sha
+    # (the repository has no release tags to name).
+    pytest.importorskip("pre_commit")
+    yaml = pytest.importorskip("yaml")
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    env = {
+        **os.environ,
+        "PATH": sysconfig.get_path("scripts") + os.pathsep + os.environ.get("PATH", ""),
+        "PRE_COMMIT_HOME": str(project.parent / "pre-commit-home"),
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_AUTHOR_NAME": "t",
+        "GIT_AUTHOR_EMAIL": "t@example.com",
+        "GIT_COMMITTER_NAME": "t",
+        "GIT_COMMITTER_EMAIL": "t@example.com",
+    }
+    head = _git(REPO, env, "rev-parse", "HEAD")
+    if head.returncode != 0:
+        pytest.skip("syncpass is not installed from a git checkout")
+    sha = head.stdout.strip()
+    # The hook as committed at that sha (the test's working tree may be ahead of it).
+    assert _git(REPO, env, "cat-file", "-e", f"{sha}:.pre-commit-hooks.yaml").returncode == 0
+    # language: system runs the syncpass installed here rather than pip-installing the
+    # repository into pre-commit's own environment, which needs the package index.
+    hook = {"id": "syncpass-check", "language": "system"}
+    (project / ".pre-commit-config.yaml").write_text(
+        yaml.safe_dump({"repos": [{"repo": str(REPO), "rev": sha, "hooks": [hook]}]})
+    )
+    assert _git(project, env, "init", "-q").returncode == 0
+    _git(project, env, "add", "-A")
+    pre_commit = [sys.executable, "-m", "pre_commit", "run", "--all-files"]
+    refused = subprocess.run(pre_commit, cwd=project, env=env, capture_output=True, text=True)
+    assert refused.returncode == 1, refused.stdout + refused.stderr
+    assert "models/net_pipeline.py: missing" in refused.stdout
+    assert main(["check", "--fix"]) == 0
+    _git(project, env, "add", "-A")
+    passed = subprocess.run(pre_commit, cwd=project, env=env, capture_output=True, text=True)
+    assert passed.returncode == 0, passed.stdout + passed.stderr
+    assert "syncpass check" in passed.stdout

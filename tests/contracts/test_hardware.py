@@ -61,3 +61,21 @@ def test_retargeting_keeps_each_ops_fixed_time_per_call() -> None:
     assert first.backward_s == pytest.approx(0.4 + 1.6 / 400)
     assert (first.fixed_s, first.backward_fixed_s) == (0.2, 0.4)
     assert "fixed time per call" in target.notes[-1]
+
+
+@pytest.mark.parametrize("name", profile_names())
+def test_retargeting_keeps_the_input_gradients_share_of_the_backward(name: str) -> None:
+    # A measured cost file splits each backward into the inputs' gradients and the
+    # weights'; on faster hardware both shrink, or the split would exceed the backward.
+    data = cost_dict([1e-3, 2e-3], [1000], backward=[2e-3, 4e-3], alpha=1e-4, beta=3e9)
+    data["hardware"]["flops_per_s"] = 4e10
+    data["ops"][0].update(fixed_s=1e-4, backward_fixed_s=2e-4, backward_input_s=1.5e-3)
+    data["ops"][1].update(backward_input_s=4e-3)  # all of it: a layer without weights
+    costs = parse_costs(data)
+    target = retarget_hardware(costs, load_profile(name))
+    for before, after in zip(costs.ops, target.ops, strict=True):
+        assert before.backward_input_s is not None and after.backward_input_s is not None
+        assert 0 <= after.backward_input_s <= after.backward_s
+        assert after.backward_input_s / after.backward_s == pytest.approx(
+            before.backward_input_s / before.backward_s
+        )

@@ -123,3 +123,21 @@ def test_explanations_say_what_rescoring_each_move_says(
     for reason, moves in zip(reasons, expected, strict=True):
         assert reason.startswith("closes stage ")
         assert reason.endswith("; " + moves)
+
+
+def test_a_sync_point_over_the_threshold_reads_over_it() -> None:
+    # 10.104% against 10.1%: both "10.1%" at three digits, which would not read as over.
+    problem = Problem(
+        op_compute=np.array([1.0, 1.0]),
+        op_memory=np.zeros(2),
+        cut_comm=np.array([0.0, 0.10104, 0.0]),
+        admissible=np.array([False, True, False]),
+        pinned=np.zeros(3, dtype=bool),
+        min_ops=1,
+        last_use=None,
+    )
+    (broken,) = broken_constraints(problem, (1,), 0.101, ["a", "b"])
+    assert broken == (
+        "the sync point after a costs 10.104% of the compute of the stage it closes, "
+        "over the threshold 10.1%"
+    )

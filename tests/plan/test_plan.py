@@ -28,6 +28,7 @@ from syncpass.plan.planner import (
     predict,
 )
 from syncpass.plan.problem import problem_from_costs
+from syncpass.plan.report import render_plan
 from syncpass.plan.strategies import baseline_cuts
 
 
@@ -71,6 +72,42 @@ def test_uniform_and_parameters_baselines_follow_their_rules() -> None:
     parameters = make_plan(costs, request(2, strategy="parameters"))
     assert [p.after for p in parameters.sync_points] == ["op1"]  # 100 bytes each side
     assert "DeepSpeed" in parameters.notes[0]
+
+
+def six_blocks(ids: list[str], containers: dict[str, int] | None = None) -> Costs:
+    data = cost_dict([1e-3] * len(ids), [0] * (len(ids) - 1))
+    for op, op_id in zip(data["ops"], ids, strict=True):
+        op["id"] = op_id
+    for cut, op_id in zip(data["cuts"], ids, strict=False):
+        cut["after"] = op_id
+    if containers:
+        data["containers"] = containers
+    return parse_costs(data)
+
+
+def test_uniform_counts_the_layers_of_the_stack_as_a_hand_split_does() -> None:
+    # Statements before the stack are not layers: 3 | 3 blocks, not 2 | 4 ops-wise.
+    ids = ["stmt@L27", "torch.triu@L29", "wte", *(f"blocks.{k}" for k in range(6)), "head"]
+    costs = six_blocks(ids, {"blocks": 6})
+    uniform = make_plan(costs, request(2, strategy="uniform"))
+    assert [p.after for p in uniform.sync_points] == ["blocks.2"]
+    assert (
+        "uniform: equal numbers of layers per stage (6 layers counted: blocks.0 .. blocks.5; "
+        "the 4 op(s) outside them go with the layers beside them)"
+    ) in uniform.notes
+    # A layer of several ops counts once (the ids show the stack without `containers`).
+    ids = ["wte", *(f"blocks.{k}.{part}" for k in range(4) for part in ("attn", "mlp")), "head"]
+    uniform = make_plan(six_blocks(ids), request(2, strategy="uniform"))
+    assert [p.after for p in uniform.sync_points] == ["blocks.1.mlp"]
+    assert "(4 layers counted: blocks.0 .. blocks.3; " in uniform.notes[-1]
+    # No stack: ops are what there is to count, and the note says so.
+    flat = make_plan(six_blocks(["a", "b", "c", "d"]), request(2, strategy="uniform"))
+    assert [p.after for p in flat.sync_points] == ["b"]
+    assert "4 ops counted: the cost file shows no stack of layers" in flat.notes[-1]
+    # The comparison under another plan says what the rule counted.
+    adaptive = make_plan(costs, request(2))
+    report = render_plan(adaptive, baselines=compare_baselines(costs, request(2)))
+    assert "  uniform: equal numbers of layers per stage (6 layers counted" in report
 
 
 def test_adaptive_reports_the_raised_threshold_and_the_cut_that_forced_it() -> None:

@@ -19,6 +19,7 @@ import libcst as cst
 from syncpass.backends.jax.analysis import JaxModel, resolve_jax_model
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import ModelSource
+from syncpass.settings.formatting import formatter_line_length
 from syncpass.transformers.common import SYNC_COMMENT_PREFIX, SyncSite
 from syncpass.transformers.jax_transfer import insert_device_puts, remove_device_puts
 
@@ -46,9 +47,10 @@ def insert(
     model: JaxModel = source.handle
     module = source.module
     warnings: list[str] = []
+    width = formatter_line_length(path)
     for frame, placed in model.homes(sites):
         module, missed = insert_device_puts(
-            module, frame.class_name, model.is_function, placed, path, frame.method
+            module, frame.class_name, model.is_function, placed, path, frame.method, width
         )
         warnings.extend(missed)
     return module, tuple(warnings)

@@ -27,5 +27,8 @@ def forward(params, x):
     h = jax.device_put(h, jax.devices()[1])  # syncpass sync 1/2: 64 KiB, 346 us/step predicted
     skip = h
     h = jnp.tanh(h @ params["w3"])
-    h, skip = jax.device_put((h, skip), jax.devices()[2])  # syncpass sync 2/2: 128 KiB, 372 us/step predicted
+    h, skip = jax.device_put(
+        (h, skip),
+        jax.devices()[2],
+    )  # syncpass sync 2/2: 128 KiB, 372 us/step predicted
     return h @ params["w4"] + skip.sum()

@@ -1,0 +1,101 @@
+"""What syncpass writes into a model's file passes the project's own linters: every bundled
+example rewritten at 2, 3 and 4 stages, in each form (torch's eager stages and
+``pipe_split()``, JAX's ``device_put``), passes ``ruff check``, ``ruff format --check`` and
+``mypy`` (strict) as pyproject.toml configures them, as the examples themselves do."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from syncpass.cli import main
+
+EXAMPLES = REPO / "examples"
+
+TORCH = ("transformer_lm", "resnet", "unet", "uneven_mlp")
+JAX = {"jax_mlp": None, "flax_lm": "TransformerLM"}
+STAGES = (2, 3, 4)
+
+
+def jax_costs(source: Path, model: str | None, out: Path) -> None:
+    """Deterministic costs from the JAX example's graph (what its profile would rank)."""
+    from syncpass.backends.jax.analysis import analyse_jax_model
+    from syncpass.frontend.source import parse_source
+
+    text = source.read_text()
+    graph = analyse_jax_model(parse_source(text, str(source)), str(source), model, {}, text)
+    data = {
+        "version": 1,
+        "model": graph.model_class,
+        "batch_size": 8,
+        "hardware": {"alpha_s": 2e-05, "beta_bytes_per_s": 5e9},
+        "ops": [
+            {"id": op.id, "compute_s": 0.001 * (1 + index % 3), "backward_s": 0.002}
+            for index, op in enumerate(graph.ops)
+        ],
+        "cuts": [{"after": cut.after, "live_bytes": 65536 * len(cut.live)} for cut in graph.cuts],
+    }
+    out.write_text(json.dumps(data))
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A folder of every bundled example's rewritten file, in every form and stage count."""
+    folder = tmp_path_factory.mktemp("generated")
+    for name in TORCH:
+        source = EXAMPLES / f"{name}.py"
+        costs = folder / f"{name}.costs.json"
+        argv = ["profile", str(source), "--example", f"{source}:example", "-o", str(costs)]
+        assert main([*argv, "--repeats", "1", "--warmup", "0"]) == 0
+        for backend in ("torch_stages", "torch"):
+            for stages in STAGES:
+                out = folder / f"{name}_{backend}_{stages}.py"
+                argv = ["rewrite", str(source), "--costs", str(costs)]
+                argv += ["--stages", str(stages), "--threshold", "inf", "--backend", backend]
+                assert main([*argv, "-o", str(out)]) == 0
+                assert "# syncpass sync" in out.read_text()
+    if importlib.util.find_spec("jax") is not None:
+        for name, model in JAX.items():
+            costs = folder / f"{name}.costs.json"
+            jax_costs(EXAMPLES / f"{name}.py", model, costs)
+            for stages in STAGES:
+                out = folder / f"{name}_jax_{stages}.py"
+                argv = ["rewrite", "--backend", "jax", str(EXAMPLES / f"{name}.py")]
+                argv += ["--costs", str(costs), "--stages", str(stages), "--threshold", "inf"]
+                assert main([*argv, "-o", str(out)]) == 0
+                assert "# syncpass sync" in out.read_text()
+    for costs in folder.glob("*.json"):
+        costs.unlink()
+    return folder
+
+
+def tool(*argv: str) -> subprocess.CompletedProcess[str]:
+    module = argv[0]
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (pip install -e '.[dev]')")
+    return subprocess.run(
+        [sys.executable, "-m", *argv], cwd=REPO, capture_output=True, text=True, check=False
+    )
+
+
+@pytest.mark.slow  # profiles four examples, runs mypy over 30 files: about half a minute
+def test_the_bundled_examples_rewritten_pass_ruff(written: Path) -> None:
+    config = str(REPO / "pyproject.toml")
+    checked = tool("ruff", "check", "--no-cache", "--config", config, str(written))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    formatted = tool("ruff", "format", "--check", "--no-cache", "--config", config, str(written))
+    assert formatted.returncode == 0, formatted.stdout + formatted.stderr
+
+
+@pytest.mark.slow
+def test_the_bundled_examples_rewritten_pass_mypy(written: Path) -> None:
+    files = sorted(str(path) for path in written.glob("*.py"))
+    checked = tool("mypy", "--config-file", str(REPO / "pyproject.toml"), *files)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert f"in {len(files)} source file" in checked.stdout
