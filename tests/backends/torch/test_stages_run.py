@@ -549,7 +549,7 @@ def test_a_forward_inherited_from_another_module_is_written_into_the_stages(
     original = (tmp_path / "inherited_vit.py").read_text()
     assert text.startswith(original.split("\n\ndef example")[0])
     stage0 = text[text.index("class DistilledViTStage0") : text.index("class DistilledViTStage1")]
-    assert "def forward(self, x: torch.Tensor, is_causal: bool = False):" in stage0
+    assert "def forward(self, x: torch.Tensor, is_causal: bool = False) -> torch.Tensor:" in stage0
     assert "torch.cat((token, x), dim=1)" in stage0  # the override, not F.gelu
     assert "F.gelu" not in text and "checkpoint_sequential" not in text
     assert "# syncpass: the else branch of `if is_causal:` (inherited_base.py:36)" in stage0
