@@ -14,7 +14,9 @@ its input is then a partial sum on each device), ``row`` (input features split:
 ``C -> P``), or ``sequence`` (whole weights over ``1/N`` of the tokens: ``S -> S``; its
 weights' gradients are summed over the devices). An embedding splits by ``vocab``
 (``R -> P``: rows outside a device's slice look up zeros) or by ``width`` (``R -> C``).
-Point-wise ops keep whatever split their inputs share; a sum also adds partial sums;
+Point-wise ops keep whatever split their inputs share; a sum also adds partial sums
+(and runs split only under sequence parallelism: a split residual stream is what
+sequence parallelism means, on whichever dimension);
 norms and softmax reduce over the last dimension, so they run ``R`` or ``S``; attention
 runs whole, or by ``heads`` when q, k, v are split on head boundaries (``query-heads``:
 only q split, k and v whole, when the key/value heads do not divide). A loss runs whole
@@ -138,8 +140,9 @@ def op_modes(
             modes.append(_same(op, "partial", "P", 1, "moves the partial sums as they are"))
     elif op.kind == "add":
         modes.append(_same(op, "replicated", "R", 1))
-        if n > 1:
+        if n > 1 and sequence_parallel:  # a residual stream split is sequence parallelism's
             modes.append(_same(op, "split", "C", n, "adds its device's features"))
+        if n > 1:
             modes.append(_same(op, "partial", "P", 1, "adds partial sums"))
     elif op.kind in ("norm", "softmax"):
         modes.append(_same(op, "replicated", "R", 1))
