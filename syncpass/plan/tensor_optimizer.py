@@ -33,7 +33,6 @@ This module imports neither libcst nor torch.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -470,6 +469,3 @@ def layouts(problem: TensorProblem, chosen: Mapping[str, str]) -> tuple[Mode, ..
             raise ValueError(f"{op.id} cannot run {wanted} on {problem.tp} devices ({known})")
         found.append(match[0])
     return tuple(found)
-
-
-INFINITE = math.inf

@@ -33,11 +33,11 @@ def test_json_goes_to_stdout_and_to_a_file(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     target = tmp_path / "tp.plan.json"
-    assert main(_plan("--tp", "2", "--json", "-o", str(target))) == 0
+    assert main(_plan("--tp", "2", "--no-sequence-parallel", "--json", "-o", str(target))) == 0
     printed = json.loads(capsys.readouterr().out)
     assert json.loads(target.read_text()) == printed
     assert printed["kind"] == "tensor" and printed["tp"] == 2
-    assert printed["sequence_parallel"] == {"allowed": True, "used": True}
+    assert printed["sequence_parallel"] == {"allowed": False, "used": False}
     assert {cost["name"] for cost in printed["baselines"]} == {"megatron", "replicated"}
     first = printed["collectives"][0]
     assert set(first) >= {"kind", "direction", "value", "bytes", "time_s", "where", "why"}
