@@ -424,7 +424,7 @@ class TransformerShape:
 def transformer_graph(
     shape: TransformerShape, *, flops_per_s: float = 4e14, memory_bytes_per_s: float = 2e12
 ) -> TensorGraph:
-    """A GPT block stack (pre-norm, fused-free q/k/v projections, GELU MLP, residuals),
+    """A GPT block stack (pre-norm, separate q, k, v projections, GELU MLP, residuals),
     with the token embedding and the head with its loss when the shape asks for them."""
     tokens = shape.batch_size * shape.sequence
     b = TensorGraphBuilder(
