@@ -32,6 +32,11 @@ from syncpass.commands.cliargs import (
     positive_int,
     threshold,
 )
+from syncpass.commands.tensor import (
+    TENSOR_STRATEGY,
+    add_tensor_options,
+    run_tensor_plan,
+)
 from syncpass.contracts.config import SCHEDULES, strategy_names
 from syncpass.contracts.costs import Costs, load_costs
 from syncpass.contracts.hardware import profile_names
@@ -92,7 +97,10 @@ def _add_plan_options(parser: argparse.ArgumentParser) -> None:
         "with [tool.syncpass] above the input",
     )
     parser.add_argument(
-        "--strategy", choices=strategy_names(), help="default: the cost file's, else adaptive"
+        "--strategy",
+        choices=(*strategy_names(), TENSOR_STRATEGY),
+        help="default: the cost file's, else adaptive; tensor: tensor parallelism over --tp "
+        "devices (plan only)",
     )
     parser.add_argument(
         "--min-sync-interval", type=positive_int, metavar="K", help="fewest ops per stage"
@@ -192,6 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="the backend the plan is for (default torch_stages, or the config's): with "
         "torch_stages a value may reach any later stage, with torch's tracer only the next one",
     )
+    add_tensor_options(plan)
     plan.set_defaults(handler=_run_plan)
 
     rewrite = commands.add_parser(
@@ -308,6 +317,8 @@ def _overrides(args: argparse.Namespace) -> Overrides:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    if args.strategy == TENSOR_STRATEGY or args.tp is not None:
+        return run_tensor_plan(args, dataclasses.replace(_overrides(args), strategy=None))
     refuse_clobbering({"-o": args.output}, {"the cost file": args.costs})
     settings = resolve_settings(args.costs, _overrides(args))
     costs = settings.retarget(load_costs(args.costs))
@@ -455,6 +466,11 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     from syncpass.rewrite.driver import rewrite_text
     from syncpass.rewrite.report import analysis_to_json
 
+    if args.strategy == TENSOR_STRATEGY:
+        raise SyncpassError(
+            "rewrite --strategy tensor does not write tensor-parallel code yet; "
+            "`syncpass plan --strategy tensor --tp N` plans it"
+        )
     if args.diff and (args.in_place or args.output not in (None, "-")):
         raise SyncpassError("--diff prints the change instead of writing it; drop -o/--in-place")
     path = "<stdin>" if args.file == "-" else args.file

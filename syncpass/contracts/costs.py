@@ -31,6 +31,7 @@ from syncpass.contracts.config import (
     sync_config_from_mapping,
 )
 from syncpass.contracts.graph import INPUT, OUTPUT
+from syncpass.contracts.tensor import TensorGraph, parse_tensor_graph, tensor_graph_to_json
 from syncpass.core.errors import SyncpassError
 from syncpass.core.jsonio import read_json
 
@@ -476,6 +477,9 @@ class Costs:
     # one value per channel), and what needs them: "layer4.1.bn2 (resnet.py:96)".
     min_microbatch_size: int = 1
     min_microbatch_by: str | None = None
+    # The finer graph a tensor-parallel plan needs (linear-like ops, their features and the
+    # values between them), when the profile recorded it (syncpass.contracts.tensor).
+    tensor: TensorGraph | None = None
 
     def __post_init__(self) -> None:
         if self.version != COST_FILE_VERSION:
@@ -717,6 +721,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             "groups",
             "min_microbatch_size",
             "min_microbatch_by",
+            "tensor",
         ),
     )
     version = reader.required(top, "$", "version")
@@ -924,7 +929,26 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         groups=_groups(reader, top.get("groups", []), seen),
         min_microbatch_size=min_size,
         min_microbatch_by=min_by,
+        tensor=_tensor(reader, top.get("tensor"), batch_size),
     )
+
+
+def _tensor(reader: _Reader, value: Any, batch_size: int) -> TensorGraph | None:
+    """``$.tensor``: the tensor graph (:mod:`syncpass.contracts.tensor`), when recorded."""
+    if value is None:
+        return None
+    try:
+        graph = parse_tensor_graph(value, "$.tensor")
+    except ValueError as error:
+        path, _, message = str(error).partition(": ")
+        raise reader.error(path, message) from None
+    if graph.batch_size != batch_size:
+        raise reader.error(
+            "$.tensor.batch_size",
+            f"is {graph.batch_size}, the cost file's batch_size {batch_size}: "
+            "both must describe the same batch (profile again)",
+        )
+    return graph
 
 
 def parse_settings(
@@ -1026,6 +1050,8 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
     if costs.min_microbatch_size > 1:
         data["min_microbatch_size"] = costs.min_microbatch_size
         data["min_microbatch_by"] = costs.min_microbatch_by
+    if costs.tensor is not None:
+        data["tensor"] = tensor_graph_to_json(costs.tensor)
     return data
 
 

@@ -1,0 +1,405 @@
+"""Record a built torch model's tensor graph (:mod:`syncpass.contracts.tensor`) by running it.
+
+One forward of the example runs under forward hooks on the leaf modules syncpass knows
+(``nn.Linear``, a Conv1D-style weight, ``nn.Embedding``, norms, dropout, activations,
+softmax) and a ``TorchFunctionMode`` that sees every functional op outside them
+(``F.scaled_dot_product_attention``, ``x @ self.w``, ``+``, views, ``F.cross_entropy``).
+Each becomes a :class:`TensorOp`; it reads the ops that made its tensor arguments, found
+by the tensors' identity (every tensor seen is kept alive until the end, so no identity
+is reused). Tensors the forward makes from nothing it was given (``torch.arange``, a
+mask) are constants: a module reading one reads an ``input`` op made for it, a
+functional op ignores it, and an op that reads only constants is not recorded.
+
+Sizes are the tensors' own; ``compute_s`` is the op's forward wall-clock time in this
+run (or, with ``flops_per_s``, its FLOPs at that rate for the ops whose FLOPs are known),
+and ``backward_s`` twice that for an op with weights, the same for the rest: an
+estimate, as the docs say.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from syncpass.contracts.tensor import TensorGraph, TensorOp
+
+#: Functional ops by what they are to the planner.
+_ADD = {"add", "__add__", "__radd__", "__iadd__", "add_"}
+_RESHAPE = {
+    "view",
+    "reshape",
+    "transpose",
+    "permute",
+    "contiguous",
+    "split",
+    "chunk",
+    "unbind",
+    "__getitem__",
+    "unflatten",
+    "flatten",
+    "squeeze",
+    "unsqueeze",
+    "view_as",
+    "narrow",
+    "clone",
+    "to",
+    "float",
+    "half",
+    "bfloat16",
+    "type_as",
+}
+_ELEMENTWISE = {
+    "mul",
+    "__mul__",
+    "__rmul__",
+    "__imul__",
+    "mul_",
+    "div",
+    "__truediv__",
+    "sub",
+    "__sub__",
+    "__rsub__",
+    "neg",
+    "__neg__",
+    "gelu",
+    "silu",
+    "relu",
+    "tanh",
+    "sigmoid",
+    "dropout",
+    "pow",
+    "__pow__",
+    "exp",
+    "rsqrt",
+    "sqrt",
+    "masked_fill",
+    "where",
+}
+_NORM = {"layer_norm", "rms_norm", "group_norm"}
+_LINEAR = {"linear", "matmul", "__matmul__", "einsum", "mm", "bmm"}
+_LOSS = {"cross_entropy", "nll_loss"}
+
+
+def _module_kind(module: nn.Module) -> str | None:
+    """What a leaf module is to the planner, or ``None`` to record the ops inside it."""
+    name = type(module).__name__
+    if isinstance(module, nn.Linear):
+        return "linear"
+    if name == "Conv1D" and getattr(module, "weight", None) is not None:
+        return "linear"  # GPT-2's Conv1D: y = x @ W + b, W of (in, out)
+    if isinstance(module, nn.Embedding):
+        return "embedding"
+    if isinstance(module, nn.LayerNorm | nn.RMSNorm) or name.endswith(("RMSNorm", "LayerNorm")):
+        return "norm"
+    if isinstance(module, nn.Dropout | nn.GELU | nn.ReLU | nn.SiLU | nn.Tanh | nn.Sigmoid):
+        return "elementwise"
+    if name.endswith(("GELUActivation", "Activation")) and not list(module.children()):
+        return "elementwise"
+    if isinstance(module, nn.Softmax):
+        return "softmax"
+    return None
+
+
+def _tensors(value: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a (nested) argument or result."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, list | tuple):
+        for item in value:
+            yield from _tensors(item)
+    elif isinstance(value, Mapping):
+        for item in value.values():
+            yield from _tensors(item)
+    elif hasattr(value, "__dataclass_fields__"):
+        for name in value.__dataclass_fields__:
+            yield from _tensors(getattr(value, name))
+
+
+def _nbytes(tensors: Sequence[torch.Tensor]) -> float:
+    return float(sum(tensor.numel() * tensor.element_size() for tensor in tensors))
+
+
+def _caller_source() -> str | None:
+    """``file:line`` of the innermost frame of the user's code (outside torch and syncpass)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if "/torch/" not in name and "/syncpass/" not in name and not name.startswith("<"):
+            return f"{name}:{frame.f_lineno}"
+        frame = frame.f_back  # type: ignore[assignment]
+    return None
+
+
+class _Recorder(TorchFunctionMode):
+    """Collects the ops of one forward."""
+
+    def __init__(self, flops_per_s: float | None) -> None:
+        super().__init__()
+        self.flops_per_s = flops_per_s
+        self.ops: list[TensorOp] = []
+        self.made: dict[int, str] = {}  # id(tensor) -> op id
+        self.kept: list[torch.Tensor] = []  # every tensor seen, so no id() is reused
+        self.names: dict[str, int] = {}
+        self.inside = 0  # depth of hooked leaf modules being run
+        self.started: list[float] = []
+        self.scope: list[str] = []  # qualified names of the modules running
+
+    def unique(self, base: str) -> str:
+        count = self.names.get(base, 0)
+        self.names[base] = count + 1
+        return base if count == 0 else f"{base}#{count + 1}"
+
+    def track(self, op_id: str, result: Any) -> list[torch.Tensor]:
+        outputs = list(_tensors(result))
+        for tensor in outputs:
+            self.made[id(tensor)] = op_id
+            self.kept.append(tensor)
+        return outputs
+
+    def add_input(self, name: str, tensor: torch.Tensor) -> str:
+        op_id = self.unique(name)
+        self.ops.append(
+            TensorOp(
+                op_id,
+                "input",
+                out_bytes=_nbytes([tensor]),
+                tokens=tensor.dim() >= 1,
+                grad=tensor.is_floating_point(),
+            )
+        )
+        self.track(op_id, tensor)
+        return op_id
+
+    def sources(self, args: Any, kwargs: Mapping[str, Any] | None) -> list[str]:
+        found = []
+        for tensor in _tensors((args, kwargs or {})):
+            op_id = self.made.get(id(tensor))
+            if op_id is not None and op_id not in found:
+                found.append(op_id)
+        return found
+
+    def time_of(self, elapsed: float, flops: float | None) -> float:
+        if self.flops_per_s is not None and flops is not None:
+            return flops / self.flops_per_s
+        return elapsed
+
+    # -- functional ops ------------------------------------------------------------
+
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: Sequence[Any] = (),
+        kwargs: Mapping[str, Any] | None = None,
+    ) -> Any:
+        kwargs = kwargs or {}
+        start = time.perf_counter()
+        result = func(*args, **kwargs)
+        elapsed = time.perf_counter() - start
+        if self.inside:
+            return result
+        name = getattr(func, "__name__", "")
+        outputs = list(_tensors(result))
+        sources = self.sources(args, kwargs)
+        if not outputs or not sources or name.startswith("__get"):
+            return result
+        kind, extra = self.classify(name, args, kwargs, outputs)
+        if kind == "add" and sum(isinstance(arg, torch.Tensor) for arg in args) < 2:
+            kind = "elementwise"  # x + 1
+        if kind in ("norm", "softmax", "reshape", "linear") and len(sources) > 1:
+            sources = sources[:1]
+        if kind == "attention" and len(sources) not in (1, 3):
+            kind, extra = "other", {}
+        if kind == "loss":
+            sources = sources[:2]
+        if kind == "add" and len(sources) < 2:
+            kind = "elementwise"
+        scope = self.scope[-1] if self.scope else ""
+        op_id = self.unique(f"{scope}.{name.strip('_')}" if scope else name.strip("_"))
+        compute = self.time_of(elapsed, extra.pop("flops", None))
+        params = float(extra.pop("param_bytes", 0.0))
+        self.ops.append(
+            TensorOp(
+                op_id,
+                kind,
+                tuple(sources),
+                out_bytes=_nbytes(outputs),
+                compute_s=compute,
+                backward_s=2 * compute if params else compute,
+                param_bytes=params,
+                tokens=outputs[0].dim() >= 2,
+                source=_caller_source(),
+                **extra,
+            )
+        )
+        self.track(op_id, result)
+        return result
+
+    def classify(
+        self,
+        name: str,
+        args: Sequence[Any],
+        kwargs: Mapping[str, Any],
+        outputs: Sequence[torch.Tensor],
+    ) -> tuple[str, dict[str, Any]]:
+        if name == "scaled_dot_product_attention":
+            q, k = args[0], args[1]
+            return "attention", {
+                "heads": int(q.shape[-3]),
+                "kv_heads": int(k.shape[-3]),
+                "flops": 4.0 * q.shape[:-1].numel() * k.shape[-2] * q.shape[-1],
+            }
+        if name in _LINEAR:
+            weights = [arg for arg in (*args, *kwargs.values()) if isinstance(arg, nn.Parameter)]
+            if weights and weights[0].dim() == 2:
+                weight = weights[0]
+                shape = tuple(weight.shape)
+                in_f, out_f = (shape[1], shape[0]) if name == "linear" else shape
+                tokens = outputs[0].numel() // out_f
+                return "linear", {
+                    "in_features": int(in_f),
+                    "out_features": int(out_f),
+                    "param_bytes": _nbytes(weights),
+                    "flops": 2.0 * tokens * in_f * out_f,
+                }
+            return "other", {}
+        if name in _ADD:
+            return "add", {}
+        if name in _RESHAPE:
+            return "reshape", {}
+        if name in _ELEMENTWISE:
+            return "elementwise", {}
+        if name in _NORM:
+            return "norm", {}
+        if name == "softmax":
+            return "softmax", {}
+        if name in _LOSS:
+            return "loss", {"in_features": int(args[0].shape[-1])}
+        return "other", {}
+
+    # -- leaf modules --------------------------------------------------------------
+
+    def before(self, qualified: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            self.scope.append(qualified)
+            if _module_kind(module) is not None:
+                self.inside += 1
+                self.started.append(time.perf_counter())
+
+        return hook
+
+    def after(self, qualified: str) -> Callable[..., None]:
+        def hook(module: nn.Module, args: Any, result: Any) -> None:
+            self.scope.pop()
+            kind = _module_kind(module)
+            if kind is None:
+                return
+            self.inside -= 1
+            elapsed = time.perf_counter() - self.started.pop()
+            if self.inside:
+                return
+            self.record_module(qualified, module, kind, args, result, elapsed)
+
+        return hook
+
+    def record_module(
+        self, qualified: str, module: nn.Module, kind: str, args: Any, result: Any, elapsed: float
+    ) -> None:
+        op_id = self.unique(qualified)
+        sources = []
+        for position, tensor in enumerate(_tensors(args)):
+            known = self.made.get(id(tensor))
+            sources.append(
+                known if known is not None else self.add_input(f"{op_id}:in{position}", tensor)
+            )
+        sources = sources[:1]
+        outputs = list(_tensors(result))
+        params = _nbytes([p for p in module.parameters(recurse=False)])
+        extra: dict[str, Any] = {}
+        flops: float | None = None
+        weight = getattr(module, "weight", None)
+        if kind == "linear" and isinstance(weight, torch.Tensor):
+            in_f, out_f = (
+                (weight.shape[1], weight.shape[0])
+                if isinstance(module, nn.Linear)
+                else (weight.shape[0], weight.shape[1])
+            )
+            extra = {"in_features": int(in_f), "out_features": int(out_f)}
+            flops = 2.0 * (outputs[0].numel() // out_f) * in_f * out_f
+        elif kind == "embedding" and isinstance(module, nn.Embedding):
+            extra = {"in_features": module.num_embeddings, "out_features": module.embedding_dim}
+        compute = self.time_of(elapsed, flops)
+        self.ops.append(
+            TensorOp(
+                op_id,
+                kind,
+                tuple(sources),
+                out_bytes=_nbytes(outputs),
+                compute_s=compute,
+                backward_s=2 * compute if params else compute,
+                param_bytes=params,
+                tokens=bool(outputs) and outputs[0].dim() >= 2,
+                source=_caller_source(),
+                module=qualified,
+                **extra,
+            )
+        )
+        self.track(op_id, result)
+
+
+def record_tensor_graph(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    loss: Callable[[Any, Any], Any] | None = None,
+    targets: Any = None,
+    flops_per_s: float | None = None,
+) -> TensorGraph:
+    """Run ``model(*args, **kwargs)`` once (and ``loss(output, targets)`` when given) and
+    return the tensor graph it ran. The forward returns what the model (or the loss)
+    returns; the batch is the first dimension of the first tensor argument."""
+    recorder = _Recorder(flops_per_s)
+    for position, tensor in enumerate(_tensors((tuple(args), dict(kwargs or {})))):
+        recorder.add_input(f"input{position}" if position else "input", tensor)
+    handles = []
+    for qualified, module in model.named_modules():
+        if not qualified:
+            continue
+        handles.append(module.register_forward_pre_hook(recorder.before(qualified)))
+        handles.append(module.register_forward_hook(recorder.after(qualified)))
+    try:
+        with torch.no_grad(), recorder:
+            result = model(*args, **(kwargs or {}))
+            if loss is not None:
+                for tensor in _tensors(targets):
+                    if id(tensor) not in recorder.made:
+                        recorder.add_input("targets", tensor)
+                result = loss(result, targets)
+    finally:
+        for handle in handles:
+            handle.remove()
+    outputs = tuple(
+        dict.fromkeys(
+            recorder.made[id(tensor)] for tensor in _tensors(result) if id(tensor) in recorder.made
+        )
+    )
+    first = next(_tensors(tuple(args)), None)
+    batch = int(first.shape[0]) if first is not None and first.dim() >= 1 else 1
+    return TensorGraph(
+        tuple(recorder.ops),
+        outputs,
+        batch_size=batch,
+        notes=(
+            "recorded from one forward: compute is "
+            + ("FLOPs at the given rate where known, else " if flops_per_s else "")
+            + "this machine's forward wall-clock time, backward estimated as twice the forward "
+            "for ops with weights and once for the rest",
+        ),
+    )

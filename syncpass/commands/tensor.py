@@ -1,0 +1,119 @@
+"""``syncpass plan --strategy tensor --tp N``: a tensor-parallel plan from a cost file.
+
+The cost file's tensor graph (``$.tensor``, :mod:`syncpass.contracts.tensor`) is planned
+for ``N`` devices of the cost file's hardware, or of ``--hardware``; ``--batch-size``
+re-targets it as it re-targets a pipeline plan. The report goes to stdout (``--json``:
+the plan as JSON instead; ``-o FILE``: also to a file). Pipeline-only flags are refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from syncpass.commands.cliargs import EXIT_OK
+from syncpass.contracts.costs import load_costs
+from syncpass.core.errors import SyncpassError
+from syncpass.core.fileio import refuse_clobbering, write_atomically
+from syncpass.plan.tensor_plan import tensor_plan_to_json
+from syncpass.plan.tensor_planner import (
+    TensorRequest,
+    check_tensor_request,
+    link_for,
+    plan_tensor,
+    tensor_graph_of,
+)
+from syncpass.plan.tensor_report import render_tensor_plan
+from syncpass.settings.resolve import Overrides, resolve_settings
+
+#: The ``--strategy`` that plans tensor parallelism instead of pipeline stages.
+TENSOR_STRATEGY = "tensor"
+
+#: Flags of a pipeline plan that mean nothing to a tensor-parallel one (yet).
+_PIPELINE_ONLY = (
+    ("stages", "--stages"),
+    ("stages_per_device", "--stages-per-device"),
+    ("min_sync_interval", "--min-sync-interval"),
+    ("threshold", "--threshold"),
+    ("microbatches", "--microbatches"),
+    ("schedule", "--schedule"),
+    ("cuts", "--cuts"),
+    ("sweep_batch", "--sweep-batch"),
+    ("optimizer_shards", "--optimizer-shards"),
+)
+
+
+def tp_count(text: str) -> int:
+    """An argparse type for ``--tp``: any whole number (the planner says what it must be)."""
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+
+
+def add_tensor_options(parser: argparse.ArgumentParser) -> None:
+    """``--tp`` and ``--no-sequence-parallel`` on ``syncpass plan``."""
+    parser.add_argument(
+        "--tp",
+        type=tp_count,
+        metavar="N",
+        help="with --strategy tensor: the tensor-parallel devices (it must divide every "
+        "attention's heads)",
+    )
+    parser.add_argument(
+        "--no-sequence-parallel",
+        action="store_true",
+        help="with --strategy tensor: keep what runs between the split layers (norms, "
+        "residual sums, dropout) whole instead of letting the plan split it (Megatron-LM "
+        "without sequence parallelism)",
+    )
+
+
+def check_tensor_flags(args: argparse.Namespace) -> None:
+    """``--tp`` belongs to ``--strategy tensor``, and pipeline flags do not."""
+    tensor = getattr(args, "strategy", None) == TENSOR_STRATEGY
+    if not tensor and getattr(args, "tp", None) is not None:
+        raise SyncpassError("--tp plans tensor parallelism: add --strategy tensor")
+    if not tensor:
+        return
+    if getattr(args, "tp", None) is None:
+        raise SyncpassError("--strategy tensor needs --tp N, the number of devices")
+    for name, flag in _PIPELINE_ONLY:
+        if getattr(args, name, None) not in (None, ()):
+            raise SyncpassError(
+                f"{flag} is a pipeline setting; --strategy tensor plans one layer's split "
+                "over --tp devices (pipeline and tensor together come later)"
+            )
+
+
+def run_tensor_plan(args: argparse.Namespace, overrides: Overrides) -> int:
+    """``syncpass plan --strategy tensor``: plan, then print the report or the JSON."""
+    check_tensor_flags(args)
+    refuse_clobbering({"-o": args.output}, {"the cost file": args.costs})
+    settings = resolve_settings(args.costs, overrides)
+    measured = load_costs(args.costs)
+    costs = settings.retarget(measured)
+    graph = tensor_graph_of(costs, measured)
+    check_tensor_request(graph, args.tp, costs.hardware.devices)
+    plan = plan_tensor(
+        graph,
+        link_for(costs.hardware),
+        TensorRequest(
+            tp=args.tp,
+            sequence_parallel=not args.no_sequence_parallel,
+            baselines=not args.no_baselines,
+        ),
+        training=costs.training,
+        memory_multiplier=costs.memory_multiplier,
+        hardware=costs.hardware.name,
+        model=costs.model,
+        notes=costs.notes,
+    )
+    document = json.dumps(tensor_plan_to_json(plan), indent=2) + "\n"
+    if args.output is not None and str(args.output) == "-":
+        args.json = True
+    elif args.output is not None:
+        write_atomically(args.output, document)
+    sys.stdout.write(document if args.json else render_tensor_plan(plan))
+    return EXIT_OK
