@@ -721,24 +721,34 @@ def best_stage_count(
         )
     best: Plan | None = None
     last_error: SyncpassError | None = None
+    tried: list[tuple[int, str]] = []  # each count and its predicted step, or why none
     for stages in range(1, limit + 1):
         try:
             plan = make_plan(costs, dataclasses.replace(request, stages=stages), origin, cache)
         except InfeasibleError as error:
             last_error = error
+            tried.append((stages, "no plan"))
             continue
+        tried.append((stages, seconds(plan.predicted_step_s)))
         if best is None or plan.predicted_step_s < best.predicted_step_s:
             best = plan
     if best is None:
         assert last_error is not None
         raise last_error
+    chosen = len(best.stages) // request.per_device
+    steps = ", ".join(
+        f"{count}: {step}" + (" (chosen)" if count == chosen else "") for count, step in tried
+    )
+    counted = "stage(s)" if request.per_device == 1 else "rank(s)"
+    best = dataclasses.replace(
+        best, notes=(*best.notes, f"--stages auto, predicted step by {counted}: {steps}")
+    )
     if limit < max_stages:
         why = (
             f"the hardware has {devices} device(s)"
             if devices is not None and devices == limit
             else f"the model has {len(costs.ops)} op(s)"
         )
-        counted = "stage(s)" if request.per_device == 1 else "rank(s)"
         note = f"--stages auto tried 1 to {limit} {counted}, not {max_stages}: {why}"
         best = dataclasses.replace(best, notes=(*best.notes, note))
     return best

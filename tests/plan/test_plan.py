@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from syncpass.contracts.config import BASELINE_STRATEGIES, SyncConfig
 from syncpass.contracts.costs import Costs, costs_to_json, load_costs, parse_costs
 from syncpass.core.errors import InfeasibleError, SyncpassError
+from syncpass.core.units import seconds
 from syncpass.plan.optimizer import WALK_OPS, Infeasible, Problem, _pair_values, solve
 from syncpass.plan.planfile import parse_plan, plan_to_json
 from syncpass.plan.planner import (
@@ -453,6 +454,10 @@ def test_stages_auto_never_plans_more_stages_than_devices() -> None:
     costs = parse_costs(data)
     plan = best_stage_count(costs, request(None), 8)
     assert len(plan.stages) <= 2
+    (tried,) = [note for note in plan.notes if note.startswith("--stages auto, predicted step")]
+    one = make_plan(costs, request(1)).predicted_step_s
+    assert f"1: {seconds(one)}" in tried and "2: " in tried and "3: " not in tried
+    assert f"{len(plan.stages)}: {seconds(plan.predicted_step_s)} (chosen)" in tried
     assert any(
         "tried 1 to 2 stage(s), not 8: the hardware has 2 device(s)" in n for n in plan.notes
     )
