@@ -12,6 +12,7 @@ import argparse
 import dataclasses
 import difflib
 import json
+import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -363,7 +364,8 @@ def _run_plan(args: argparse.Namespace) -> int:
             sys.stdout.write(
                 f"--stages auto: {chosen} give the least predicted step time (tried 1..{tried})\n"
             )
-        sys.stdout.write(render_plan(plan, baselines))
+        width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
+        sys.stdout.write(render_plan(plan, baselines, width))
     return EXIT_OK
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import textwrap
 from collections.abc import Sequence
 
 from syncpass.contracts.config import V_SHAPE_SCHEDULES
@@ -23,12 +24,24 @@ def _table(rows: Sequence[Sequence[str]], right: frozenset[int] = frozenset()) -
     return lines
 
 
+def _wrapped(line: str, width: int | None) -> list[str]:
+    """``line`` as one line, or wrapped at ``width`` columns, each further line indented
+    two columns past the first's indent."""
+    if width is None or len(line) <= width:
+        return [line]
+    indent = " " * (len(line) - len(line.lstrip()) + 2)
+    return textwrap.wrap(
+        line, width, subsequent_indent=indent, break_long_words=False, break_on_hyphens=False
+    )
+
+
 def _span(ops: Sequence[str]) -> str:
     return ops[0] if len(ops) == 1 else f"{ops[0]} .. {ops[-1]}"
 
 
-def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
-    """A text report of ``plan``, with ``baselines`` compared on the same costs."""
+def render_plan(plan: Plan, baselines: Sequence[Plan] = (), width: int | None = None) -> str:
+    """A text report of ``plan``, with ``baselines`` compared on the same costs; the
+    sync points' explanations wrap at ``width`` columns when given (a terminal's)."""
     mode = "training" if plan.training else "inference"
     title = f"syncpass plan: {plan.model or 'model'}"
     context = f"batch {plan.batch_size}, {mode}"
@@ -141,11 +154,12 @@ def render_plan(plan: Plan, baselines: Sequence[Plan] = ()) -> str:
     if plan.sync_points:
         lines += ["", "sync points:"]
         for point in plan.sync_points:
-            lines.append(f"  after {point.after}: {point.reason}")
+            lines += _wrapped(f"  after {point.after}: {point.reason}", width)
             if point.recomputed:
-                lines.append(
+                lines += _wrapped(
                     f"    the next stage computes {', '.join(point.recomputed)} again: cheaper "
-                    "than receiving it"
+                    "than receiving it",
+                    width,
                 )
     else:
         lines += ["", "no sync points: one stage holds the whole model"]

@@ -111,6 +111,20 @@ def test_uniform_counts_the_layers_of_the_stack_as_a_hand_split_does() -> None:
     assert "  uniform: equal numbers of layers per stage (6 layers counted" in report
 
 
+def test_sync_point_explanations_wrap_at_the_width_asked() -> None:
+    costs = parse_costs(cost_dict([1, 1, 1, 1], [5, 0.5, 5], beta=1.0))
+    plan = make_plan(costs, request(2, communication_cost_threshold=0.1))
+    whole = render_plan(plan)
+    (line,) = [line for line in whole.splitlines() if line.startswith("  after op1: ")]
+    assert len(line) > 60
+    wrapped = render_plan(plan, width=60).splitlines()
+    start = wrapped.index(line[:60].rsplit(" ", 1)[0])
+    following = wrapped[start + 1 :]
+    tail = following[: next(i for i, text in enumerate(following) if not text.startswith("    "))]
+    assert tail and all(len(text) <= 60 for text in (wrapped[start], *tail))
+    assert " ".join(text.strip() for text in (wrapped[start], *tail)) == line.strip()
+
+
 def test_adaptive_reports_the_raised_threshold_and_the_cut_that_forced_it() -> None:
     costs = parse_costs(cost_dict([1, 1, 1, 1], [5, 0.5, 5], beta=1.0))
     plan = make_plan(costs, request(2, communication_cost_threshold=0.1))
