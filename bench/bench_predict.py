@@ -4,9 +4,9 @@ Each model (the bundled examples at their shipped size, and five models of the c
 their packages ship them) is profiled once in the eager form, then planned for 2 stages
 by syncpass (``adaptive``) and by the three rules on the same costs (``uniform``,
 ``parameters``, ``time``). Every distinct plan is written out and run as a real pipeline
-over gloo processes (1F1B, the default micro-batch count, one thread a rank), several
-rounds, the plans' runs interleaved in a rotated order each round; each plan keeps the
-median of its rounds' median steps. It prints predicted against measured, how many come
+over gloo processes (1F1B, the default micro-batch count, one thread a rank): all of a
+model's plans in one run, their steps taken in turn (``syncpass run FILE --alongside
+OTHER ...``), several runs; each plan keeps the median of its runs' median steps. It prints predicted against measured, how many come
 within 25%, and whether the measured order of the plans is the predicted one wherever
 the prediction puts more than 10% between two plans.
 
@@ -151,17 +151,22 @@ def measure(project: Project, stages: int, rounds: int, steps: int) -> list[Row]
     medians: dict[Path, list[float]] = {file: [] for file in files}
     reports: dict[Path, dict[str, Any]] = {}
     for round_index in range(rounds):
-        shift = round_index % len(files) if files else 0
-        for file in files[shift:] + files[:shift]:
-            report = file.with_suffix(".json")
-            argv = ["run", str(file), "--example", f"{file}:example", "--stages", str(stages)]
-            argv += [*project.arguments, "--steps", str(steps), "--costs", str(costs)]
-            status, err = syncpass(project, [*argv, "--json-report", str(report)])
-            if status != 0:
-                print(f"{file.name}: run failed: {err.strip()[-300:]}", file=sys.stderr)
-                continue
-            reports[file] = json.loads(report.read_text())["prediction"]
-            medians[file].append(reports[file]["measured_step_s"])
+        if not files:
+            break
+        # One run of every plan: their steps taken in turn (syncpass run --alongside).
+        report = folder / f"round_{round_index}.json"
+        argv = ["run", str(files[0]), "--example", f"{files[0]}:example", "--stages", str(stages)]
+        argv += [*project.arguments, "--steps", str(steps), "--costs", str(costs)]
+        if len(files) > 1:
+            argv += ["--alongside", *map(str, files[1:])]
+        status, err = syncpass(project, [*argv, "--json-report", str(report)])
+        if status != 0:
+            print(f"{project.name}: run failed: {err.strip()[-300:]}", file=sys.stderr)
+            continue
+        document = json.loads(report.read_text())
+        for file, one in zip(files, [document, *document.get("alongside", [])], strict=True):
+            reports[file] = one["prediction"]
+            medians[file].append(one["prediction"]["measured_step_s"])
     rows = []
     for strategy in STRATEGIES:
         chosen = planned.get(strategy)

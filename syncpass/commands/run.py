@@ -148,6 +148,17 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "FILE carries beside the measured run (torch; --backend jax refuses it)",
     )
     run.add_argument(
+        "--alongside",
+        type=Path,
+        nargs="+",
+        default=[],
+        metavar="OTHER",
+        help="other files splitting the same model otherwise (each with the example factory "
+        "of the same name): their stages are built in the same processes and every timed step "
+        "of each runs in turn with FILE's, in a rotated order, so that the machine's load falls "
+        "on all alike; each gets its own report (torch)",
+    )
+    run.add_argument(
         "--backend",
         choices=backend_names(),
         default=DEFAULT_BACKEND,
@@ -172,6 +183,9 @@ def checked_paths(args: argparse.Namespace) -> tuple[Path, Path | None]:
         {"--json-report": report},
         {"the model file": file, "the cost file": getattr(args, "costs", None)},
     )
+    for other in getattr(args, "alongside", []):
+        if not other.is_file():
+            raise SyncpassError("no such file (--alongside names other model sources)", str(other))
     if report is not None and not report.parent.is_dir():
         raise SyncpassError("the folder for --json-report does not exist", str(report))
     timeline: Path | None = getattr(args, "timeline", None)
@@ -224,6 +238,7 @@ def request_from_args(
         timeout_s=args.timeout,
         timeline=None if args.timeline is None else str(args.timeline.resolve()),
         stages_per_device=per_device,
+        alongside=tuple(str(other) for other in getattr(args, "alongside", [])),
     )
 
 
@@ -268,18 +283,30 @@ def run_command(args: argparse.Namespace) -> int:
             "rank by rank)",
             file=sys.stderr,
         )
-    document = report_document(result)
-    text = render_run(result)
-    if predict is not None and costs is not None:
-        from syncpass.runtime.prediction import prediction_to_json, render_prediction
+    documents, texts = [], []
+    for one in (result, *result.alongside):
+        document = report_document(one)
+        text = render_run(one)
+        if predict is not None and costs is not None:
+            from syncpass.runtime.prediction import prediction_to_json, render_prediction
 
-        source = Path(request.file).read_text(encoding="utf-8")
-        prediction = predict(source, request.file, costs, result)
-        document["prediction"] = prediction_to_json(prediction)
-        text += render_prediction(prediction)
+            source = Path(one.request.file).read_text(encoding="utf-8")
+            prediction = predict(source, one.request.file, costs, one)
+            document["prediction"] = prediction_to_json(prediction)
+            text += render_prediction(prediction)
+        documents.append(document)
+        texts.append(text)
+    document, text = documents[0], texts[0]
+    if result.alongside:
+        document["alongside"] = documents[1:]
+        text = "\n".join(
+            f"== {one.request.file}{' (steps taken in turn with the others)' if i == 0 else ''}\n"
+            f"{part}"
+            for i, (one, part) in enumerate(zip((result, *result.alongside), texts, strict=True))
+        )
     if args.json_report is not None:
         write_atomically(args.json_report, json.dumps(document, indent=2) + "\n")
     sys.stdout.write(text)
-    if request.verify and not result.verified:
+    if request.verify and not all(one.verified for one in (result, *result.alongside)):
         return EXIT_FOUND
     return EXIT_OK

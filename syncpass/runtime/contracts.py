@@ -6,7 +6,7 @@ processes and imports no torch.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from syncpass.contracts.config import SCHEDULES as SCHEDULES  # what run may be asked for
 from syncpass.contracts.config import stage_devices
@@ -57,6 +57,9 @@ class RunRequest:
     stages_per_device: int = 1
     min_microbatch_size: int = 1
     min_microbatch_by: str | None = None
+    # Other files splitting the same model otherwise: their stages step in turn with
+    # ``file``'s in one run (``syncpass run FILE --alongside OTHER ...``).
+    alongside: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.min_microbatch_size < 1:
@@ -68,6 +71,12 @@ class RunRequest:
                 f"stages and stages_per_device must be at least 1, got {self.stages} and "
                 f"{self.stages_per_device}"
             )
+
+    def alongside_request(self, file: str) -> RunRequest:
+        """This request for ``file``, one of :attr:`alongside`: its own example factory of
+        the same name, and no timeline."""
+        function = self.example.rpartition(":")[2] or "example"
+        return replace(self, file=file, example=f"{file}:{function}", alongside=(), timeline=None)
 
     @property
     def total_stages(self) -> int:
@@ -225,6 +234,8 @@ class RunResult:
     order_notes: tuple[str, ...] = ()
     # What else the report says: why the default micro-batch count is what it is.
     notes: tuple[str, ...] = ()
+    # The runs of request.alongside, stepped in turn with this one.
+    alongside: tuple[RunResult, ...] = ()
 
     @property
     def stage_count(self) -> int:

@@ -76,6 +76,8 @@ def refusals(request: RunRequest) -> list[str]:
         )
     if request.timeline is not None:
         found.append("--timeline: the timeline profiles torch pipelines only")
+    if request.alongside:
+        found.append("--alongside: the JAX run steps one file's stages; run each file alone")
     return found
 
 

@@ -264,47 +264,71 @@ class StageRun:
 
 
 def _run(request: RunRequest, rank: int) -> RunResult | None:
-    run = _prepare(request, rank)
-    # Warm-up step: sets up the stages' communication; its gradients are the ones checked,
-    # and its actions the ones reported.
-    run.log.on = True
-    losses = _step(run, timed=False)
-    run.log.on = False
-    checks: tuple[ParamCheck, ...] = ()
-    loss_checks: tuple[LossCheck, ...] = ()
-    if run.reference is not None:
-        checks, loss_checks = _check(run, run.reference, losses)
-    if run.optimizer is not None:
-        sum_tied_gradients(run)
-        run.optimizer.step()
+    runs = [_prepare(request, rank)]
+    # Other splits of the same model, stepped in turn with the first in one process group.
+    runs += [
+        _prepare(request.alongside_request(file), rank, join=False) for file in request.alongside
+    ]
+    warmed = [_warm_up(run) for run in runs]
     if request.timeline is not None:
         from syncpass.backends.torch.profiler import Profile
 
-        with Profile("syncpass run", run.stages, output=request.timeline):
-            step_times, compute_times = _timed_steps(run)
+        with Profile("syncpass run", runs[0].stages, output=request.timeline):
+            timed = _timed_steps(runs)
     else:
-        step_times, compute_times = _timed_steps(run)
+        timed = _timed_steps(runs)
+    results = [
+        _gather(run, _figures(run, checks, times))
+        for run, checks, times in zip(runs, warmed, timed, strict=True)
+    ]
+    first = results[0]
+    if first is None:
+        return None
+    return dataclasses.replace(first, alongside=tuple(r for r in results[1:] if r is not None))
+
+
+def _warm_up(run: StageRun) -> tuple[tuple[ParamCheck, ...], tuple[LossCheck, ...]]:
+    """The warm-up step: sets up the stages' communication; its gradients are the ones
+    checked (with ``--verify``), and its actions the ones reported."""
+    run.log.on = True
+    losses = _step(run, timed=False)
+    run.log.on = False
+    checks: tuple[tuple[ParamCheck, ...], tuple[LossCheck, ...]] = ((), ())
+    if run.reference is not None:
+        checks = _check(run, run.reference, losses)
+    if run.optimizer is not None:
+        sum_tied_gradients(run)
+        run.optimizer.step()
+    return checks
+
+
+def _figures(
+    run: StageRun,
+    checks: tuple[tuple[ParamCheck, ...], tuple[LossCheck, ...]],
+    times: tuple[tuple[float, ...], tuple[float, ...]],
+) -> StageFigures:
+    """What this rank measured and checked of ``run``."""
     tied = _tied_checks(run) if run.reference is not None else ()
     parameters = run.parameters()
     held = tuple(stage.stage_index for stage in run.stages)
-    figures = StageFigures(
+    return StageFigures(
         stage=held[0],
-        rank=rank,
+        rank=run.rank,
         parameters=sum(p.numel() for p in parameters),
         parameter_tensors=len(parameters),
-        step_times_s=step_times,
-        compute_times_s=compute_times,
-        checks=checks,
-        loss_checks=loss_checks,
-        held=held if request.stages_per_device > 1 else (),
+        step_times_s=times[0],
+        compute_times_s=times[1],
+        checks=checks[0],
+        loss_checks=checks[1],
+        held=held if run.request.stages_per_device > 1 else (),
         actions=tuple(run.log.actions),
-        tied=tied if rank == 0 else (),
+        tied=tied if run.rank == 0 else (),
     )
-    return _gather(run, figures)
 
 
-def _prepare(request: RunRequest, rank: int) -> StageRun:
-    """Load the example, trace it, join the process group and build this rank's stages."""
+def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
+    """Load the example, trace it, join the process group (unless an earlier run of this
+    process did: ``join`` False) and build this rank's stages."""
     _quiet_torch_warnings()
     try:
         held = request.stages_of(rank)
@@ -330,9 +354,15 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
     stage_modules = eager_stages(model, request)
     pipe = None if stage_modules else _trace(model, batch, request)
 
-    join_local_group(
-        backend, request.port, rank, request.stages, timedelta(seconds=request.timeout_s), device
-    )
+    if join:
+        join_local_group(
+            backend,
+            request.port,
+            rank,
+            request.stages,
+            timedelta(seconds=request.timeout_s),
+            device,
+        )
     total = request.total_stages
     loss_fn = example.loss_fn
     clock, log = ComputeClock(device), ActionLog()
@@ -400,19 +430,28 @@ def _prepare(request: RunRequest, rank: int) -> StageRun:
     return run
 
 
-def _timed_steps(run: StageRun) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """``--steps`` training steps, each started together on all ranks: (step, compute) times."""
-    step_times, compute_times = [], []
-    for _ in range(run.request.steps):
-        dist.barrier()
-        run.clock.total = 0.0
-        start = time.perf_counter()
-        _step(run, timed=True)
-        if run.device.type == "cuda":
-            torch.cuda.synchronize(run.device)
-        step_times.append(time.perf_counter() - start)
-        compute_times.append(run.clock.total)
-    return tuple(step_times), tuple(compute_times)
+def _timed_steps(runs: Sequence[StageRun]) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
+    """``--steps`` training steps of each run, each step started together on all ranks:
+    (step, compute) times per run. Several runs take their steps in turn, in an order
+    rotated each round, so that the machine's load falls on all of them alike."""
+    step_times: list[list[float]] = [[] for _ in runs]
+    compute_times: list[list[float]] = [[] for _ in runs]
+    for round_index in range(runs[0].request.steps):
+        shift = round_index % len(runs)
+        for place in [*range(shift, len(runs)), *range(shift)]:
+            run = runs[place]
+            dist.barrier()
+            run.clock.total = 0.0
+            start = time.perf_counter()
+            _step(run, timed=True)
+            if run.device.type == "cuda":
+                torch.cuda.synchronize(run.device)
+            step_times[place].append(time.perf_counter() - start)
+            compute_times[place].append(run.clock.total)
+    return [
+        (tuple(steps), tuple(computes))
+        for steps, computes in zip(step_times, compute_times, strict=True)
+    ]
 
 
 def _gather(run: StageRun, figures: StageFigures) -> RunResult | None:

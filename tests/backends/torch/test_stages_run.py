@@ -600,3 +600,57 @@ def test_a_stage_holds_the_modules_a_plain_object_it_uses_refers_to(
     assert held["tok_embeddings.weight"] is model.tok_embeddings.weight
     assert not any(name.startswith("layers.0.") for name in held)
     assert "norm.weight" not in dict(first.named_parameters())
+
+
+@pytest.mark.slow
+def test_other_splits_run_alongside_step_by_step_in_one_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Two splits of one model: their timed steps alternate in one process group, each
+    # verified and reported on its own (the JSON report nests the others').
+    source = tmp_path / "tied_object_head.py"
+    shutil.copy(REPO / "tests" / "data" / "tied_object_head.py", source)
+    costs = tmp_path / "costs.json"
+    assert main(["profile", str(source), "--example", f"{source}:example", "-o", str(costs)]) == 0
+    files = []
+    for strategy in ("adaptive", "parameters"):
+        out = tmp_path / f"tied_{strategy}.py"
+        argv = ["rewrite", str(source), "--costs", str(costs), "--stages", "2"]
+        assert main([*argv, "--strategy", strategy, "-o", str(out)]) == 0
+        files.append(out)
+    capsys.readouterr()
+    report = tmp_path / "run.json"
+    argv = [
+        "run",
+        str(files[0]),
+        "--stages",
+        "2",
+        "--steps",
+        "3",
+        "--verify",
+        "--costs",
+        str(costs),
+    ]
+    status = main([*argv, "--alongside", str(files[1]), "--json-report", str(report)])
+    out = capsys.readouterr().out
+    assert status == 0, out
+    document = json.loads(report.read_text())
+    (other,) = document["alongside"]
+    for one, file in ((document, files[0]), (other, files[1])):
+        assert one["verify"]["ok"] is True
+        assert all(len(stage["step_times_s"]) == 3 for stage in one["stage_reports"])
+        assert one["prediction"]["measured_step_s"] > 0
+        assert f"== {file}" in out
+    assert "alongside" not in other
+
+
+def test_a_missing_file_alongside_is_refused_before_any_process_starts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "tied_object_head.py"
+    shutil.copy(REPO / "tests" / "data" / "tied_object_head.py", source)
+    missing = tmp_path / "other_split.py"
+    assert main(["run", str(source), "--stages", "2", "--alongside", str(missing)]) == 2
+    assert f"{missing}: no such file (--alongside names other model sources)" in (
+        capsys.readouterr().err
+    )
