@@ -18,16 +18,21 @@ estimate, as the docs say.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from syncpass.contracts.tensor import TensorGraph, TensorOp
+
+if TYPE_CHECKING:
+    from syncpass.backends.torch.example import Example
+    from syncpass.contracts.costs import Costs
 
 #: Functional ops by what they are to the planner.
 _ADD = {"add", "__add__", "__radd__", "__iadd__", "add_"}
@@ -403,3 +408,28 @@ def record_tensor_graph(
             "for ops with weights and once for the rest",
         ),
     )
+
+
+def record_into_costs(costs: Costs, example: Example, flops_per_s: float | None) -> Costs:
+    """``costs`` with the tensor graph of the example's model (``$.tensor``), recorded from
+    one forward (the profile's last step of work: it times nothing again). A model the
+    recorder cannot follow keeps its pipeline costs, with a note saying why it has no
+    tensor graph."""
+    try:
+        graph = record_tensor_graph(
+            example.model,
+            example.args,
+            loss=example.loss_fn,
+            targets=example.target,
+            flops_per_s=flops_per_s,
+        )
+        if graph.batch_size != costs.batch_size:
+            graph = dataclasses.replace(graph, batch_size=costs.batch_size)
+    except Exception as error:  # any construct the recorder does not follow
+        text = " ".join(str(error).split())[:200]
+        note = (
+            "no tensor graph was recorded (plan --strategy tensor needs one): the recorder "
+            f"failed on this model: {type(error).__name__}: {text}"
+        )
+        return dataclasses.replace(costs, notes=(*costs.notes, note))
+    return dataclasses.replace(costs, tensor=graph)
