@@ -31,8 +31,9 @@ checks that a step ran the plan's collectives.
 from __future__ import annotations
 
 import collections
+import contextlib
 import fnmatch
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import torch
@@ -46,6 +47,7 @@ __all__ = [
     "parse_layout",
     "reduce_from_tensor_parallel_region",
     "reset_collective_counts",
+    "running_alone",
     "scatter_to_tensor_parallel_region",
     "set_tensor_parallel_group",
     "shard_module",
@@ -56,6 +58,7 @@ __all__ = [
 
 _group: Any = None
 _counts: collections.Counter[str] = collections.Counter()
+_alone = False  # running_alone(): every function the identity, tp_size() 1
 
 
 def set_tensor_parallel_group(group: Any) -> None:
@@ -64,16 +67,28 @@ def set_tensor_parallel_group(group: Any) -> None:
     _group = group
 
 
+@contextlib.contextmanager
+def running_alone() -> Iterator[None]:
+    """Within it, the model runs unsplit on this rank: ``tp_size()`` is 1 and every
+    collective the identity (``syncpass run --verify``'s reference)."""
+    global _alone
+    was, _alone = _alone, True
+    try:
+        yield
+    finally:
+        _alone = was
+
+
 def tp_size() -> int:
     """The ranks of the tensor-parallel group; 1 when no process group is initialised."""
-    if not dist.is_available() or not dist.is_initialized():
+    if _alone or not dist.is_available() or not dist.is_initialized():
         return 1
     return int(dist.get_world_size(_group))
 
 
 def tp_rank() -> int:
     """This rank's index in the tensor-parallel group; 0 when running alone."""
-    if not dist.is_available() or not dist.is_initialized():
+    if _alone or not dist.is_available() or not dist.is_initialized():
         return 0
     return int(dist.get_rank(_group))
 
