@@ -38,8 +38,8 @@ RUNTIME_MODULE = "syncpass.backends.torch.tensor_parallel"
 @dataclass(frozen=True)
 class StatementSite:
     """A simple statement: its lines, the one name it assigns (``x = ...``, ``x: T = ...``;
-    ``None`` otherwise), what its value is (a call's method or function name, ``+`` for
-    a sum, else ``""``), and the name its outermost call reads first, if a bare name."""
+    ``None`` otherwise), what its value is (a call's method or function name, an
+    operator's torch name such as ``add``, else ``""``), and the name its outermost call reads first, if a bare name."""
 
     start: int
     end: int
@@ -73,6 +73,16 @@ class TensorEdit:
     position: int = 0
 
 
+#: A binary operator's call as torch names it (``x + y`` runs ``Tensor.add``).
+_OPERATORS: dict[type[cst.BaseBinaryOp], str] = {
+    cst.Add: "add",
+    cst.Multiply: "mul",
+    cst.Subtract: "sub",
+    cst.Divide: "truediv",
+    cst.MatrixMultiply: "matmul",
+}
+
+
 def _callee(node: cst.BaseExpression) -> str:
     if isinstance(node, cst.Call):
         func = node.func
@@ -80,8 +90,8 @@ def _callee(node: cst.BaseExpression) -> str:
             return func.attr.value
         if isinstance(func, cst.Name):
             return func.value
-    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Add):
-        return "+"
+    if isinstance(node, cst.BinaryOperation):
+        return _OPERATORS.get(type(node.operator), "")
     return ""
 
 
@@ -179,12 +189,13 @@ class InsertTensorCollectivesCommand(VisitorBasedCodemodCommand):
         if not before and not after:
             return updated_node
         config = self.module.config_for_parsing
+        newline = str(config.default_newline)
         lines = []
         for edit in before:
-            lines.append(cst.parse_statement(edit.code + config.default_newline, config))
+            lines.append(cst.parse_statement(edit.code + newline, config))
         lines.append(updated_node)
         for edit in after:
-            lines.append(cst.parse_statement(edit.code + config.default_newline, config))
+            lines.append(cst.parse_statement(edit.code + newline, config))
         self.done.update(before + after)
         return cst.FlattenSentinel(lines)  # type: ignore[arg-type]
 

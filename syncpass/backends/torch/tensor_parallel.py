@@ -174,7 +174,7 @@ def copy_to_tensor_parallel_region(tensor: torch.Tensor) -> torch.Tensor:
     layers, whose gradients each rank computes only in part."""
     if tp_size() == 1:
         return tensor
-    result: torch.Tensor = _CopyToRegion.apply(tensor)
+    result: torch.Tensor = _CopyToRegion.apply(tensor)  # type: ignore[no-untyped-call]
     return result
 
 
@@ -182,7 +182,7 @@ def reduce_from_tensor_parallel_region(tensor: torch.Tensor) -> torch.Tensor:
     """All-reduce forward (the partial sums of a row-split layer); identity backward."""
     if tp_size() == 1:
         return tensor
-    result: torch.Tensor = _ReduceFromRegion.apply(tensor)
+    result: torch.Tensor = _ReduceFromRegion.apply(tensor)  # type: ignore[no-untyped-call]
     return result
 
 
@@ -190,7 +190,7 @@ def gather_from_tensor_parallel_region(tensor: torch.Tensor, dim: int = -1) -> t
     """All-gather the ranks' slices on ``dim`` forward; backward, keep this rank's slice."""
     if tp_size() == 1:
         return tensor
-    result: torch.Tensor = _GatherFromRegion.apply(tensor, dim % tensor.dim())
+    result: torch.Tensor = _GatherFromRegion.apply(tensor, dim % tensor.dim())  # type: ignore[no-untyped-call]
     return result
 
 
@@ -198,7 +198,7 @@ def scatter_to_tensor_parallel_region(tensor: torch.Tensor, dim: int = -1) -> to
     """Keep this rank's slice on ``dim`` forward; backward, all-gather the gradient."""
     if tp_size() == 1:
         return tensor
-    result: torch.Tensor = _ScatterToRegion.apply(tensor, dim % tensor.dim())
+    result: torch.Tensor = _ScatterToRegion.apply(tensor, dim % tensor.dim())  # type: ignore[no-untyped-call]
     return result
 
 

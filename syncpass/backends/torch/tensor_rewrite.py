@@ -118,8 +118,6 @@ def _callee_of(op: TensorOp, shape: OpShape | None) -> str:
     """The name the op's call has in the source: a submodule's attribute, a function's."""
     if op.module is not None:
         return op.module.rsplit(".", 1)[-1]
-    if op.kind == "add":
-        return "+"
     return shape.function if shape is not None else ""
 
 
@@ -165,15 +163,16 @@ class _Checker:
         groups: dict[tuple[str, str, str], list[str]] = collections.defaultdict(list)
         for op in self.graph.ops:
             groups[_site_key(op)].append(op.id)
+        members: list[str]
         for members in groups.values():
             layouts = collections.Counter(self.layout[op].layout for op in members)
             if len(layouts) < 2:
                 continue
             keep = layouts.most_common(1)[0][0]
-            for op in members:
-                if self.layout[op].layout != keep:
+            for member in members:
+                if self.layout[member].layout != keep:
                     self.refuse(
-                        op,
+                        member,
                         f"one line of source runs it for every layer; the others run {keep}",
                     )
 
@@ -297,14 +296,14 @@ class _Checker:
         if not reads:
             return
         states = {state for _, state, _ in reads}
-        partial = {p for _, _, p in reads}
-        if len(states) > 1 or len(partial) > 1:
+        partials = {p for _, _, p in reads}
+        if len(states) > 1 or len(partials) > 1:
             for reader, state, p in reads:
                 if reader != "<output>" and (state != "R" or p):
                     self.refuse(reader, f"{op.id} is read in several states; one line serves one")
             return
         target = states.pop()
-        copy = partial.pop()
+        copy = partials.pop()
         wanted: list[tuple[str, str]] = []
         call: str | None = None
         if made == "P" and target == "R":
@@ -389,7 +388,8 @@ class _Checker:
             )
         made = self.layout[op.id].layout
         what = "partial sums" if item.kind == "all-reduce" else "slices"
-        return f"syncpass tensor: {item.kind} of {tail}'s {what} ({made}-split); {figures}"
+        how = f"{made}-split" if made in ("row", "column") else "split"
+        return f"syncpass tensor: {item.kind} of {tail}'s {what} ({how}); {figures}"
 
 
 def check_plan(

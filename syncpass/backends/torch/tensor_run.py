@@ -105,7 +105,7 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
     tp.reset_collective_counts()
     start = time.perf_counter()
     loss = example.loss_fn(model(*example.args), example.target)
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     step_s = time.perf_counter() - start
     counts = tp.collective_counts()
     checks: list[ParamCheck] = []
@@ -115,7 +115,7 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
         atol = DEFAULT_ATOL if request.atol is None else request.atol
         with tp.running_alone():
             whole = example.loss_fn(reference(*example.args), example.target)
-            whole.backward()
+            whole.backward()  # type: ignore[no-untyped-call]
         reference_loss = float(whole.detach())
         local = dict(model.named_parameters())
         for name, parameter in reference.named_parameters():
