@@ -50,7 +50,10 @@ class GatedStack(nn.Module):
 
 
 def example() -> tuple[
-    GatedStack, tuple[torch.Tensor], torch.Tensor, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    GatedStack,
+    tuple[torch.Tensor],
+    torch.Tensor,
+    Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ]:
     torch.manual_seed(0)
     model = GatedStack()

@@ -40,7 +40,9 @@ def _run(file: Path, tp: int) -> subprocess.CompletedProcess[str]:
     return _syncpass("run", str(file), "--example", f"{file}:example", "--tp", str(tp), "--verify")
 
 
-@pytest.fixture(scope="module", params=[(LM, 2), (LM, 4), (GATED, 2)], ids=["lm-2", "lm-4", "gated-2"])
+@pytest.fixture(
+    scope="module", params=[(LM, 2), (LM, 4), (GATED, 2)], ids=["lm-2", "lm-4", "gated-2"]
+)
 def case(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, str, subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
