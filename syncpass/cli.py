@@ -37,6 +37,7 @@ from syncpass.commands.tensor import (
     TENSOR_STRATEGY,
     add_tensor_options,
     run_tensor_plan,
+    run_tensor_rewrite,
 )
 from syncpass.contracts.config import SCHEDULES, strategy_names
 from syncpass.contracts.costs import Costs, load_costs
@@ -277,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(docs/jax.md); others: installed packages' (docs/plugin.md)",
     )
     add_example_timeout(rewrite)
+    add_tensor_options(rewrite)
     rewrite.set_defaults(handler=_run_rewrite)
 
     # Imported here, not at the top: `plan` must start without them (they add
@@ -468,11 +470,8 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     from syncpass.rewrite.driver import rewrite_text
     from syncpass.rewrite.report import analysis_to_json
 
-    if args.strategy == TENSOR_STRATEGY:
-        raise SyncpassError(
-            "rewrite --strategy tensor does not write tensor-parallel code yet; "
-            "`syncpass plan --strategy tensor --tp N` plans it"
-        )
+    if args.strategy == TENSOR_STRATEGY or getattr(args, "tp", None) is not None:
+        return run_tensor_rewrite(args)
     if args.diff and (args.in_place or args.output not in (None, "-")):
         raise SyncpassError("--diff prints the change instead of writing it; drop -o/--in-place")
     path = "<stdin>" if args.file == "-" else args.file

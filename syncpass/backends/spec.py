@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.schedule import OrderSource
+from syncpass.plan.tensor_plan import TensorPlan
 from syncpass.rewrite.source import KnownOps, ModelSource
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
     from syncpass.contracts.costs import Costs
     from syncpass.frontend.findings import Finding
-    from syncpass.runtime.contracts import RunRequest, RunResult
+    from syncpass.runtime.contracts import RunRequest, RunResult, TensorRunRequest, TensorRunResult
     from syncpass.runtime.prediction import RunPrediction
     from syncpass.transformers.common import SyncSite
 
@@ -83,6 +84,31 @@ class EstimateRequest:
 
 
 @dataclass(frozen=True)
+class TensorRewriteRequest:
+    """Write a tensor-parallel plan for ``tp`` ranks into the model of ``file`` (source
+    ``text``), planned on a recording of the example ``example``, for ``hardware``
+    (a profile name or file; ``None``: the local CPU's)."""
+
+    file: str
+    text: str
+    example: str
+    tp: int
+    hardware: str | None = None
+    timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class TensorRewriteResult:
+    """The rewritten source, the plan it carries, why ops stay replicated (``notes``) and
+    the collective lines it wrote."""
+
+    rewritten: str
+    plan: TensorPlan
+    notes: tuple[str, ...]
+    lines: int
+
+
+@dataclass(frozen=True)
 class Confirmation:
     """A rewritten model to split with the engine before it is written: ``text`` is the
     rewritten source of ``path``, ``example`` the user's ``PATH.py:FUNC``, ``stages`` the
@@ -109,6 +135,8 @@ LoadExample = Callable[[str], Any]
 #: Raises :class:`SyncpassError` when the engine cannot split the rewritten model as planned,
 #: :class:`SplitRefused` when one sync point is the reason.
 Confirm = Callable[[Confirmation], None]
+TensorRewrite = Callable[[TensorRewriteRequest], TensorRewriteResult]
+TensorRun = Callable[["TensorRunRequest"], "TensorRunResult"]
 
 
 @dataclass(frozen=True)
@@ -150,6 +178,10 @@ class Backend:
     schedule_order: OrderSource | None = None
     carries_values: bool = False
     refused_kinds: tuple[str, ...] = ()
+    #: ``rewrite --strategy tensor``: a tensor-parallel plan written into the source.
+    tensor_rewrite: TensorRewrite | None = None
+    #: ``run --tp N``: the rewritten model on N ranks, checked against the unsplit one.
+    tensor_run: TensorRun | None = None
     #: Modules the process that runs the user's example imports ahead of time (a fork
     #: server's preload, :func:`syncpass.runtime.guard.call_guarded`).
     preload: tuple[str, ...] = ()
@@ -175,4 +207,6 @@ _HOOK_NAMES = {
     "run": "runtime (it cannot run a pipeline)",
     "predict": "prediction of a run (it cannot plan the sync points a file carries)",
     "load_example": "example loader (it cannot run the user's example)",
+    "tensor_rewrite": "tensor-parallel rewrite (it cannot write --strategy tensor)",
+    "tensor_run": "tensor-parallel runtime (it cannot run --tp)",
 }

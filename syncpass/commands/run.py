@@ -65,7 +65,6 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     run.add_argument(
         "--stages",
         type=positive_int,
-        required=True,
         metavar="N",
         help="pipeline ranks: one process (and device) each; FILE holds N x V stages",
     )
@@ -167,6 +166,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "jax.device_put stages of a JAX function or Flax module, one jax.jit per stage over N "
         "JAX devices (docs/jax.md)",
     )
+    run.add_argument(
+        "--tp",
+        type=positive_int,
+        metavar="N",
+        help="run a file rewritten with --strategy tensor on N gloo ranks (instead of "
+        "pipeline stages); --verify compares the loss and every gradient with the unsplit "
+        "model and the collectives each rank ran with the plan's",
+    )
     run.set_defaults(handler=run_command)
     return run  # type: ignore[no-any-return]
 
@@ -263,6 +270,12 @@ def run_command(args: argparse.Namespace) -> int:
     (a SyncpassError, exit 2) before anything starts.
     """
     backend = load_backend(getattr(args, "backend", DEFAULT_BACKEND))
+    if getattr(args, "tp", None) is not None:
+        return _run_tensor(args, backend)
+    if args.stages is None:
+        raise SyncpassError(
+            "run needs --stages N (pipeline ranks) or --tp N (tensor-parallel ranks)"
+        )
     run = backend.need("run", "choose a backend that runs pipelines with --backend")
     request = request_from_args(
         args, backend.schedules[0] if backend.schedules else "1f1b", backend.schedules
@@ -310,3 +323,36 @@ def run_command(args: argparse.Namespace) -> int:
     if request.verify and not all(one.verified for one in (result, *result.alongside)):
         return EXIT_FOUND
     return EXIT_OK
+
+
+def _run_tensor(args: argparse.Namespace, backend: Any) -> int:
+    """``syncpass run FILE --tp N [--verify]``: the backend's tensor-parallel runtime."""
+    from syncpass.runtime.contracts import TensorRunRequest
+
+    if args.stages is not None:
+        raise SyncpassError(
+            "--tp runs tensor-parallel ranks; pipeline and tensor together come later: drop --stages"
+        )
+    file, _ = checked_paths(args)
+    run = backend.need("tensor_run", "choose --backend torch")
+    result = run(
+        TensorRunRequest(
+            file=str(file),
+            example=example_for_file(file, args.example),
+            tp=args.tp,
+            verify=args.verify,
+            rtol=args.rtol,
+            atol=args.atol,
+            timeout_s=args.timeout,
+            threads=args.threads,
+        )
+    )
+    from syncpass.backends.torch.tensor_run import render_tensor_run
+
+    sys.stdout.write(render_tensor_run(result))
+    if args.json_report is not None:
+        import dataclasses
+
+        write_atomically(args.json_report, json.dumps(dataclasses.asdict(result), indent=2) + "\n")
+    ok = result.verified if args.verify else result.collectives_match
+    return EXIT_OK if ok else EXIT_FOUND

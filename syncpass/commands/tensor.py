@@ -117,3 +117,73 @@ def run_tensor_plan(args: argparse.Namespace, overrides: Overrides) -> int:
         write_atomically(args.output, document)
     sys.stdout.write(document if args.json else render_tensor_plan(plan))
     return EXIT_OK
+
+
+def run_tensor_rewrite(args: argparse.Namespace) -> int:
+    """``syncpass rewrite FILE --example SPEC --strategy tensor --tp N``: write the plan's
+    collectives into the model's forwards (the backend's ``tensor_rewrite`` hook)."""
+    from pathlib import Path
+
+    from syncpass.backends.registry import load_backend
+    from syncpass.backends.spec import TensorRewriteRequest
+    from syncpass.commands.cliargs import EXIT_FOUND
+    from syncpass.core.units import seconds
+    from syncpass.frontend.source import read_model_text
+
+    check_tensor_flags(args)
+    if args.example is None or args.file == "-":
+        raise SyncpassError(
+            "rewrite --strategy tensor records the model's tensor graph from its example: "
+            "give the model file and --example SPEC"
+        )
+    if args.in_place:
+        raise SyncpassError("rewrite --strategy tensor writes a new file: use -o OUT")
+    refuse_clobbering({"-o": args.output}, {"the input file": args.file})
+    backend = load_backend(args.backend or "torch_stages")
+    rewrite = backend.need("tensor_rewrite", "choose --backend torch")
+    text = read_model_text(args.file)
+    result = rewrite(
+        TensorRewriteRequest(
+            file=str(Path(args.file)),
+            text=text,
+            example=args.example,
+            tp=args.tp,
+            hardware=args.hardware,
+            timeout_s=args.timeout,
+        )
+    )
+    plan = result.plan
+    split = sum(item.layout != "replicated" for item in plan.layouts)
+    counts = f"{plan.cost.forward_collectives} forward, {plan.cost.backward_collectives} backward"
+    summary = (
+        f"tp {plan.tp}: {split} of {len(plan.layouts)} op(s) split, {result.lines} collective "
+        f"line(s) ({counts} collectives a step), predicted step {seconds(plan.cost.step_s)}"
+    )
+    for note in result.notes:
+        print(f"syncpass: note: stays replicated: {note}", file=sys.stderr)
+    changed = result.rewritten != text
+    if args.diff:
+        import difflib
+
+        sys.stdout.writelines(
+            difflib.unified_diff(
+                text.splitlines(keepends=True),
+                result.rewritten.splitlines(keepends=True),
+                fromfile=args.file,
+                tofile=args.output or args.file,
+            )
+        )
+        return EXIT_OK
+    if args.check:
+        print(
+            f"{'would rewrite' if changed else 'up to date:'} {args.file}: {summary}",
+            file=sys.stderr,
+        )
+        return EXIT_FOUND if changed else EXIT_OK
+    if args.output is None or args.output == "-":
+        sys.stdout.write(result.rewritten)
+        print(f"syncpass: {summary}", file=sys.stderr)
+    else:
+        write_atomically(args.output, result.rewritten)
+        print(f"syncpass: wrote {args.output}: {summary}", file=sys.stderr)
+    return EXIT_OK

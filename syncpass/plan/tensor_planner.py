@@ -41,6 +41,8 @@ class TensorRequest:
     sequence_parallel: bool = True
     baselines: bool = True
     explain: bool = True
+    #: op id -> the layouts it may take (what a rewrite can write); unlisted ops take any.
+    allowed: tuple[tuple[str, tuple[str, ...]], ...] = ()
 
 
 def check_tensor_request(graph: TensorGraph, tp: int, devices: int | None = None) -> None:
@@ -126,6 +128,7 @@ def plan_tensor(
         training=training,
         memory_multiplier=memory_multiplier,
         sequence_parallel=request.sequence_parallel,
+        allowed=request.allowed,
     )
     try:
         best = solve(problem)

@@ -291,3 +291,64 @@ class WorkerFailed:
     location: str = ""
     user_error: bool = False
     peer_lost: bool = False
+
+
+@dataclass(frozen=True)
+class TensorRunRequest:
+    """One ``syncpass run --tp N``: the rewritten model of ``file`` on ``tp`` gloo ranks.
+
+    With ``verify``, each rank also runs the unsplit model (the same file with every
+    collective the identity) on the same batch and compares the loss and every gradient,
+    gathered across the ranks for split weights. ``rtol``/``atol`` ``None``: 1e-4 and 1e-5
+    (the split sums add in another order than the whole ones)."""
+
+    file: str
+    example: str
+    tp: int
+    verify: bool = False
+    rtol: float | None = None
+    atol: float | None = None
+    timeout_s: float = 300.0
+    port: int = 0
+    threads: int = 1
+
+
+@dataclass(frozen=True)
+class TensorRankDone:
+    """What one rank of a tensor-parallel run measured and checked: its loss (and the
+    unsplit model's), its step's forward and backward time, the collectives it issued by
+    ``"direction kind"``, and with ``verify`` each parameter's check (rank 0 checks the
+    gathered split weights; every rank its replicated ones)."""
+
+    rank: int
+    loss: float
+    reference_loss: float | None
+    step_s: float
+    counts: tuple[tuple[str, int], ...]
+    checks: tuple[ParamCheck, ...] = ()
+    split: int = 0  # parameters this rank holds a slice of
+
+
+@dataclass(frozen=True)
+class TensorRunResult:
+    """A tensor-parallel run: every rank's figures and the collectives the plan expects."""
+
+    request: TensorRunRequest
+    ranks: tuple[TensorRankDone, ...]
+    expected: tuple[tuple[str, int], ...]
+    parameters: int
+
+    @property
+    def collectives_match(self) -> bool:
+        return all(dict(rank.counts) == dict(self.expected) for rank in self.ranks)
+
+    @property
+    def verified(self) -> bool:
+        losses = all(
+            rank.reference_loss is not None
+            and abs(rank.loss - rank.reference_loss)
+            <= (self.request.atol or 1e-5) + (self.request.rtol or 1e-4) * abs(rank.reference_loss)
+            for rank in self.ranks
+        )
+        checks = all(check.ok for rank in self.ranks for check in rank.checks)
+        return losses and checks and self.collectives_match

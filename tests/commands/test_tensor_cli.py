@@ -74,10 +74,15 @@ def test_a_cost_file_without_a_tensor_graph_says_so(
     assert "has no tensor graph ($.tensor)" in capsys.readouterr().err
 
 
-def test_rewrite_does_not_write_tensor_parallel_code_yet(
+def test_rewrite_strategy_tensor_needs_the_example_and_writes_nothing_without(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = tmp_path / "m.py"
     model.write_text("x = 1\n")
-    assert main(["rewrite", str(model), "--costs", str(TENSOR_COSTS), "--strategy", "tensor"]) == 2
-    assert "does not write tensor-parallel code yet" in capsys.readouterr().err
+    out = tmp_path / "m_tp.py"
+    argv = ["rewrite", str(model), "--costs", str(TENSOR_COSTS), "--strategy", "tensor"]
+    assert main([*argv, "--tp", "2", "-o", str(out)]) == 2
+    assert "give the model file and --example SPEC" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(argv) == 2
+    assert "--strategy tensor needs --tp N" in capsys.readouterr().err

@@ -11,7 +11,14 @@ import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from syncpass.backends.spec import Backend, Confirmation, EstimateRequest, MeasureRequest
+from syncpass.backends.spec import (
+    Backend,
+    Confirmation,
+    EstimateRequest,
+    MeasureRequest,
+    TensorRewriteRequest,
+    TensorRewriteResult,
+)
 from syncpass.backends.torch.run import PRELOAD
 from syncpass.contracts.config import MULTI_STAGE_SCHEDULES
 from syncpass.rewrite.source import KnownOps, ModelSource
@@ -24,7 +31,7 @@ if TYPE_CHECKING:
     from syncpass.contracts.graph import OpGraph
     from syncpass.frontend.findings import Finding
     from syncpass.plan.schedule import ScheduleOrder
-    from syncpass.runtime.contracts import RunRequest, RunResult
+    from syncpass.runtime.contracts import RunRequest, RunResult, TensorRunRequest, TensorRunResult
     from syncpass.runtime.prediction import RunPrediction
     from syncpass.transformers.common import SyncSite
 
@@ -193,6 +200,18 @@ def _confirm(confirmation: Confirmation) -> None:
     confirm_split(confirmation)
 
 
+def _tensor_rewrite(request: TensorRewriteRequest) -> TensorRewriteResult:
+    from syncpass.backends.torch.tensor_rewrite import rewrite_tensor
+
+    return rewrite_tensor(request)
+
+
+def _tensor_run(request: TensorRunRequest) -> TensorRunResult:
+    from syncpass.backends.torch.tensor_run import launch_tensor
+
+    return launch_tensor(request)
+
+
 def _load_example(spec: str) -> Example:
     from syncpass.backends.torch.example import load_example
 
@@ -215,6 +234,8 @@ BACKEND = Backend(
     schedule_order=_schedule_order,
     load_example=_load_example,
     confirm=_confirm,
+    tensor_rewrite=_tensor_rewrite,
+    tensor_run=_tensor_run,
     preload=tuple(PRELOAD),
 )
 
@@ -241,5 +262,7 @@ STAGES_BACKEND = Backend(
     load_example=_load_example,
     carries_values=True,
     refused_kinds=("other",),  # PipelineStage sends tensors; numbers and tuples are packed
+    tensor_rewrite=_tensor_rewrite,
+    tensor_run=_tensor_run,
     preload=tuple(PRELOAD),
 )

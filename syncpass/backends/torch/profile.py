@@ -246,6 +246,11 @@ def measure_file(
             counted_on=hardware,
             refine=refine,
         )
+    if meta is None:
+        from syncpass.backends.torch.tensor_record import record_into_costs
+
+        progress("recording the tensor graph")
+        costs = record_into_costs(costs, loaded, costs.hardware.flops_per_s)
     if default_terms:
         note = f"the example gives no loss: the default loss is the {default_terms[0]}"
         costs = dataclasses.replace(costs, notes=(*costs.notes, note))

@@ -18,16 +18,22 @@ estimate, as the docs say.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from syncpass.contracts.tensor import TensorGraph, TensorOp
+
+if TYPE_CHECKING:
+    from syncpass.backends.torch.example import Example
+    from syncpass.contracts.costs import Costs
 
 #: Functional ops by what they are to the planner.
 _ADD = {"add", "__add__", "__radd__", "__iadd__", "add_"}
@@ -86,6 +92,73 @@ _LINEAR = {"linear", "matmul", "__matmul__", "einsum", "mm", "bmm"}
 _LOSS = {"cross_entropy", "nll_loss"}
 
 
+#: The reshapes whose first argument sizes the pieces along ``dim`` (a fused weight's chunks).
+_CUTS = {"split", "chunk"}
+
+
+@dataclass(frozen=True)
+class OpShape:
+    """What the rewrite needs to know of one recorded op beyond the tensor graph, for a
+    group of ``tp`` ranks: the function it called (``view``, ``split``, ``gelu``; a module's
+    class name), how many dimensions its first output has, and, for a reshape, where a
+    block split of its input lands: ``moves`` pairs an input dimension that splits into
+    ``tp`` equal blocks with the output dimension the blocks end up on (a dimension absent
+    from it does not survive the reshape as a block split). ``cut_dim`` is the dimension a
+    ``split``/``chunk`` cuts; ``constants`` says it reads a tensor no op made (a mask)."""
+
+    op: str
+    function: str
+    out_ndim: int
+    outputs: int = 1
+    moves: tuple[tuple[int, int], ...] = ()
+    cut_dim: int | None = None
+    constants: bool = False
+
+
+def _blocks_along(tensor: torch.Tensor, dim: int, tp: int) -> bool:
+    """Whether ``tensor`` is the block index of its ``dim`` (``tp`` equal blocks) everywhere."""
+    size = tensor.shape[dim]
+    if size < tp or size % tp:
+        return False
+    shape = [-1 if axis == dim else 1 for axis in range(tensor.dim())]
+    expected = (torch.arange(size) // (size // tp)).reshape(shape).to(tensor.dtype)
+    return bool(torch.equal(tensor, expected.expand_as(tensor)))
+
+
+def _moves(
+    func: Callable[..., Any], args: Sequence[Any], kwargs: Mapping[str, Any], tp: int
+) -> tuple[tuple[int, int], ...]:
+    """Where a block split of each dimension of the first argument lands, found by running
+    ``func`` on a tensor holding each element's block index."""
+    first = args[0]
+    found = []
+    for dim in range(first.dim()):
+        size = first.shape[dim]
+        if size < tp or size % tp:
+            continue
+        shape = [-1 if axis == dim else 1 for axis in range(first.dim())]
+        marker = (torch.arange(size) // (size // tp)).reshape(shape).float().expand(first.shape)
+        try:
+            out = list(_tensors(func(marker.contiguous(), *args[1:], **kwargs)))
+        except Exception:  # a function the marker cannot stand in for: no move known
+            continue
+        if not out:
+            continue
+        lands = [
+            next((axis for axis in range(o.dim()) if _blocks_along(o, axis, tp)), None) for o in out
+        ]
+        if lands[0] is not None and all(axis == lands[0] for axis in lands):
+            found.append((dim, lands[0]))
+    return tuple(found)
+
+
+def _cut_dim(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
+    if name not in _CUTS or not isinstance(args[0], torch.Tensor):
+        return None
+    dim = kwargs.get("dim", args[2] if len(args) > 2 else 0)
+    return int(dim) % args[0].dim() if isinstance(dim, int) else None
+
+
 def _module_kind(module: nn.Module) -> str | None:
     """What a leaf module is to the planner, or ``None`` to record the ops inside it."""
     name = type(module).__name__
@@ -139,9 +212,11 @@ def _caller_source() -> str | None:
 class _Recorder(TorchFunctionMode):
     """Collects the ops of one forward."""
 
-    def __init__(self, flops_per_s: float | None) -> None:
+    def __init__(self, flops_per_s: float | None, tp: int | None = None) -> None:
         super().__init__()
         self.flops_per_s = flops_per_s
+        self.tp = tp  # with a group size: note each op's shape facts (OpShape)
+        self.shapes: dict[str, OpShape] = {}
         self.ops: list[TensorOp] = []
         self.made: dict[int, str] = {}  # id(tensor) -> op id
         self.kept: list[torch.Tensor] = []  # every tensor seen, so no id() is reused
@@ -238,7 +313,20 @@ class _Recorder(TorchFunctionMode):
                 **extra,
             )
         )
+        constants = any(id(t) not in self.made for t in _tensors((args, kwargs)))
         self.track(op_id, result)
+        if self.tp is not None:
+            self.shapes[op_id] = OpShape(
+                op_id,
+                name.strip("_"),
+                outputs[0].dim(),
+                len(outputs),
+                _moves(func, args, kwargs, self.tp)
+                if kind == "reshape" and isinstance(args[0], torch.Tensor)
+                else (),
+                _cut_dim(name, args, kwargs),
+                constants,
+            )
         return result
 
     def classify(
@@ -351,6 +439,10 @@ class _Recorder(TorchFunctionMode):
             )
         )
         self.track(op_id, result)
+        if self.tp is not None:
+            self.shapes[op_id] = OpShape(
+                op_id, type(module).__name__, outputs[0].dim() if outputs else 0, len(outputs)
+            )
 
 
 def record_tensor_graph(
@@ -365,7 +457,34 @@ def record_tensor_graph(
     """Run ``model(*args, **kwargs)`` once (and ``loss(output, targets)`` when given) and
     return the tensor graph it ran. The forward returns what the model (or the loss)
     returns; the batch is the first dimension of the first tensor argument."""
-    recorder = _Recorder(flops_per_s)
+    graph, _ = _record(model, args, kwargs, loss, targets, flops_per_s, None)
+    return graph
+
+
+def record_tensor_shapes(
+    model: nn.Module,
+    args: Sequence[Any],
+    tp: int,
+    *,
+    loss: Callable[[Any, Any], Any] | None = None,
+    targets: Any = None,
+    flops_per_s: float | None = None,
+) -> tuple[TensorGraph, dict[str, OpShape]]:
+    """:func:`record_tensor_graph`, and each op's :class:`OpShape` for ``tp`` ranks (what
+    the tensor-parallel rewrite reads: where a split lands after each reshape)."""
+    return _record(model, args, None, loss, targets, flops_per_s, tp)
+
+
+def _record(
+    model: nn.Module,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None,
+    loss: Callable[[Any, Any], Any] | None,
+    targets: Any,
+    flops_per_s: float | None,
+    tp: int | None,
+) -> tuple[TensorGraph, dict[str, OpShape]]:
+    recorder = _Recorder(flops_per_s, tp)
     for position, tensor in enumerate(_tensors((tuple(args), dict(kwargs or {})))):
         recorder.add_input(f"input{position}" if position else "input", tensor)
     handles = []
@@ -392,7 +511,7 @@ def record_tensor_graph(
     )
     first = next(_tensors(tuple(args)), None)
     batch = int(first.shape[0]) if first is not None and first.dim() >= 1 else 1
-    return TensorGraph(
+    graph = TensorGraph(
         tuple(recorder.ops),
         outputs,
         batch_size=batch,
@@ -403,3 +522,29 @@ def record_tensor_graph(
             "for ops with weights and once for the rest",
         ),
     )
+    return graph, recorder.shapes
+
+
+def record_into_costs(costs: Costs, example: Example, flops_per_s: float | None) -> Costs:
+    """``costs`` with the tensor graph of the example's model (``$.tensor``), recorded from
+    one forward (the profile's last step of work: it times nothing again). A model the
+    recorder cannot follow keeps its pipeline costs, with a note saying why it has no
+    tensor graph."""
+    try:
+        graph = record_tensor_graph(
+            example.model,
+            example.args,
+            loss=example.loss_fn,
+            targets=example.target,
+            flops_per_s=flops_per_s,
+        )
+        if graph.batch_size != costs.batch_size:
+            graph = dataclasses.replace(graph, batch_size=costs.batch_size)
+    except Exception as error:  # any construct the recorder does not follow
+        text = " ".join(str(error).split())[:200]
+        note = (
+            "no tensor graph was recorded (plan --strategy tensor needs one): the recorder "
+            f"failed on this model: {type(error).__name__}: {text}"
+        )
+        return dataclasses.replace(costs, notes=(*costs.notes, note))
+    return dataclasses.replace(costs, tensor=graph)

@@ -1,0 +1,597 @@
+"""``syncpass rewrite --strategy tensor --tp N`` for torch: plan what the source can carry,
+then write it (the eager style: the model's own forwards, changed where a collective goes).
+
+1. In a guarded child, the example's model runs once under the recorder
+   (:func:`~syncpass.backends.torch.tensor_record.record_tensor_shapes`): the tensor graph,
+   and for each reshape where a split of ``N`` blocks lands.
+2. The plan is made with each op restricted to the layouts the rewrite can write
+   (:data:`WRITABLE`), without sequence parallelism; then checked against the source
+   (:func:`check_plan`). Every op of one source site (a line run by every layer) must take
+   one layout; every collective must be a conjugate function of the runtime placed on a
+   line of its own; every reshape of a split value must have a size argument to divide.
+   What fails is taken out of the op's allowed layouts, with the reason, and the plan is
+   made again, until the plan is one the source can carry (at worst: everything
+   replicated). The reasons are the report's notes.
+3. The source gets one line per collective (``x = reduce_from_tensor_parallel_region(x)``
+   with a one-line comment), ``// tp_size()`` on the size arguments of split reshapes,
+   the runtime's import, and after the last statement ``TENSOR_PARALLEL_LAYOUT`` (what
+   :func:`~syncpass.backends.torch.tensor_parallel.shard_module` slices) and
+   ``TENSOR_PARALLEL_COLLECTIVES`` (what ``syncpass run --tp`` checks each rank ran).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+import re
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import libcst as cst
+
+from syncpass.backends.spec import TensorRewriteRequest, TensorRewriteResult
+from syncpass.backends.torch.tensor_record import OpShape
+from syncpass.contracts.tensor import TensorGraph, TensorOp
+from syncpass.core.errors import SyncpassError
+from syncpass.core.units import num_bytes, seconds
+from syncpass.plan.tensor_plan import TensorPlan
+from syncpass.plan.tensor_planner import TensorRequest, link_for, plan_tensor
+from syncpass.transformers.torch_tensor import (
+    CallSite,
+    StatementSite,
+    TensorEdit,
+    gather_tensor_sites,
+    insert_tensor_collectives,
+)
+
+#: The layouts the rewrite writes, by kind (docs/tensor.md, "The rewrite").
+WRITABLE: Mapping[str, tuple[str, ...]] = {
+    "linear": ("replicated", "column", "row"),
+    "elementwise": ("replicated", "split"),
+    "reshape": ("replicated", "split", "partial"),
+    "add": ("replicated", "partial"),
+    "attention": ("replicated", "heads"),
+}
+#: Reshapes that need no size argument changed when the split moves through them.
+_NO_SIZES = {"transpose", "permute", "contiguous", "chunk", "flatten", "unsqueeze", "squeeze"}
+_SIZED = {"view", "reshape", "split"}
+_COPY = "copy_to_tensor_parallel_region"
+_REDUCE = "reduce_from_tensor_parallel_region"
+_GATHER = "gather_from_tensor_parallel_region"
+MAX_ROUNDS = 64
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """An op that may not take ``layout``, and why."""
+
+    op: str
+    layout: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class WrittenPlan:
+    """A plan the source carries: the edits, the weights' layouts by module, the
+    collectives a step runs per rank, and why ops stay replicated."""
+
+    plan: TensorPlan
+    edits: tuple[TensorEdit, ...]
+    layouts: tuple[tuple[str, str], ...]
+    counts: tuple[tuple[str, int], ...]
+    refusals: tuple[Refusal, ...]
+
+
+class _Source:
+    """The model file's statements and calls, by line."""
+
+    def __init__(self, text: str, path: Path) -> None:
+        self.path = path.resolve()
+        visitor = gather_tensor_sites(cst.parse_module(text))
+        self.statements = visitor.statements
+        self.calls = visitor.calls
+
+    def line(self, op: TensorOp) -> int | None:
+        if op.source is None:
+            return None
+        file, _, line = op.source.rpartition(":")
+        if not line.isdigit() or Path(file).resolve() != self.path:
+            return None
+        return int(line)
+
+    def statement(self, line: int) -> StatementSite | None:
+        found = [s for s in self.statements if s.start <= line <= s.end]
+        return min(found, key=lambda s: s.end - s.start) if found else None
+
+    def calls_named(self, line: int, name: str) -> list[CallSite]:
+        return [c for c in self.calls if c.start <= line <= c.end and c.name == name]
+
+
+def _tail(op: TensorOp) -> str:
+    return op.id.rsplit(".", 1)[-1]
+
+
+def _callee_of(op: TensorOp, shape: OpShape | None) -> str:
+    """The name the op's call has in the source: a submodule's attribute, a function's."""
+    if op.module is not None:
+        return op.module.rsplit(".", 1)[-1]
+    return shape.function if shape is not None else ""
+
+
+def _site_key(op: TensorOp) -> tuple[str, str, str]:
+    return (op.source or op.id, op.kind, re.sub(r"#\d+$", "", _tail(op)))
+
+
+def _family(name: str) -> str:
+    return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", name)
+
+
+class _Checker:
+    """Checks one plan against the source; collects refusals and, when none, the edits."""
+
+    def __init__(
+        self, graph: TensorGraph, shapes: Mapping[str, OpShape], source: _Source, plan: TensorPlan
+    ) -> None:
+        self.graph = graph
+        self.shapes = shapes
+        self.source = source
+        self.plan = plan
+        self.layout = {item.op: item for item in plan.layouts}
+        self.dims: dict[str, int] = {}
+        self.fused: dict[str, int] = {}
+        self.refusals: list[Refusal] = []
+        self.edits: dict[tuple[str, int, str, int], TensorEdit] = {}
+
+    def refuse(self, op: str, reason: str) -> None:
+        layout = self.layout[op].layout
+        if layout != "replicated":
+            self.refusals.append(Refusal(op, layout, reason))
+
+    def ndim(self, op: str) -> int | None:
+        shape = self.shapes.get(op)
+        return shape.out_ndim if shape is not None else None
+
+    def edit(self, edit: TensorEdit) -> None:
+        self.edits.setdefault((edit.kind, edit.line, edit.name, edit.position), edit)
+
+    # -- consistency: one layout per source site --------------------------------------
+
+    def sites(self) -> None:
+        groups: dict[tuple[str, str, str], list[str]] = collections.defaultdict(list)
+        for op in self.graph.ops:
+            groups[_site_key(op)].append(op.id)
+        members: list[str]
+        for members in groups.values():
+            layouts = collections.Counter(self.layout[op].layout for op in members)
+            if len(layouts) < 2:
+                continue
+            keep = layouts.most_common(1)[0][0]
+            for member in members:
+                if self.layout[member].layout != keep:
+                    self.refuse(
+                        member,
+                        f"one line of source runs it for every layer; the others run {keep}",
+                    )
+
+    # -- split dimensions ---------------------------------------------------------------
+
+    def splits(self) -> None:
+        for op in self.graph.ops:
+            item = self.layout[op.id]
+            shape = self.shapes.get(op.id)
+            if item.layout == "replicated" or shape is None:
+                continue
+            line = self.source.line(op)
+            if op.kind == "linear" and item.layout == "column":
+                if shape.function != "Linear" or op.module is None:
+                    self.refuse(op.id, "only an nn.Linear submodule's weight is sliced")
+                self.dims[op.id] = shape.out_ndim - 1
+            elif op.kind == "linear" and item.layout == "row":
+                if shape.function != "Linear" or op.module is None:
+                    self.refuse(op.id, "only an nn.Linear submodule's weight is sliced")
+                x = op.inputs[0]
+                if self.dims.get(x) != (self.ndim(x) or 0) - 1:
+                    self.refuse(op.id, "its input is not split on its features")
+            elif op.kind == "elementwise" and item.layout == "split":
+                dims = {self.dims.get(name) for name in op.inputs}
+                if shape.constants or len(dims) != 1 or None in dims:
+                    self.refuse(op.id, "it reads a tensor that is not split as its input is")
+                else:
+                    self.dims[op.id] = dims.pop()  # type: ignore[assignment]
+            elif op.kind == "reshape" and item.layout == "split":
+                self.reshape(op, shape, line)
+            elif op.kind == "attention" and item.layout == "heads":
+                dims = {self.dims.get(name) for name in op.inputs}
+                heads = shape.out_ndim - 3
+                if dims != {heads}:
+                    self.refuse(op.id, "q, k and v do not reach it split on their heads")
+                self.dims[op.id] = heads
+
+    def reshape(self, op: TensorOp, shape: OpShape, line: int | None) -> None:
+        d = self.dims.get(op.inputs[0])
+        if d is None:
+            self.refuse(op.id, "its input's split is not known")
+            return
+        if line is None:
+            self.refuse(op.id, "its source is not in the model file")
+            return
+        if shape.cut_dim == d:  # a fused weight's chunks (q, k, v): each chunk split
+            root = self.root_linear(op.inputs[0])
+            if root is None:
+                self.refuse(op.id, "it cuts a split value that no column-split linear made alone")
+                return
+            self.fused[root] = shape.outputs
+            self.dims[op.id] = d
+            if shape.function == "split":
+                self.divide(op, line, 0)
+            return
+        moves = dict(shape.moves)
+        if d not in moves:
+            self.refuse(op.id, f"the split of dimension {d} does not survive {shape.function}")
+            return
+        self.dims[op.id] = moves[d]
+        if shape.function in ("view", "reshape"):
+            self.divide(op, line, moves[d])
+        elif shape.function not in _NO_SIZES:
+            self.refuse(op.id, f"{shape.function} of a split value is not rewritten")
+
+    def divide(self, op: TensorOp, line: int, position: int) -> None:
+        name = self.shapes[op.id].function
+        calls = self.source.calls_named(line, name)
+        if len(calls) != 1:
+            self.refuse(
+                op.id, f"{len(calls)} calls of {name} on line {line}: which one is not clear"
+            )
+            return
+        call = calls[0]
+        if call.starred or position >= len(call.args):
+            self.refuse(op.id, f"{name}'s sizes are not separate arguments")
+            return
+        text = call.args[position]
+        if text.strip() == "-1":
+            return
+        if ".shape" in text or ".size(" in text or "[" in text:
+            self.refuse(op.id, f"its size {text} may be read from a split tensor")
+            return
+        self.edit(TensorEdit("divide", line, name=name, position=position))
+
+    def root_linear(self, value: str) -> str | None:
+        """The column-split linear a split value comes from through reshapes alone, when
+        nothing else reads what lies between."""
+        while True:
+            op = self.graph.op(value)
+            if op.kind == "linear" and self.layout[value].layout == "column":
+                return value
+            if op.kind != "reshape" or len(self.graph.consumers[value]) != 1:
+                return None
+            value = op.inputs[0]
+
+    # -- collectives ----------------------------------------------------------------------
+
+    def collectives(self) -> None:
+        planned: dict[str, list[tuple[str, str]]] = collections.defaultdict(list)
+        for item in self.plan.collectives:
+            if item.within is not None:
+                self.refuse(item.within, "it runs collectives inside itself")
+                continue
+            planned[item.value].append((item.direction, item.kind))
+        for op in self.graph.ops:
+            self.value(op, sorted(planned.get(op.id, [])))
+
+    def value(self, op: TensorOp, planned: list[tuple[str, str]]) -> None:
+        made = self.layout[op.id].output
+        reads: list[tuple[str, str, bool]] = []  # reader, state, partial gradient
+        for reader in self.graph.consumers[op.id]:
+            item = self.layout[reader]
+            rop = self.graph.op(reader)
+            for name, state in zip(rop.inputs, item.reads, strict=True):
+                if name == op.id:
+                    partial = rop.kind == "linear" and item.layout == "column"
+                    reads.append((reader, state, partial))
+        if op.id in self.graph.outputs:
+            reads.append(("<output>", "R", False))
+        if not reads:
+            return
+        states = {state for _, state, _ in reads}
+        partials = {p for _, _, p in reads}
+        if len(states) > 1 or len(partials) > 1:
+            for reader, state, p in reads:
+                if reader != "<output>" and (state != "R" or p):
+                    self.refuse(reader, f"{op.id} is read in several states; one line serves one")
+            return
+        target = states.pop()
+        copy = partials.pop()
+        wanted: list[tuple[str, str]] = []
+        call: str | None = None
+        if made == "P" and target == "R":
+            call, wanted = _REDUCE, [("forward", "all-reduce")]
+        elif made == "C" and target == "R":
+            call, wanted = _GATHER, [("forward", "all-gather")]
+        elif made != target:
+            self.refuse(op.id, f"{made} -> {target} is not written yet")
+            for reader, _, _ in reads:
+                if reader != "<output>":
+                    self.refuse(reader, f"it reads {op.id} {target}, made {made}")
+            return
+        if copy:
+            wanted.append(("backward", "all-reduce"))
+        if sorted(wanted) != planned:
+            self.refuse(op.id, f"the runtime's functions would run {wanted}, the plan {planned}")
+            for reader, _, p in reads:
+                if p:
+                    self.refuse(reader, f"the gradient of {op.id} is summed otherwise")
+            return
+        if not wanted:
+            return
+        self.place(op, call, copy, [reader for reader, _, _ in reads])
+
+    def place(self, op: TensorOp, call: str | None, copy: bool, readers: list[str]) -> None:
+        line = self.source.line(op)
+        statement = self.source.statement(line) if line is not None else None
+        shape = self.shapes.get(op.id)
+        after = (
+            statement is not None
+            and statement.target is not None
+            and statement.value == _callee_of(op, shape)
+        )
+        if after and statement is not None and line is not None:
+            name = statement.target
+            if call is not None:
+                dim = ""
+                if call == _GATHER:
+                    dim = f", dim={self.dims[op.id] - (self.ndim(op.id) or 0)}"
+                code = f"{name} = {call}({name}{dim})  # {self.comment(op, 'forward')}"
+                self.edit(TensorEdit("after", line, code))
+            if copy:
+                code = f"{name} = {_COPY}({name})  # {self.comment(op, 'backward')}"
+                self.edit(TensorEdit("after", line, code, name=_COPY))
+            return
+        if call is not None:
+            self.refuse(op.id, "its value is not assigned to a name on a line of its own")
+            for reader in readers:
+                if reader != "<output>":
+                    self.refuse(reader, f"{op.id}'s collective has no line of its own")
+            return
+        # A gradient's all-reduce alone: before the column-split readers' line.
+        lines = {self.source.line(self.graph.op(reader)) for reader in readers}
+        tails = {_callee_of(self.graph.op(r), self.shapes.get(r)) for r in readers}
+        if len(lines) == 1 and None not in lines and len(tails) == 1:
+            rline = lines.pop()
+            assert rline is not None
+            calls = self.source.calls_named(rline, tails.pop())
+            if len(calls) == 1 and calls[0].args and calls[0].args[0].isidentifier():
+                name = calls[0].args[0]
+                code = f"{name} = {_COPY}({name})  # {self.comment(op, 'backward')}"
+                self.edit(TensorEdit("before", rline, code, name=_COPY))
+                return
+        for reader in readers:
+            self.refuse(reader, f"no line of its own to sum the gradient of {op.id} on")
+
+    def comment(self, op: TensorOp, direction: str) -> str:
+        """What crosses and why, in a few words, with its predicted size and time."""
+        item = next(
+            (c for c in self.plan.collectives if c.value == op.id and c.direction == direction),
+            None,
+        )
+        if item is None:  # pragma: no cover - placed only for planned collectives
+            return "syncpass tensor"
+        tail = _tail(op)
+        figures = f"{num_bytes(item.bytes)}, {seconds(item.time_s)} predicted"
+        if direction == "backward":
+            readers = ", ".join(sorted({_tail(self.graph.op(r)) for r in item.readers}))
+            return (
+                f"syncpass tensor: all-reduce of its gradient in the backward ({readers} "
+                f"column-split); {figures}"
+            )
+        made = self.layout[op.id].layout
+        what = "partial sums" if item.kind == "all-reduce" else "slices"
+        how = f"{made}-split" if made in ("row", "column") else "split"
+        return f"syncpass tensor: {item.kind} of {tail}'s {what} ({how}); {figures}"
+
+
+def check_plan(
+    graph: TensorGraph, shapes: Mapping[str, OpShape], source: _Source, plan: TensorPlan
+) -> tuple[list[Refusal], _Checker]:
+    """What the source cannot carry of ``plan``; the checker holds the edits when nothing."""
+    checker = _Checker(graph, shapes, source, plan)
+    checker.sites()
+    if not checker.refusals:
+        checker.splits()
+    if not checker.refusals:
+        checker.collectives()
+    return checker.refusals, checker
+
+
+def written_plan(
+    graph: TensorGraph,
+    shapes: Mapping[str, OpShape],
+    text: str,
+    path: Path,
+    plan_with: TensorRequest,
+    plan: dict[str, object],
+) -> WrittenPlan:
+    """Plan ``graph`` as ``plan_with`` asks, within what the source of ``path`` carries."""
+    source = _Source(text, path)
+    graph = _site_medians(graph)
+    allowed: dict[str, tuple[str, ...]] = {
+        op.id: WRITABLE.get(op.kind, ("replicated",)) for op in graph.ops
+    }
+    refusals: list[Refusal] = []
+    for _ in range(MAX_ROUNDS):
+        request = dataclasses.replace(
+            plan_with, allowed=tuple(allowed.items()), sequence_parallel=False, explain=False
+        )
+        made = plan_tensor(graph, request=request, **plan)  # type: ignore[arg-type]
+        found, checker = check_plan(graph, shapes, source, made)
+        if not found:
+            break
+        for refusal in found:
+            allowed[refusal.op] = tuple(x for x in allowed[refusal.op] if x != refusal.layout)
+        refusals += found
+    else:  # pragma: no cover - each round takes a layout away
+        raise SyncpassError("the tensor-parallel plan did not settle; plan it with --no-baselines")
+    layouts: dict[str, str] = {}
+    for item in made.layouts:
+        op = graph.op(item.op)
+        if op.kind == "linear" and item.layout in ("column", "row") and op.module is not None:
+            chunks = checker.fused.get(op.id, 1)
+            layouts[op.module] = item.layout + (f":{chunks}" if chunks > 1 else "")
+    counts = collections.Counter(
+        f"{item.direction} {item.kind}" for item in made.collectives if item.within is None
+    )
+    return WrittenPlan(
+        made,
+        tuple(checker.edits.values()),
+        tuple(_collapse(layouts).items()),
+        tuple(sorted(counts.items())),
+        tuple(refusals),
+    )
+
+
+def _site_medians(graph: TensorGraph) -> TensorGraph:
+    """Each op timed as the median of the ops of its source site (a line every layer runs):
+    one forward's wall-clock times differ by layer only by noise, and a plan the source
+    carries takes one layout per site."""
+    groups: dict[tuple[str, str, str], list[TensorOp]] = collections.defaultdict(list)
+    for op in graph.ops:
+        groups[_site_key(op)].append(op)
+    medians = {
+        key: (
+            statistics.median(op.compute_s for op in ops),
+            statistics.median(op.backward_s for op in ops),
+        )
+        for key, ops in groups.items()
+    }
+    ops = tuple(
+        dataclasses.replace(
+            op, compute_s=medians[_site_key(op)][0], backward_s=medians[_site_key(op)][1]
+        )
+        for op in graph.ops
+    )
+    return dataclasses.replace(graph, ops=ops)
+
+
+def _collapse(layouts: Mapping[str, str]) -> dict[str, str]:
+    """Module names as patterns (``blocks.*.mlp.fc``) where every layer agrees."""
+    families: dict[str, set[str]] = collections.defaultdict(set)
+    for name, layout in layouts.items():
+        families[_family(name)].add(layout)
+    found: dict[str, str] = {}
+    for name, layout in layouts.items():
+        family = _family(name)
+        key = family if len(families[family]) == 1 else name
+        found.setdefault(key, layout)
+    return found
+
+
+def _footer(model: str, tp: int, written: WrittenPlan) -> str:
+    lines = [
+        "",
+        "",
+        f"# syncpass tensor: {model} planned for {tp} ranks; run it with syncpass run --tp N.",
+        "# shard_module(model, TENSOR_PARALLEL_LAYOUT) slices these weights after the model is",
+        "# built or a checkpoint loaded (column: 1/tp of the output features, column:K of each",
+        "# of K fused chunks; row: of the input features, the bias on rank 0).",
+        "TENSOR_PARALLEL_LAYOUT = {",
+        *(f"    {json.dumps(name)}: {json.dumps(layout)}," for name, layout in written.layouts),
+        "}",
+        "# The collectives one training step runs on each rank, as planned.",
+        "TENSOR_PARALLEL_COLLECTIVES = {",
+        *(f"    {json.dumps(kind)}: {count}," for kind, count in written.counts),
+        "}",
+    ]
+    return "\n".join(lines).replace("{\n}", "{}") + "\n"
+
+
+def _record_example(
+    request: tuple[str, int, float | None],
+) -> tuple[TensorGraph, dict[str, OpShape], str]:
+    """In the guarded child: the example's tensor graph and shapes, and its model's class."""
+    from syncpass.backends.torch.example import load_example
+    from syncpass.backends.torch.tensor_record import record_tensor_shapes
+
+    spec, tp, flops = request
+    example = load_example(spec)
+    graph, shapes = record_tensor_shapes(
+        example.model,
+        example.args,
+        tp,
+        loss=example.loss_fn,
+        targets=example.target,
+        flops_per_s=flops,
+    )
+    return graph, shapes, type(example.model).__name__
+
+
+def rewrite_tensor(request: TensorRewriteRequest) -> TensorRewriteResult:
+    """The torch backend's tensor rewrite hook."""
+    from syncpass.backends.torch.run import PRELOAD
+    from syncpass.contracts.hardware import load_profile
+    from syncpass.runtime.example import example_for_file, example_location
+    from syncpass.runtime.guard import call_guarded
+
+    path = Path(request.file)
+    hardware = load_profile(request.hardware or "cpu-gloo-loopback").hardware
+    if request.tp > 1 and request.tp > (hardware.devices or request.tp):
+        raise SyncpassError(
+            f"--tp {request.tp} needs {request.tp} devices and the hardware has "
+            f"{hardware.devices}; name other hardware with --hardware (e.g. nvlink-8xh100)"
+        )
+    cst.parse_module(request.text)  # a syntax error is reported before any user code runs
+    graph, shapes, model = call_guarded(
+        _record_example,
+        (example_for_file(path, request.example), request.tp, hardware.flops_per_s),
+        what="the example",
+        timeout_s=request.timeout_s,
+        preload=PRELOAD,
+        location=example_location(path, request.example),
+    )
+    written = written_plan(
+        graph,
+        shapes,
+        request.text,
+        path,
+        TensorRequest(request.tp),
+        {"link": link_for(hardware), "hardware": hardware.name, "model": model},
+    )
+    imports = sorted(
+        {
+            name
+            for edit in written.edits
+            for name in (_COPY, _REDUCE, _GATHER, "tp_size")
+            if name in edit.code or (edit.kind == "divide" and name == "tp_size")
+        }
+    )
+    module = cst.parse_module(request.text)
+    footer = _footer(model, request.tp, written) if written.layouts else ""
+    if not written.edits and not written.layouts:
+        return TensorRewriteResult(request.text, written.plan, _notes(written), 0)
+    result, missed = insert_tensor_collectives(module, written.edits, footer, imports)
+    if missed:
+        raise SyncpassError(
+            f"{len(missed)} planned change(s) found no site (line {missed[0].line}); "
+            "nothing was written",
+            request.file,
+        )
+    code = result.code
+    try:
+        cst.parse_module(code)
+    except cst.ParserSyntaxError as error:  # pragma: no cover - built from parsed snippets
+        raise SyncpassError(f"the rewritten source does not parse: {error}", request.file) from None
+    lines = sum(edit.kind != "divide" for edit in written.edits)
+    return TensorRewriteResult(code, written.plan, _notes(written), lines)
+
+
+def _notes(written: WrittenPlan) -> tuple[str, ...]:
+    """Why ops stay replicated, one note per source site and reason."""
+    seen: dict[str, str] = {}
+    for refusal in written.refusals:
+        key = _family(refusal.op)
+        seen.setdefault(f"{key} {refusal.layout}", f"{key} not {refusal.layout}: {refusal.reason}")
+    return tuple(seen.values())
+
+
+__all__: Sequence[str] = ("WRITABLE", "check_plan", "rewrite_tensor", "written_plan")

@@ -1,0 +1,221 @@
+"""``syncpass run --tp N``: a tensor-parallel rewritten model on N gloo processes.
+
+Beside the pipeline runner (:mod:`syncpass.backends.torch.run`), whose process handling
+it reuses: each rank joins the group on loopback, builds the example from the rewritten
+file (seeded: every rank the same weights and batch), keeps the unsplit model as the
+reference, slices its weights with ``shard_module(model, TENSOR_PARALLEL_LAYOUT)``, runs
+one training step (forward, loss, backward) counting the collectives it issues, and,
+with ``--verify``, runs the reference on the same batch alone (every collective the
+identity) and compares the loss and every gradient: split weights' gradients are
+gathered from the ranks (rank 0 compares them), replicated ones compared on every rank.
+"""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import time
+from dataclasses import replace
+from datetime import timedelta
+from multiprocessing.process import BaseProcess
+from pathlib import Path
+from typing import Any
+
+from syncpass.core.errors import SyncpassError
+from syncpass.runtime.contracts import (
+    ParamCheck,
+    TensorRankDone,
+    TensorRunRequest,
+    TensorRunResult,
+    WorkerDone,
+    WorkerFailed,
+)
+
+DEFAULT_RTOL = 1e-4
+DEFAULT_ATOL = 1e-5
+
+
+def _written(file: str) -> tuple[dict[str, str], dict[str, int]]:
+    """The file's ``TENSOR_PARALLEL_LAYOUT`` and ``TENSOR_PARALLEL_COLLECTIVES``."""
+    spec = importlib.util.spec_from_file_location("_syncpass_tensor_file", file)
+    if spec is None or spec.loader is None:  # pragma: no cover - a .py path
+        raise SyncpassError("cannot import this file", file)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    layouts = getattr(module, "TENSOR_PARALLEL_LAYOUT", None)
+    counts = getattr(module, "TENSOR_PARALLEL_COLLECTIVES", None)
+    if not isinstance(layouts, dict) or not isinstance(counts, dict):
+        raise SyncpassError(
+            "no TENSOR_PARALLEL_LAYOUT and TENSOR_PARALLEL_COLLECTIVES in this file: run "
+            "syncpass rewrite --strategy tensor --tp N on the model first",
+            file,
+        )
+    return layouts, counts
+
+
+def _entry(request: TensorRunRequest, rank: int, messages: Any) -> None:
+    from syncpass.backends.torch.worker import _crash
+
+    try:
+        done = _rank(request, rank)
+        messages.put(done)
+        message: WorkerDone | WorkerFailed = WorkerDone(rank)
+    except SyncpassError as error:
+        message = WorkerFailed(rank, error.message, error.location, user_error=True)
+    except BaseException as error:
+        message = _crash(rank, error)
+    messages.put(message)
+    messages.close()
+    messages.join_thread()
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _check(name: str, got: Any, want: Any, rtol: float, atol: float, note: str = "") -> ParamCheck:
+    import torch
+
+    if got is None or want is None:
+        ok = got is None and want is None
+        return ParamCheck(name, 0, 0, 0.0 if ok else float("inf"), 0.0, ok, rtol, atol, note)
+    diff = (got - want).abs()
+    rel = diff / want.abs().clamp_min(1e-12)
+    ok = bool(torch.all(diff <= atol + rtol * want.abs()))
+    return ParamCheck(
+        name, 0, want.numel(), float(diff.max()), float(rel.max()), ok, rtol, atol, note
+    )
+
+
+def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
+    import torch
+
+    from syncpass.backends.torch import tensor_parallel as tp
+    from syncpass.backends.torch.example import load_example
+    from syncpass.backends.torch.rendezvous import join_local_group
+
+    torch.set_num_threads(request.threads)
+    layouts, _ = _written(request.file)
+    join_local_group("gloo", request.port, rank, request.tp, timedelta(seconds=request.timeout_s))
+    example = load_example(request.example)
+    model = example.model
+    reference = copy.deepcopy(model) if request.verify else None
+    split = tp.split_parameters(layouts, model)
+    tp.shard_module(model, layouts, rank, request.tp)
+    tp.reset_collective_counts()
+    start = time.perf_counter()
+    loss = example.loss_fn(model(*example.args), example.target)
+    loss.backward()  # type: ignore[no-untyped-call]
+    step_s = time.perf_counter() - start
+    counts = tp.collective_counts()
+    checks: list[ParamCheck] = []
+    reference_loss = None
+    if reference is not None:
+        rtol = DEFAULT_RTOL if request.rtol is None else request.rtol
+        atol = DEFAULT_ATOL if request.atol is None else request.atol
+        with tp.running_alone():
+            whole = example.loss_fn(reference(*example.args), example.target)
+            whole.backward()  # type: ignore[no-untyped-call]
+        reference_loss = float(whole.detach())
+        local = dict(model.named_parameters())
+        for name, parameter in reference.named_parameters():
+            if name in split:
+                kind, dim, chunks = split[name]
+                if dim < 0:  # a row-split layer's bias: rank 0's
+                    if rank == 0:
+                        checks.append(
+                            _check(name, local[name].grad, parameter.grad, rtol, atol, "rank 0")
+                        )
+                    continue
+                grad = local[name].grad
+                gathered = tp.gather_parameter_grad(
+                    grad if grad is not None else torch.zeros_like(local[name]),
+                    dim,
+                    chunks,
+                    request.tp,
+                )
+                if rank == 0:
+                    checks.append(
+                        _check(name, gathered, parameter.grad, rtol, atol, f"{kind}, gathered")
+                    )
+            else:
+                checks.append(_check(name, local[name].grad, parameter.grad, rtol, atol))
+    return TensorRankDone(
+        rank,
+        float(loss.detach()),
+        reference_loss,
+        step_s,
+        tuple(sorted(counts.items())),
+        tuple(replace(check, stage=rank) for check in checks),
+        sum(1 for name, (_, dim, _) in split.items() if dim >= 0),
+    )
+
+
+def launch_tensor(request: TensorRunRequest) -> TensorRunResult:
+    """Run ``request`` on ``request.tp`` local gloo processes; every rank's figures."""
+    from syncpass.backends.torch.run import free_port, run_local, wait_for_reports
+    from syncpass.runtime.guard import call_guarded
+
+    if request.tp < 1:
+        raise SyncpassError(f"--tp must be at least 1, got {request.tp}")
+    _, expected = call_guarded(
+        _written, request.file, what="the rewritten file", timeout_s=request.timeout_s
+    )
+    if request.port == 0:
+        request = replace(request, port=free_port())
+    ranks: dict[int, TensorRankDone] = {}
+
+    def collect(processes: list[BaseProcess], messages: Any) -> None:
+        def other(message: Any) -> None:
+            if isinstance(message, TensorRankDone):
+                ranks[message.rank] = message
+
+        wait_for_reports(processes, messages, request.timeout_s, other)
+
+    run_local(_entry, request, request.tp, "syncpass-tp", collect)
+    if len(ranks) != request.tp:  # pragma: no cover - a rank reports before it is done
+        raise SyncpassError(f"{request.tp - len(ranks)} rank(s) finished without figures")
+    parameters = len({check.name for rank in ranks.values() for check in rank.checks})
+    return TensorRunResult(
+        request,
+        tuple(ranks[rank] for rank in sorted(ranks)),
+        tuple(sorted((str(k), int(v)) for k, v in expected.items())),
+        parameters,
+    )
+
+
+def render_tensor_run(result: TensorRunResult) -> str:
+    """The report of a tensor-parallel run."""
+    from syncpass.core.units import seconds
+
+    request = result.request
+    lines = [f"syncpass run: {Path(request.file).name} on {request.tp} gloo rank(s)"]
+    expected = ", ".join(f"{count} {kind}" for kind, count in result.expected) or "none"
+    for rank in result.ranks:
+        ran = ", ".join(f"{count} {kind}" for kind, count in rank.counts) or "none"
+        lines.append(
+            f"  rank {rank.rank}: loss {rank.loss:.6g}, step {seconds(rank.step_s)}, "
+            f"{rank.split} split weight(s); collectives: {ran}"
+        )
+    verdict = "match" if result.collectives_match else "MISMATCH"
+    lines.append(f"collectives: {verdict}: the plan has {expected} per rank")
+    if request.verify:
+        checks = [check for rank in result.ranks for check in rank.checks]
+        bad = [check for check in checks if not check.ok]
+        worst = max((check.max_abs for check in checks), default=0.0)
+        loss_diff = max(abs(rank.loss - (rank.reference_loss or 0.0)) for rank in result.ranks)
+        names = {check.name for check in checks}
+        ok = "ok" if result.verified else "MISMATCH"
+        rtol = DEFAULT_RTOL if request.rtol is None else request.rtol
+        atol = DEFAULT_ATOL if request.atol is None else request.atol
+        lines.append(
+            f"verify: {ok}: {len(names)} parameter(s) compared with the unsplit model "
+            f"({len(names - {c.name for c in bad})} match; split ones gathered from the ranks), "
+            f"loss on {len(result.ranks)} rank(s); rtol {rtol:g}, atol {atol:g}"
+        )
+        lines.append(f"  max abs diff {worst:.3g}; loss max abs diff {loss_diff:.3g}")
+        for check in bad[:10]:
+            lines.append(
+                f"  MISMATCH {check.name} (rank {check.stage}): max abs diff {check.max_abs:.3g}"
+            )
+    return "\n".join(lines) + "\n"
