@@ -46,6 +46,7 @@ from syncpass.core.errors import SyncpassError, unexpected_error
 from syncpass.core.fileio import refuse_clobbering, write_atomically
 from syncpass.core.plugins import backend_names
 from syncpass.core.units import seconds
+from syncpass.plan.picture import draw_plan_picture
 from syncpass.plan.planfile import dumps_plan, load_plan, plan_to_json
 from syncpass.plan.planner import (
     Plan,
@@ -54,6 +55,7 @@ from syncpass.plan.planner import (
     auto_stage_limit,
     compare_baselines,
     plan_for,
+    timed_step,
 )
 from syncpass.plan.report import render_plan, render_sweep
 from syncpass.plan.retarget import sweep_batch, sweep_to_json
@@ -185,6 +187,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="FILE",
         help="also write the plan file here (- for stdout, as --json)",
+    )
+    plan.add_argument(
+        "--picture",
+        type=Path,
+        metavar="OUT.png",
+        help="also draw the plan's simulated step here (PNG): a row per device, each action "
+        "and transfer in time, with a time axis and a legend",
     )
     plan.add_argument(
         "--no-baselines", action="store_true", help="skip the uniform/parameters/time comparison"
@@ -320,9 +329,13 @@ def _overrides(args: argparse.Namespace) -> Overrides:
 
 
 def _run_plan(args: argparse.Namespace) -> int:
+    if args.picture is not None:
+        _check_picture_target(args)
     if args.strategy == TENSOR_STRATEGY or args.tp is not None:
+        if args.picture is not None:
+            raise SyncpassError("--picture draws a pipeline schedule; drop it for a tensor plan")
         return run_tensor_plan(args, dataclasses.replace(_overrides(args), strategy=None))
-    refuse_clobbering({"-o": args.output}, {"the cost file": args.costs})
+    refuse_clobbering({"-o": args.output, "--picture": args.picture}, {"the cost file": args.costs})
     settings = resolve_settings(args.costs, _overrides(args))
     costs = settings.retarget(load_costs(args.costs))
     backend = load_backend(settings.backend)
@@ -351,6 +364,9 @@ def _run_plan(args: argparse.Namespace) -> int:
             cache,
         )
     document = dumps_plan(plan, baselines)
+    if args.picture is not None:  # first: a picture that cannot be written stops the command
+        write_atomically(args.picture, draw_plan_picture(plan, timed_step(plan, cache)))
+        print(f"syncpass: wrote {args.picture} (the predicted step)", file=sys.stderr)
     if args.output is not None and str(args.output) == "-":
         args.json = True
     elif args.output is not None:
@@ -369,6 +385,21 @@ def _run_plan(args: argparse.Namespace) -> int:
         width = shutil.get_terminal_size().columns if sys.stdout.isatty() else None
         sys.stdout.write(render_plan(plan, baselines, width))
     return EXIT_OK
+
+
+def _check_picture_target(args: argparse.Namespace) -> None:
+    """Refuse, before planning, a ``--picture`` that cannot be written or has nothing to draw."""
+    picture: Path = args.picture
+    if str(picture) == "-":
+        raise SyncpassError("--picture writes a PNG file; give its name, not -")
+    if args.sweep_batch is not None:
+        raise SyncpassError("--sweep-batch prints its table; drop --picture")
+    if args.output is not None and str(args.output) != "-" and picture == args.output:
+        raise SyncpassError("--picture and -o name the same file; give each its own", str(picture))
+    if picture.is_dir():
+        raise SyncpassError("is a folder; give --picture a file name (OUT.png)", str(picture))
+    if not picture.parent.is_dir():
+        raise SyncpassError(f"no such folder {picture.parent}; create it first", str(picture))
 
 
 def _run_sweep(

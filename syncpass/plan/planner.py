@@ -259,6 +259,16 @@ class PlanCache:
             self._levels[(stages, pinned)] = (level, self._by_expansion[key])
         return self._levels[(stages, pinned)]
 
+    def for_plan(self, plan: Plan) -> PlanCache:
+        """The cache of the costs ``plan`` (made with this cache) was planned on: these, or
+        those with the groups it did not look into merged (:meth:`level`)."""
+        if not self.costs.groups:
+            return self
+        key = tuple(expansion.op for expansion in plan.expanded)
+        if key not in self._by_expansion:
+            raise ValueError("the plan was not made with this cache")
+        return self._by_expansion[key]
+
     def problem(self, request: PlanRequest, microbatches: int = 1) -> Problem:
         key = (
             request.config.min_sync_interval,
@@ -1079,7 +1089,37 @@ def predict(
 ) -> Prediction:
     """Simulated step of the plan with ``cuts`` under ``schedule``: with one stage per
     device by :func:`simulate`, else by :func:`simulate_order` over ``order``."""
-    bounds = (0, *cuts, problem.num_ops)
+    loads, links = _loads_and_links(costs, cuts, problem.num_ops)
+    if order is not None:
+        return simulate_order(loads, links, order)
+    return simulate(loads, links, microbatches, schedule, costs.training)
+
+
+def timed_step(plan: Plan, cache: PlanCache) -> Prediction:
+    """``plan``'s simulated step with what each device ran and when
+    (:attr:`Prediction.actions`, transfers included), for a plan made with ``cache``: the
+    step :func:`predict` gave the plan, every action kept."""
+    cache = cache.for_plan(plan)
+    costs = cache.costs
+    if tuple(op for stage in plan.stages for op in stage.ops) != tuple(op.id for op in costs.ops):
+        raise ValueError("the plan was not made from these costs")
+    cuts = tuple(itertools.accumulate(len(stage.ops) for stage in plan.stages[:-1]))
+    if plan.schedule in MULTI_STAGE_SCHEDULES:
+        order = cache.order(plan.schedule, plan.devices, plan.stages_per_device, plan.microbatches)
+    else:  # simulated as simulate() does, action by action
+        order = single_stage_order(
+            plan.schedule, plan.devices, 1, plan.microbatches, costs.training
+        )
+    loads, links = _loads_and_links(costs, cuts, len(costs.ops))
+    return simulate_order(loads, links, order, record=True)
+
+
+def _loads_and_links(
+    costs: Costs, cuts: tuple[int, ...], num_ops: int
+) -> tuple[tuple[StageLoad, ...], tuple[Link, ...]]:
+    """Each stage's work and each sync point's link, the stages ending at ``cuts`` (and the
+    last at ``num_ops``, the costs' op count)."""
+    bounds = (0, *cuts, num_ops)
     training = costs.training
     crossing = costs.crossing_at
     loads = tuple(
@@ -1109,9 +1149,7 @@ def predict(
         )
         for cut in cuts
     )
-    if order is not None:
-        return simulate_order(loads, links, order)
-    return simulate(loads, links, microbatches, schedule, costs.training)
+    return loads, links
 
 
 def _assemble(

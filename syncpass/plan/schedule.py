@@ -265,12 +265,15 @@ class Action(NamedTuple):
 
 class TimedAction(NamedTuple):
     """An action as the simulation ran it: busy from ``start_s`` to ``end_s``, its
-    transfers included; ``ready_s`` is when what it waited for was there."""
+    transfers included (it receives for its first ``recv_s`` and sends for its last
+    ``send_s``); ``ready_s`` is when what it waited for was there."""
 
     action: Action
     ready_s: float
     start_s: float
     end_s: float
+    recv_s: float = 0.0
+    send_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -454,7 +457,7 @@ def simulate_order(
             elif kind != "W":
                 grad_end[s][m] = end
             if record:
-                timed[d].append(TimedAction(actions[at], ready, start, end))
+                timed[d].append(TimedAction(actions[at], ready, start, end, recv, send))
             clock[d] = end
             sync[d] += recv + send
             compute[d] += work

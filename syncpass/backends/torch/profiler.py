@@ -23,7 +23,7 @@ sends and receives). From them:
 With ``torch.distributed`` initialised, every rank must enter the profile
 (it starts with a barrier, so the ranks start the block together, and ends
 with a gather): rank 0 gathers every rank's figures and writes the JSON
-report and a timeline picture (:mod:`syncpass.runtime.picture`); without it,
+report and a timeline picture (:mod:`syncpass.core.picture`); without it,
 the one process writes its own. The transfer waits are found through the
 schedule module's wait helper, which torch does not promise to keep: when
 it is missing, transfers show as ``other_s`` and the report says so.
@@ -42,7 +42,8 @@ from types import TracebackType
 from typing import Any
 
 from syncpass.core.fileio import write_atomically
-from syncpass.runtime.picture import Span, draw_timeline
+from syncpass.core.picture import Span, draw_timeline
+from syncpass.core.units import seconds
 
 _WAIT_HELPER = "_wait_batch_p2p"
 
@@ -231,5 +232,10 @@ class Profile:
             str(output.with_suffix(".json")), json.dumps(report.to_json(), indent=2) + "\n"
         )
         total = max(figures.elapsed_s for figures in report.ranks)
-        picture = draw_timeline([figures.spans for figures in report.ranks], total)
+        picture = draw_timeline(
+            [figures.spans for figures in report.ranks],
+            total,
+            labels=[f"rank {figures.rank}" for figures in report.ranks],
+            title=f"{report.name}: {len(report.ranks)} rank(s) over {seconds(total)}",
+        )
         write_atomically(str(output.with_suffix(".png")), picture)
