@@ -39,7 +39,7 @@ MODELS = {
     ),
     "checkpoint_wrapped_layers": (
         ("tok_embeddings", *(f"layers.{i}" for i in range(6)), "output"),
-        "for layer in self.layers.values()",
+        "self.layers.values()",
         None,
     ),
 }
