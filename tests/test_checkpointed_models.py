@@ -58,6 +58,14 @@ def test_checkpointed_regions_stay_whole_and_the_split_run_verifies(
     assert main([*argv, "--repeats", "1", "--warmup", "0"]) == 0
     profiled = json.loads(costs.read_text())
     assert tuple(op["id"] for op in profiled["ops"]) == ops
+    # The profile sees each region recompute in its backward (and nothing else), and a
+    # region keeps no more than the checkpoint's inputs (checkpoint_sequential runs its
+    # last segment without a checkpoint, so it keeps that segment's activations too).
+    regions = {op_id for op_id in ops if op_id.startswith(("blocks", "layers", "torch.utils"))}
+    for op in profiled["ops"]:
+        assert op.get("recomputes", False) == (op["id"] in regions), op["id"]
+        if op["id"] in regions and not op["id"].startswith("torch.utils"):
+            assert op["saved_bytes"] <= op["input_bytes"], op
     stage_counts = (2, 3) if len(ops) > 3 else (2,)
     for stages in stage_counts:
         out = tmp_path / f"sync_{stages}.py"
