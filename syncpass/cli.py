@@ -46,6 +46,7 @@ from syncpass.core.errors import SyncpassError, unexpected_error
 from syncpass.core.fileio import refuse_clobbering, write_atomically
 from syncpass.core.plugins import backend_names
 from syncpass.core.units import seconds
+from syncpass.plan.optimizer import Infeasible
 from syncpass.plan.picture import draw_plan_picture
 from syncpass.plan.planfile import dumps_plan, load_plan, plan_to_json
 from syncpass.plan.planner import (
@@ -56,6 +57,12 @@ from syncpass.plan.planner import (
     compare_baselines,
     plan_for,
     timed_step,
+)
+from syncpass.plan.recompute_plan import (
+    RECOMPUTE_MODES,
+    plan_recompute,
+    recompute_problem,
+    render_recompute,
 )
 from syncpass.plan.report import render_plan, render_sweep
 from syncpass.plan.retarget import sweep_batch, sweep_to_json
@@ -197,6 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--no-baselines", action="store_true", help="skip the uniform/parameters/time comparison"
+    )
+    plan.add_argument(
+        "--recompute",
+        choices=RECOMPUTE_MODES,
+        help="plan activation checkpointing too: auto chooses which blocks recompute (the "
+        "fewest that fit the device's memory, exactly), all recomputes every block, none "
+        "none; memory then counts activations as the schedule keeps them in flight "
+        "(default: not planned)",
     )
     plan.add_argument(
         "--sweep-batch",
@@ -344,6 +359,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         carries_values=backend.carries_values,
         refused_kinds=backend.refused_kinds,
     )
+    if args.recompute is not None:
+        return _run_recompute_plan(args, costs, request)
     auto = settings.auto
     orders = backend.schedule_order or single_stage_order
     if args.sweep_batch is not None:
@@ -400,6 +417,18 @@ def _check_picture_target(args: argparse.Namespace) -> None:
         raise SyncpassError("is a folder; give --picture a file name (OUT.png)", str(picture))
     if not picture.parent.is_dir():
         raise SyncpassError(f"no such folder {picture.parent}; create it first", str(picture))
+
+
+def _run_recompute_plan(args: argparse.Namespace, costs: Costs, request: PlanRequest) -> int:
+    """``plan --recompute MODE``: the plan with activation checkpointing chosen, and the
+    plans recomputing nothing and every block beside it."""
+    found = plan_recompute(costs, request, args.recompute)
+    problem = recompute_problem(costs, request, found.microbatches)
+    sys.stdout.write(render_recompute(found, costs, problem))
+    if isinstance(found.chosen, Infeasible):
+        sys.stderr.write(f"syncpass: error: --recompute {args.recompute}: no plan fits\n")
+        return EXIT_ERROR
+    return EXIT_OK
 
 
 def _run_sweep(

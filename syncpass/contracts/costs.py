@@ -111,6 +111,14 @@ class OpCost:
     schedules run the two apart (torch's ``I`` and ``W`` actions). ``None`` when not
     measured: :meth:`input_gradient_s` then takes half, as for a linear layer, whose
     two gradients are one matrix product each.
+
+    Activation checkpointing (``syncpass plan --recompute``): ``saved_bytes`` are the
+    activations the op keeps for its backward (what autograd saves, weights left out) and
+    ``input_bytes`` the tensors it reads, which a checkpoint of the op keeps instead; both
+    at the cost file's batch, ``None`` when not measured. ``recomputes`` says the op already
+    runs its forward again in the backward as written (``checkpoint(block, x)``, a
+    ``checkpoint_wrapper`` module): its ``backward_s`` includes that, its ``saved_bytes``
+    are what the checkpoint keeps, and the plan keeps it so.
     """
 
     id: str
@@ -123,6 +131,9 @@ class OpCost:
     fixed_s: float = 0.0
     backward_fixed_s: float = 0.0
     backward_input_s: float | None = None
+    saved_bytes: float | None = None
+    input_bytes: float | None = None
+    recomputes: bool = False
 
     def __post_init__(self) -> None:
         if not self.id:
@@ -149,6 +160,12 @@ class OpCost:
             raise ValueError(
                 f"op {self.id!r}: backward_input_s must be a number from 0 to backward_s"
             )
+        for name in ("saved_bytes", "input_bytes"):
+            value = getattr(self, name)
+            if value is not None and not (_is_number(value) and 0 <= value < math.inf):
+                raise ValueError(f"op {self.id!r}: {name} must be a finite number >= 0")
+        if not isinstance(self.recomputes, bool):
+            raise ValueError(f"op {self.id!r}: recomputes must be true or false")
 
     def input_gradient_s(self) -> float:
         """The part of ``backward_s`` that computes the inputs' gradients (half when not
@@ -796,6 +813,9 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
                 "fixed_s",
                 "backward_fixed_s",
                 "backward_input_s",
+                "saved_bytes",
+                "input_bytes",
+                "recomputes",
             ),
         )
         op_id = reader.string(op, where, "id")
@@ -830,6 +850,9 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
                 out_bytes=reader.number(op, where, "out_bytes", minimum=0, default=0),
                 flops=None if flops is None else reader.number(op, where, "flops", minimum=0),
                 source=reader.optional_string(op, where, "source"),
+                saved_bytes=_optional_bytes(reader, op, where, "saved_bytes"),
+                input_bytes=_optional_bytes(reader, op, where, "input_bytes"),
+                recomputes=_flag(reader, op, where, "recomputes"),
             )
         )
 
@@ -1073,7 +1096,26 @@ def _op_to_json(op: OpCost) -> dict[str, Any]:
         data["flops"] = op.flops
     if op.source is not None:
         data["source"] = op.source
+    if op.saved_bytes is not None:
+        data["saved_bytes"] = op.saved_bytes
+    if op.input_bytes is not None:
+        data["input_bytes"] = op.input_bytes
+    if op.recomputes:
+        data["recomputes"] = True
     return data
+
+
+def _optional_bytes(reader: _Reader, op: Mapping[str, Any], where: str, key: str) -> float | None:
+    if op.get(key) is None:
+        return None
+    return reader.number(op, where, key, minimum=0)
+
+
+def _flag(reader: _Reader, op: Mapping[str, Any], where: str, key: str) -> bool:
+    value = op.get(key, False)
+    if not isinstance(value, bool):
+        raise reader.error(f"{where}.{key}", f"must be true or false, got {_json_kind(value)}")
+    return value
 
 
 def _cut_to_json(cut: CutCost) -> dict[str, Any]:

@@ -39,6 +39,8 @@ def retarget_batch(costs: Costs, batch_size: int) -> Costs:
         dataclasses.replace(
             op.with_compute_scaled(scale),
             out_bytes=op.out_bytes * scale,
+            saved_bytes=None if op.saved_bytes is None else op.saved_bytes * scale,
+            input_bytes=None if op.input_bytes is None else op.input_bytes * scale,
             flops=None if op.flops is None else op.flops * scale,
         )
         for op in costs.ops

@@ -32,6 +32,13 @@ What each op gets:
 * ``param_bytes``: bytes of the parameters of the submodules the op calls; a
   parameter several ops share counts once, at its first use.
 * ``out_bytes``: bytes of the tensors the op writes, after it ran.
+* ``saved_bytes``: bytes of the tensors autograd saves for the op's backward while it runs
+  (a ``saved_tensors_hooks`` pack hook; weights and buffers left out, a storage counted at
+  the first op that saves it); ``input_bytes``: bytes of the tensors it reads. An op whose
+  backward runs module forwards again (activation checkpointing as written:
+  ``checkpoint``, ``checkpoint_wrapper``, Hugging Face's ``gradient_checkpointing``) is
+  marked ``recomputes``: its backward time includes that, its saved bytes are what the
+  checkpoint keeps.
 
 A cut's ``live_bytes`` are the bytes of the tensors held by the names live
 across it (:func:`tensor_bytes`). The hardware is a placeholder
@@ -833,6 +840,10 @@ class _Probe:
         self.random: set[int] = set()  # ops that drew random numbers
         self.rng_state: torch.Tensor | None = None
         self.out_bytes: dict[int, int] = {}
+        self.input_bytes: dict[int, int] = {}
+        self.saved: dict[int, list[torch.Tensor]] = {}  # what autograd saved, by op
+        self.recomputes: set[int] = set()
+        self.backward_at = len(self.graph.ops) - 1  # the op whose backward runs
         # Per op, from the measuring step: whether its backward computes the gradient of a
         # weight (a leaf that is no input of the forward), and whether a tensor it reads
         # needs a gradient (where the op's boundaries tell: see weights_below and boundary).
@@ -889,6 +900,9 @@ class _Probe:
                     }
             if position + 1 < len(self.graph.ops):
                 reads = self.graph.ops[position + 1].reads
+                self.input_bytes[position + 1] = tensor_bytes(
+                    values[name] for name in reads if name in values
+                )
                 needs = _needs_gradient([values[name] for name in reads if name in values])
                 if needs is not None:
                     self.reads_grad[position + 1] = needs
@@ -949,6 +963,41 @@ class _Probe:
     def passed(self, position: int) -> None:
         times = self.backward_input if self.input_pass else self.backward
         times[position] = self.now()
+        self.backward_at = position
+
+    def pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A saved-tensor hook: what autograd saves goes to the op running."""
+        self.saved.setdefault(self.last + 1, []).append(tensor)
+        return tensor
+
+    def recomputing(self, module: torch.nn.Module, args: object) -> None:
+        """A module's forward during the backward: the op whose backward runs recomputes."""
+        if not torch.is_inference_mode_enabled():
+            self.recomputes.add(self.backward_at)
+
+    def saved_bytes(self, weights: Iterable[torch.Tensor]) -> dict[int, int]:
+        """Bytes each op's backward keeps, weights and buffers left out, each storage at
+        the first op that saved it."""
+        seen = {_storage_key(tensor) for tensor in weights}
+        found = {}
+        for position in sorted(self.saved):
+            fresh = []
+            for tensor in self.saved[position]:
+                key = _storage_key(tensor)
+                if key not in seen:
+                    fresh.append(tensor)
+            seen.update(_storage_key(tensor) for tensor in fresh)
+            found[position] = tensor_bytes(fresh)
+        return found
+
+
+def _storage_key(tensor: torch.Tensor) -> int:
+    """The storage a tensor views (its identity where it has no data)."""
+    try:
+        untyped = tensor.untyped_storage()
+        return int(untyped._cdata if _without_data(tensor) else untyped.data_ptr()) or id(tensor)
+    except (RuntimeError, NotImplementedError):
+        return id(tensor)
 
 
 # --- one step ------------------------------------------------------------------------------
@@ -1059,6 +1108,10 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
 
 
+def _unpacked(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
 class _Session:
     """The instrumented model, ready to run measured steps."""
 
@@ -1109,7 +1162,8 @@ class _Session:
             if measure:
                 counter = FlopCounterMode(display=False, custom_mapping=CPU_FLOP_FORMULAS)
                 probe.counter = counter
-                with counter:
+                saving = torch.autograd.graph.saved_tensors_hooks(probe.pack, _unpacked)
+                with counter, saving:
                     output = self.model(*self.args)
                 probe.forward_flops = counter.get_total_flops()
             else:
@@ -1132,6 +1186,12 @@ class _Session:
         loss_end = probe.now()
         inputs = self._input_pass(loss) if split else None
         input_end = probe.now()
+        probe.backward_at = count - 1
+        watch = (
+            torch.nn.modules.module.register_module_forward_pre_hook(probe.recomputing)
+            if measure
+            else None
+        )
         try:
             loss.backward()  # type: ignore[no-untyped-call]
         except Exception as error:
@@ -1140,6 +1200,9 @@ class _Session:
                 "tensor that depends on the model's parameters)",
                 _user_frame(error, self.graph.path) or self.graph.path,
             ) from None
+        finally:
+            if watch is not None:
+                watch.remove()
         backward_end = probe.now()
         forward = _forward_spans(
             [probe.forward.get(position) for position in range(count)],
@@ -1364,6 +1427,11 @@ def profile_costs(
         kinds = dict(probe.kinds)
         values = _Values(dict(probe.values), frozenset(probe.random), counted_on is not None)
         out_bytes = dict(probe.out_bytes)
+        input_bytes = dict(probe.input_bytes)
+        input_bytes[0] = tensor_bytes(args)
+        saved_bytes = probe.saved_bytes(itertools.chain(model.parameters(), model.buffers()))
+        probe.saved.clear()
+        recomputes = frozenset(probe.recomputes)
         split = _SplitFacts(dict(probe.weights), dict(probe.reads_grad))
         if counted_on is not None:
             warmup, repeats = 0, 0
@@ -1449,6 +1517,9 @@ def profile_costs(
                 fixed_s=fixed_s,
                 backward_fixed_s=backward_fixed_s,
                 backward_input_s=split.measured(position, backward_s, steps),
+                saved_bytes=saved_bytes.get(position, 0),
+                input_bytes=input_bytes.get(position, 0),
+                recomputes=position in recomputes,
             )
         )
     cuts = _cut_costs(graph, live_bytes, kinds, values)

@@ -1,0 +1,245 @@
+"""A pipeline plan that also chooses which blocks recompute their activations
+(``syncpass plan --recompute auto|all|none``), from a cost file, with its report.
+
+The memory of a stage here counts activations as the schedule keeps them: the weights'
+memory (``memory_multiplier * param_bytes``) plus, for each micro-batch in flight on the
+stage (1F1B: ``min(S - k, M)`` on stage ``k``; other schedules: all ``M``), each op's saved
+activations for one micro-batch (``saved_bytes / M``; ``out_bytes`` where a cost file has
+no ``saved_bytes``), or only the inputs its checkpoint keeps (``input_bytes / M``) when
+it recomputes, which adds its forward (a step's) to its stage's time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+
+from syncpass.contracts.costs import Costs
+from syncpass.core.errors import SyncpassError
+from syncpass.core.units import num_bytes as format_bytes
+from syncpass.core.units import seconds as format_seconds
+from syncpass.plan.optimizer import Infeasible
+from syncpass.plan.planner import PlanRequest, default_microbatches
+from syncpass.plan.problem import problem_from_costs
+from syncpass.plan.recompute import (
+    RecomputeProblem,
+    RecomputeSolution,
+    in_flight_counts,
+    solve_recompute,
+)
+from syncpass.plan.strategies import op_layers
+
+#: What ``--recompute`` takes: choose per block, recompute every block, recompute none.
+RECOMPUTE_MODES = ("auto", "all", "none")
+
+
+@dataclass(frozen=True)
+class RecomputePlan:
+    """The plan of ``mode`` and the two it is compared with, each a solution or why none
+    fits; ``candidates`` are the op ids that may recompute, ``recomputing`` those that do
+    already as written."""
+
+    mode: str
+    stages: int
+    microbatches: int
+    schedule: str
+    in_flight: tuple[int, ...]
+    memory_limit: float | None
+    candidates: tuple[str, ...]
+    recomputing: tuple[str, ...]
+    plans: tuple[tuple[str, RecomputeSolution | Infeasible], ...]  # (mode, result)
+
+    @property
+    def chosen(self) -> RecomputeSolution | Infeasible:
+        return dict(self.plans)[self.mode]
+
+
+def recompute_problem(costs: Costs, request: PlanRequest, microbatches: int) -> RecomputeProblem:
+    """The optimiser's instance for ``costs``: which ops may recompute (the ops of a layer
+    stack with measured saved and input bytes, storing more than their checkpoint would
+    keep, not already recomputing as written; any such op when the model has no stack)."""
+    if request.stages is None:
+        raise SyncpassError("--recompute needs a stage count (--stages S)")
+    base = problem_from_costs(
+        costs,
+        request.config,
+        request.pinned,
+        microbatches,
+        request.carries_values,
+        request.refused_kinds,
+        request.per_device,
+    )
+    weights = np.array([costs.memory_multiplier * op.param_bytes for op in costs.ops], float)
+    base = dataclasses.replace(base, op_memory=weights)
+    activation = np.array(
+        [(op.out_bytes if op.saved_bytes is None else op.saved_bytes) for op in costs.ops], float
+    )
+    kept = np.array([op.input_bytes or 0.0 for op in costs.ops], float)
+    layers = op_layers(costs)
+    stacked = len({layer for layer in layers if layer is not None}) >= 2
+    candidate = np.array(
+        [
+            op.saved_bytes is not None
+            and op.input_bytes is not None
+            and not op.recomputes
+            and op.saved_bytes > op.input_bytes
+            and (layer is not None or not stacked)
+            for op, layer in zip(costs.ops, layers, strict=True)
+        ]
+    )
+    stages = request.stages * request.per_device
+    return RecomputeProblem(
+        base=base,
+        activation=activation / microbatches,
+        kept=np.minimum(kept, activation) / microbatches,
+        recompute_s=np.array([op.forward_step_s(microbatches) for op in costs.ops], float),
+        candidate=candidate,
+        in_flight=np.array(in_flight_counts(request.schedule, stages, microbatches)),
+    )
+
+
+def plan_recompute(costs: Costs, request: PlanRequest, mode: str) -> RecomputePlan:
+    """The exact plan recomputing as ``mode`` says, beside recomputing nothing and every
+    candidate block."""
+    if mode not in RECOMPUTE_MODES:
+        raise SyncpassError(f"--recompute takes {', '.join(RECOMPUTE_MODES)}, not {mode!r}")
+    if request.stages is None:
+        raise SyncpassError("--recompute needs a stage count (--stages S)")
+    stages = request.stages * request.per_device
+    microbatches = request.microbatches or default_microbatches(
+        stages, costs.batch_size, costs.min_microbatch_size
+    )
+    problem = recompute_problem(costs, request, microbatches)
+    threshold = request.config.communication_cost_threshold
+    adaptive = request.config.strategy == "adaptive"
+    variants = {
+        "auto": problem,
+        "none": problem.without_choice(),
+        "all": problem.recomputing_all(),
+    }
+    plans = []
+    for name in (mode, *(other for other in RECOMPUTE_MODES if other != mode)):
+        found = solve_recompute(variants[name], threshold, adaptive)
+        if name == "all" and isinstance(found, RecomputeSolution):
+            # Every candidate of each stage recomputes; say so.
+            bounds = (0, *found.cuts, len(costs.ops))
+            found = dataclasses.replace(
+                found,
+                recomputed=tuple(
+                    tuple(t for t in range(start, end) if problem.candidate[t])
+                    for start, end in itertools.pairwise(bounds)
+                ),
+                total_recompute=float(
+                    sum(problem.recompute_s[t] for t in np.flatnonzero(problem.candidate))
+                ),
+            )
+        plans.append((name, found))
+    ids = [op.id for op in costs.ops]
+    return RecomputePlan(
+        mode=mode,
+        stages=stages,
+        microbatches=microbatches,
+        schedule=request.schedule,
+        in_flight=tuple(int(count) for count in problem.in_flight),
+        memory_limit=costs.hardware.device_memory_bytes,
+        candidates=tuple(ids[t] for t in np.flatnonzero(problem.candidate)),
+        recomputing=tuple(op.id for op in costs.ops if op.recomputes),
+        plans=tuple(plans),
+    )
+
+
+_NAMES = {
+    "auto": "recompute chosen",
+    "none": "recompute nothing",
+    "all": "recompute every block",
+}
+
+
+def render_recompute(plan: RecomputePlan, costs: Costs, problem: RecomputeProblem) -> str:
+    """The report: the chosen plan's stages (ops, time, memory, what recomputes and why),
+    then the three plans side by side."""
+    ids = [op.id for op in costs.ops]
+    limit = "no limit" if plan.memory_limit is None else format_bytes(plan.memory_limit)
+    lines = [
+        f"syncpass plan --recompute {plan.mode}: {plan.stages} stage(s), {plan.microbatches} "
+        f"micro-batch(es), {plan.schedule} keeps {', '.join(map(str, plan.in_flight))} "
+        f"in flight per stage; device memory {limit}",
+    ]
+    if plan.recomputing:
+        lines.append(f"already recomputing as written (kept so): {_listed(plan.recomputing)}")
+    if not plan.candidates:
+        lines.append(
+            "no op may recompute: none has measured saved_bytes above what its checkpoint "
+            "would keep (profile again with this syncpass for saved_bytes and input_bytes)"
+        )
+    chosen = plan.chosen
+    if isinstance(chosen, Infeasible):
+        lines.append(_why_not(plan.mode, chosen))
+    else:
+        lines.append("stage  ops                          time      memory  recomputes")
+        bounds = (0, *chosen.cuts, len(ids))
+        for place, (start, end) in enumerate(itertools.pairwise(bounds)):
+            ops = f"{ids[start]} .. {ids[end - 1]}" if end - start > 1 else ids[start]
+            recomputed = frozenset(chosen.recomputed[place])
+            extra = sum(float(problem.recompute_s[t]) for t in recomputed)
+            memory = _memory(problem, start, end, place, recomputed, plan.mode == "all")
+            time = problem.base.stage_time(start, end) + extra
+            named = _listed([ids[t] for t in sorted(recomputed)]) if recomputed else "-"
+            lines.append(
+                f"{place:<5}  {ops:<27}  {format_seconds(time):>8}  {format_bytes(memory):>10}"
+                f"  {named}"
+            )
+        for place, chosen_ops in enumerate(chosen.recomputed):
+            if chosen_ops and plan.mode == "auto":
+                start, end = bounds[place], bounds[place + 1]
+                stored = problem.stage_memory(start, end, place, frozenset())
+                spent = sum(float(problem.recompute_s[t]) for t in chosen_ops)
+                lines.append(
+                    f"  stage {place} recomputes {len(chosen_ops)} block(s): storing them all "
+                    f"needs {format_bytes(stored)} for {plan.in_flight[place]} micro-batch(es) "
+                    f"in flight, over {limit}; these cost the least time recomputed "
+                    f"({format_seconds(spent)}) of the choices that fit"
+                )
+    lines.append("compared:")
+    for name, found in plan.plans:
+        if isinstance(found, Infeasible):
+            lines.append(f"  {_NAMES[name]:<22} {_why_not(name, found)}")
+        else:
+            count = sum(len(ops) for ops in found.recomputed)
+            lines.append(
+                f"  {_NAMES[name]:<22} bottleneck {format_seconds(found.bottleneck)}, "
+                f"{count} block(s) recomputed ({format_seconds(found.total_recompute)}/step), "
+                f"sync points after {', '.join(ids[cut - 1] for cut in found.cuts) or '-'}"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def _memory(
+    problem: RecomputeProblem,
+    start: int,
+    end: int,
+    place: int,
+    recomputed: frozenset[int],
+    every: bool,
+) -> float:
+    if every:
+        recomputed = frozenset(t for t in range(start, end) if problem.candidate[t])
+    return problem.stage_memory(start, end, place, recomputed)
+
+
+def _why_not(mode: str, found: Infeasible) -> str:
+    if found.constraint == "memory":
+        needed = "" if found.needed is None else f" (it needs {format_bytes(found.needed)})"
+        if mode == "none":
+            return f"no plan fits the device's memory storing every activation{needed}"
+        return f"no plan fits the device's memory even recomputing every block{needed}"
+    return f"no plan: the {found.constraint} constraint rules every plan out"
+
+
+def _listed(names: list[str] | tuple[str, ...]) -> str:
+    if len(names) <= 6:
+        return ", ".join(names)
+    return f"{', '.join(names[:3])}, ... {names[-1]} ({len(names)})"

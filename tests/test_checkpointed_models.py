@@ -1,0 +1,85 @@
+"""Models that already checkpoint their blocks (activation checkpointing) are planned with
+each checkpointed region whole: every form people write (``checkpoint`` in the layer loop,
+``checkpoint_sequential``, Hugging Face's ``gradient_checkpointing`` branch, torchtitan's
+``checkpoint_wrapper``) is profiled, rewritten into eager stages that still checkpoint, run
+split over gloo and verified against the unsplit model."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+from syncpass.cli import main
+
+DATA = REPO / "tests" / "data"
+
+#: Each model, the ops its forward is planned as (a checkpointed region is one op), the
+#: statement that runs its regions and the text that checkpoints them there (``None``: the
+#: modules themselves checkpoint, whoever calls them).
+MODELS = {
+    "checkpointed_blocks": (
+        ("wte", *(f"blocks.{i}" for i in range(6)), "head"),
+        "for block in self.blocks",
+        "checkpoint(block, x, use_reentrant=False)",
+    ),
+    "checkpoint_sequential_mlp": (
+        ("inp", "torch.utils.checkpoint.checkpoint_sequential@L27", "out"),
+        "self.blocks",
+        "checkpoint_sequential(self.blocks, 4, x, use_reentrant=False)",
+    ),
+    "gradient_checkpointing_decoder": (
+        ("embed_tokens", "torch.ones_like@L42", *(f"layers.{i}" for i in range(6)), "lm_head"),
+        "for decoder_layer in self.layers",
+        "self._gradient_checkpointing_func(",
+    ),
+    "checkpoint_wrapped_layers": (
+        ("tok_embeddings", *(f"layers.{i}" for i in range(6)), "output"),
+        "self.layers.values()",
+        None,
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_checkpointed_regions_stay_whole_and_the_split_run_verifies(
+    name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    ops, runs, checkpoints = MODELS[name]
+    source = tmp_path / f"{name}.py"
+    shutil.copy(DATA / f"{name}.py", source)
+    costs = tmp_path / "costs.json"
+    argv = ["profile", str(source), "--example", f"{source}:example", "-o", str(costs)]
+    assert main([*argv, "--repeats", "1", "--warmup", "0"]) == 0
+    profiled = json.loads(costs.read_text())
+    assert tuple(op["id"] for op in profiled["ops"]) == ops
+    # The profile sees each region recompute in its backward (and nothing else), and a
+    # region keeps no more than the checkpoint's inputs (checkpoint_sequential runs its
+    # last segment without a checkpoint, so it keeps that segment's activations too).
+    regions = {op_id for op_id in ops if op_id.startswith(("blocks", "layers", "torch.utils"))}
+    for op in profiled["ops"]:
+        assert op.get("recomputes", False) == (op["id"] in regions), op["id"]
+        if op["id"] in regions and not op["id"].startswith("torch.utils"):
+            assert op["saved_bytes"] <= op["input_bytes"], op
+    stage_counts = (2, 3) if len(ops) > 3 else (2,)
+    for stages in stage_counts:
+        out = tmp_path / f"sync_{stages}.py"
+        argv = ["rewrite", str(source), "--costs", str(costs), "--stages", str(stages)]
+        assert main([*argv, "-o", str(out)]) == 0, capsys.readouterr().err
+        classes = out.read_text().split("\nclass ")
+        stages_running = [body for body in classes if re.match(r"\w+Stage\d", body)]
+        stages_running = [body for body in stages_running if runs in body]
+        assert stages_running, "some stage runs the regions"
+        if checkpoints is not None:
+            # Each stage that runs regions still checkpoints them, as the model did.
+            assert all(checkpoints in body for body in stages_running)
+        report = tmp_path / f"run_{stages}.json"
+        argv = ["run", str(out), "--stages", str(stages), "--verify", "--steps", "1"]
+        status = main([*argv, "--json-report", str(report)])
+        assert status == 0, capsys.readouterr().err
+        assert json.loads(report.read_text())["verify"]["ok"] is True
