@@ -360,6 +360,8 @@ def _run_plan(args: argparse.Namespace) -> int:
         refused_kinds=backend.refused_kinds,
     )
     if args.recompute is not None:
+        if args.picture is not None:
+            raise SyncpassError("--picture draws the plan without --recompute; drop one of them")
         return _run_recompute_plan(args, costs, request)
     auto = settings.auto
     orders = backend.schedule_order or single_stage_order
