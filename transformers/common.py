@@ -133,7 +133,9 @@ class CheckpointSite:
             raise ValueError(f"checkpoint site of {self.op!r}: indices must be >= 0")
 
 
-def slice_loop(statement: cst.For, loop: ContainerLoop, start: int | None, stop: int | None) -> cst.For:
+def slice_loop(
+    statement: cst.For, loop: ContainerLoop, start: int | None, stop: int | None
+) -> cst.For:
     """``statement`` (a loop over a layer container, ``loop``) over ``[start:stop]`` of the
     container instead, its index (if enumerated) counting on from ``start``."""
     return statement.with_changes(iter=_slice_iter(statement.iter, loop, start, stop))

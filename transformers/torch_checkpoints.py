@@ -52,15 +52,11 @@ def recompute_comment(sites: Sequence[CheckpointSite]) -> str:
     ops one checkpointed line recomputes (keeping only their inputs), what that frees on
     their stage (for every micro-batch in flight) and what it costs a step."""
     names = [site.op for site in sites]
-    if len(names) > 3:
-        named = f"{names[0]} .. {names[-1]} ({len(names)})"
-    else:
-        named = ", ".join(names)
+    named = f"{names[0]} .. {names[-1]} ({len(names)})" if len(names) > 3 else ", ".join(names)
     frees = sum(site.frees_bytes for site in sites)
     cost = sum(site.cost_s for site in sites)
     return (
-        f"{RECOMPUTE_COMMENT_PREFIX}: {named}; frees {num_bytes(frees)}, "
-        f"costs {seconds(cost)}/step"
+        f"{RECOMPUTE_COMMENT_PREFIX}: {named}; frees {num_bytes(frees)}, costs {seconds(cost)}/step"
     )
 
 
@@ -183,14 +179,13 @@ def _wrapped_body(
     out: list[cst.BaseStatement] = []
     found = 0
     for statement in body:
-        wrapper = _WrapCalls(lambda func: m.matches(func, m.Name(item)))
-        changed = statement.visit(wrapper)
-        assert isinstance(changed, cst.BaseStatement)
-        found += wrapper.count
-        if wrapper.count:
-            out.append(_commented(changed, recompute_comment(sites), module, column))
-        else:
-            out.append(changed)
+        changed, count = _wrap(
+            statement, lambda func: m.matches(func, m.Name(item)), module, column
+        )
+        found += count
+        out.append(
+            _commented(changed, recompute_comment(sites), module, column) if count else changed
+        )
     if found != 1:
         raise CheckpointRefused(
             f"{sites[0].op}: the loop's body calls its layer {item} {found} times; the stages "
@@ -203,14 +198,35 @@ def _wrapped_statement(
     statement: cst.BaseStatement, site: CheckpointSite, module: cst.Module, column: int
 ) -> cst.BaseStatement:
     """A statement with its one call of a submodule (``self.mlp(x)``) checkpointed."""
-    wrapper = _WrapCalls(_is_self_path)
-    changed = statement.visit(wrapper)
-    if not isinstance(changed, cst.SimpleStatementLine) or wrapper.count != 1:
+    changed, count = _wrap(statement, _is_self_path, module, column)
+    if not isinstance(changed, cst.SimpleStatementLine) or count != 1:
         raise CheckpointRefused(
             f"{site.op}: the stages checkpoint a statement that calls one submodule "
-            f"(self.name(...)), and this one calls {wrapper.count}"
+            f"(self.name(...)), and this one calls {count}"
         )
     return _commented(changed, recompute_comment([site]), module, column)
+
+
+def _wrap(
+    statement: cst.BaseStatement,
+    matches: Callable[[cst.BaseExpression], bool],
+    module: cst.Module,
+    column: int,
+) -> tuple[cst.BaseStatement, int]:
+    """``statement`` with its calls that ``matches`` checkpointed, on one line where that
+    fits in :data:`LINE_WIDTH` columns from ``column``, and how many there were."""
+    wrapper = _WrapCalls(matches)
+    changed = statement.visit(wrapper)
+    assert isinstance(changed, cst.BaseStatement)
+    if not wrapper.count or not isinstance(changed, cst.SimpleStatementLine):
+        return changed, wrapper.count
+    code = module.code_for_node(changed.with_changes(leading_lines=())).rstrip("\n")
+    if "\n" in code or column + len(code) <= LINE_WIDTH:
+        return changed, wrapper.count
+    wrapper = _WrapCalls(matches, exploded=True)
+    changed = statement.visit(wrapper)
+    assert isinstance(changed, cst.BaseStatement)
+    return changed, wrapper.count
 
 
 def _is_self_path(func: cst.BaseExpression) -> bool:
@@ -223,9 +239,12 @@ class _WrapCalls(cst.CSTTransformer):
     """Each call whose function ``matches`` becomes ``checkpoint(fn, *args,
     use_reentrant=False, **kwargs)``; ``count`` says how many."""
 
-    def __init__(self, matches: Callable[[cst.BaseExpression], bool]) -> None:
+    def __init__(
+        self, matches: Callable[[cst.BaseExpression], bool], exploded: bool = False
+    ) -> None:
         super().__init__()
         self.matches = matches
+        self.exploded = exploded
         self.count = 0
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
@@ -243,9 +262,23 @@ class _WrapCalls(cst.CSTTransformer):
         args = [arg.with_changes(comma=cst.MaybeSentinel.DEFAULT) for arg in updated_node.args]
         star = [arg for arg in args if arg.star == "**"]
         plain = [arg for arg in args if arg.star != "**"]
+        every = [cst.Arg(updated_node.func), *plain, keyword, *star]
+        if not self.exploded:
+            return cst.Call(func=cst.parse_expression(CHECKPOINT), args=every)
+        # One argument a line, with the magic trailing comma, as a formatter lays out a call
+        # too wide for one line and then leaves it.
+        item = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace("    "))
+        close = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(""))
+        laid = [
+            arg.with_changes(
+                comma=cst.Comma(whitespace_after=close if last else item),
+            )
+            for last, arg in (
+                (position == len(every) - 1, arg) for position, arg in enumerate(every)
+            )
+        ]
         return cst.Call(
-            func=cst.parse_expression(CHECKPOINT),
-            args=[cst.Arg(updated_node.func), *plain, keyword, *star],
+            func=cst.parse_expression(CHECKPOINT), args=laid, whitespace_before_args=item
         )
 
 

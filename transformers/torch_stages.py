@@ -62,7 +62,6 @@ from syncpass.contracts.costs import (
     pytree_template,
 )
 from syncpass.frontend.analysis import self_path
-from syncpass.transformers.torch_checkpoints import CheckpointRefused, checkpoint_piece
 from syncpass.transformers.common import (
     LINE_WIDTH,
     CheckpointSite,
@@ -71,6 +70,7 @@ from syncpass.transformers.common import (
     is_sync_comment,
     sync_comment,
 )
+from syncpass.transformers.torch_checkpoints import CheckpointRefused, checkpoint_piece
 
 #: The comment that opens the block of stage classes syncpass writes.
 STAGES_COMMENT = "# syncpass stages"
