@@ -360,3 +360,44 @@ def _listed(names: list[str] | tuple[str, ...]) -> str:
     if len(names) <= 6:
         return ", ".join(names)
     return f"{', '.join(names[:3])}, ... {names[-1]} ({len(names)})"
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """A stage's memory as the model of this module counts it: ``weights`` (parameters
+    times the multiplier: weights, gradients, optimizer state) and ``activations`` (saved
+    per micro-batch in flight, or only the inputs of the ops that recompute)."""
+
+    weights: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.activations
+
+
+def stage_memory_model(
+    costs: Costs,
+    cuts: tuple[str, ...],
+    recomputed: frozenset[str],
+    schedule: str,
+    microbatches: int,
+    memory_multiplier: float | None = None,
+) -> tuple[StageMemory, ...]:
+    """Each stage's memory for the sync points after the ops ``cuts``, the ops
+    ``recomputed`` recomputing, as ``plan --recompute`` counts it (``memory_multiplier``:
+    the cost file's unless given)."""
+    ids = [op.id for op in costs.ops]
+    bounds = (0, *sorted(ids.index(cut) + 1 for cut in cuts), len(ids))
+    flight = in_flight_counts(schedule, len(bounds) - 1, microbatches)
+    multiplier = costs.memory_multiplier if memory_multiplier is None else memory_multiplier
+    found = []
+    for place, (start, end) in enumerate(itertools.pairwise(bounds)):
+        weights = activations = 0.0
+        for op in costs.ops[start:end]:
+            weights += multiplier * op.param_bytes
+            saved = op.out_bytes if op.saved_bytes is None else op.saved_bytes
+            kept = min(op.input_bytes or 0.0, saved) if op.id in recomputed else saved
+            activations += flight[place] * kept / microbatches
+        found.append(StageMemory(weights, activations))
+    return tuple(found)
