@@ -275,6 +275,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--costs, the cost file decides)",
     )
     _add_plan_options(rewrite)
+    rewrite.add_argument(
+        "--recompute",
+        choices=RECOMPUTE_MODES,
+        help="plan activation checkpointing too (as plan --recompute) and write it into the "
+        "eager stages: each chosen block's call becomes torch.utils.checkpoint.checkpoint"
+        "(..., use_reentrant=False), with a comment saying what it frees and costs",
+    )
     where = rewrite.add_mutually_exclusive_group()
     where.add_argument(
         "-o", "--output", metavar="OUT", help="write the rewritten source here (- for stdout)"
@@ -515,6 +522,7 @@ def _saved_plan(args: argparse.Namespace) -> Plan:
             ("--batch-size", args.batch_size),
             ("--optimizer-shards", args.optimizer_shards),
             ("--depth", args.depth if args.depth != 1 else None),
+            ("--recompute", args.recompute),
         )
         if value is not None
     ]
@@ -561,6 +569,7 @@ def _run_rewrite(args: argparse.Namespace) -> int:
             costs,
             class_name=settings.model,
             max_stages=settings.auto_limit,
+            recompute=args.recompute,
         )
     refusals: tuple[str, ...] = ()
     if backend.confirm is not None and args.plan is None and args.example is not None:

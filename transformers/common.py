@@ -112,6 +112,35 @@ class SyncSite:
     sizes: tuple[int, ...] = ()
 
 
+@dataclass(frozen=True)
+class CheckpointSite:
+    """One op a stage recomputes in its backward (activation checkpointing), where it is
+    in the forward: ``statement`` indexes the forward's top-level statements and, for an
+    iteration of a loop over a layer container, ``iteration`` is its absolute index in the
+    container (``None``: the statement itself). ``op`` is the op's id, ``stage`` the stage
+    that runs it (from 0), ``frees_bytes`` and ``cost_s`` what recomputing it frees on
+    that stage and costs a step, for the line's comment."""
+
+    statement: int
+    iteration: int | None
+    op: str
+    stage: int
+    frees_bytes: float
+    cost_s: float
+
+    def __post_init__(self) -> None:
+        if self.statement < 0 or self.stage < 0 or (self.iteration or 0) < 0:
+            raise ValueError(f"checkpoint site of {self.op!r}: indices must be >= 0")
+
+
+def slice_loop(
+    statement: cst.For, loop: ContainerLoop, start: int | None, stop: int | None
+) -> cst.For:
+    """``statement`` (a loop over a layer container, ``loop``) over ``[start:stop]`` of the
+    container instead, its index (if enumerated) counting on from ``start``."""
+    return statement.with_changes(iter=_slice_iter(statement.iter, loop, start, stop))
+
+
 def _site_order(site: SyncSite) -> tuple[int, tuple[int, ...]]:
     """Sites in the order they cut the forward: by statement, then by where each starts the
     next piece (after child ``(1, 0)`` of a nested call is at ``(1, 1)``, before the end of

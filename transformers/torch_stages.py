@@ -42,9 +42,10 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import itertools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -63,11 +64,13 @@ from syncpass.contracts.costs import (
 from syncpass.frontend.analysis import self_path
 from syncpass.transformers.common import (
     LINE_WIDTH,
+    CheckpointSite,
     InsertSyncPointsCommand,
     SyncSite,
     is_sync_comment,
     sync_comment,
 )
+from syncpass.transformers.torch_checkpoints import CheckpointRefused, checkpoint_piece
 
 #: The comment that opens the block of stage classes syncpass writes.
 STAGES_COMMENT = "# syncpass stages"
@@ -115,6 +118,7 @@ class StageCode:
     received_kinds: tuple[tuple[str, str], ...] = ()
     sent_kinds: tuple[tuple[str, str], ...] = ()
     devices: tuple[str, ...] = ()  # torch.device values: the stage's own, read off its inputs
+    recomputes: tuple[str, ...] = ()  # the ops it checkpoints (rewrite --recompute)
 
 
 def tensor_count(kind: str | None) -> int | None:
@@ -827,6 +831,7 @@ def _stage_class(
         f'    """Stage {stage.index} of {count} of {model}.forward."""\n\n'
         f"    keeps = {_tuple_code(stage.keeps)}\n"
         + (f"    sends = {_tuple_code(_sent_names(stage))}\n" if stage.sends else "")
+        + (f"    recomputes = {_tuple_code(stage.recomputes)}\n" if stage.recomputes else "")
     )
     skeleton = cst.parse_statement(header, config=module.config_for_parsing)
     assert isinstance(skeleton, cst.ClassDef) and isinstance(skeleton.body, cst.IndentedBlock)
@@ -842,13 +847,17 @@ def insert_stages(
     stages: Sequence[StageCode],
     path: str,
     planned: cst.Module | None = None,
+    checkpoints: Sequence[CheckpointSite] = (),
+    sizes: Mapping[str, int] | None = None,
 ) -> tuple[cst.Module, tuple[str, ...]]:
     """``module`` with the stage classes of ``stages`` after ``class_name``, and warnings.
 
     The stages' statements come from the forward of ``planned`` (the module the
     plan was made for, with the model's own methods inlined; ``module`` itself
     when not given), the classes go into ``module``. With one stage (no sync
-    point) the module is returned unchanged.
+    point) the module is returned unchanged. The ops of ``checkpoints`` recompute in
+    the backward (:mod:`syncpass.transformers.torch_checkpoints`; ``sizes`` are the
+    layer containers' lengths), and each stage that has some lists them in ``recomputes``.
     """
     if len(stages) < 2:
         return module, ()
@@ -885,8 +894,22 @@ def insert_stages(
         )
     )
     base = base.with_changes(leading_lines=(cst.EmptyLine(), cst.EmptyLine(), note))
+    if checkpoints and not _binds_torch(module):
+        return module, (
+            f"the stages checkpoint with torch.utils.checkpoint.checkpoint, and {path} does "
+            "not bind torch (import torch); add the import, or drop --recompute",
+        )
     classes: list[cst.BaseStatement] = [base]
     for stage, piece in zip(stages, pieces, strict=True):
+        own = [site for site in checkpoints if site.stage == stage.index]
+        if own:
+            assert isinstance(forward.body, cst.IndentedBlock)
+            column = 4 + len(forward.body.indent or module.default_indent)
+            try:
+                piece = checkpoint_piece(piece, statements, own, sizes or {}, module, column)
+            except CheckpointRefused as refused:
+                return module, (f"stage {stage.index}: {refused}",)
+            stage = dataclasses.replace(stage, recomputes=tuple(site.op for site in own))
         replayed = [statements[position] for position in stage.replays]
         classes.append(
             _stage_class(

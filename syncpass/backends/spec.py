@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from syncpass.frontend.findings import Finding
     from syncpass.runtime.contracts import RunRequest, RunResult, TensorRunRequest, TensorRunResult
     from syncpass.runtime.prediction import RunPrediction
-    from syncpass.transformers.common import SyncSite
+    from syncpass.transformers.common import CheckpointSite, SyncSite
 
 
 @dataclass(frozen=True)
@@ -124,6 +124,10 @@ class Confirmation:
 
 Analyse = Callable[[str, str, KnownOps, "str | None"], ModelSource]
 Insert = Callable[[ModelSource, Sequence["SyncSite"], str], "tuple[cst.Module, tuple[str, ...]]"]
+InsertCheckpointed = Callable[
+    [ModelSource, Sequence["SyncSite"], Sequence["CheckpointSite"], str],
+    "tuple[cst.Module, tuple[str, ...]]",
+]
 Remove = Callable[["cst.Module", ModelSource, str], str]
 Strip = Callable[[str, str, "str | None"], str]
 Measure = Callable[[MeasureRequest], "Costs"]
@@ -182,6 +186,10 @@ class Backend:
     tensor_rewrite: TensorRewrite | None = None
     #: ``run --tp N``: the rewritten model on N ranks, checked against the unsplit one.
     tensor_run: TensorRun | None = None
+    #: ``rewrite --recompute``: ``insert`` that also has the ops of ``CheckpointSite``
+    #: recompute in the backward (activation checkpointing); ``None``: the backend's form
+    #: cannot carry it, and the rewrite says so.
+    insert_checkpointed: InsertCheckpointed | None = None
     #: Modules the process that runs the user's example imports ahead of time (a fork
     #: server's preload, :func:`syncpass.runtime.guard.call_guarded`).
     preload: tuple[str, ...] = ()

@@ -17,7 +17,7 @@ from syncpass.contracts.costs import parse_settings
 from syncpass.core.errors import SyncpassError
 from syncpass.core.jsonio import read_json
 from syncpass.plan.levels import Expansion
-from syncpass.plan.planner import Plan, StagePlan, SyncPoint, Threshold
+from syncpass.plan.planner import Checkpointed, Plan, StagePlan, SyncPoint, Threshold
 
 PLAN_FILE_VERSION = 1
 
@@ -95,6 +95,16 @@ def plan_to_json(plan: Plan, baselines: tuple[Plan, ...] = ()) -> dict[str, Any]
                 **({"pinned": True} if expansion.pinned else {}),
             }
             for expansion in plan.expanded
+        ]
+    if plan.checkpointed:  # written only when the plan recomputes (--recompute)
+        data["checkpointed"] = [
+            {
+                "op": checkpointed.op,
+                "stage": checkpointed.stage,
+                "frees_bytes": checkpointed.frees_bytes,
+                "cost_s": checkpointed.cost_s,
+            }
+            for checkpointed in plan.checkpointed
         ]
     if baselines:
         data["baselines"] = [
@@ -198,6 +208,15 @@ def parse_plan(data: Any, origin: str = "<plan>") -> Plan:
                     pinned=expansion.get("pinned", False),
                 )
                 for expansion in data.get("expanded", ())
+            ),
+            checkpointed=tuple(
+                Checkpointed(
+                    op=checkpointed["op"],
+                    stage=checkpointed["stage"],
+                    frees_bytes=checkpointed["frees_bytes"],
+                    cost_s=checkpointed["cost_s"],
+                )
+                for checkpointed in data.get("checkpointed", ())
             ),
         )
     except KeyError as error:

@@ -134,6 +134,25 @@ class SyncPoint:
 
 
 @dataclass(frozen=True)
+class Checkpointed:
+    """An op a plan has recompute its activations in the backward (activation
+    checkpointing, ``--recompute``): on stage ``stage`` it keeps only its inputs, which
+    frees ``frees_bytes`` (its saved activations less its inputs, for every micro-batch
+    the stage keeps in flight), and runs its forward again, ``cost_s`` a step."""
+
+    op: str
+    stage: int
+    frees_bytes: float
+    cost_s: float
+
+    def __post_init__(self) -> None:
+        if self.stage < 0 or self.frees_bytes < 0 or self.cost_s < 0:
+            raise ValueError(
+                f"checkpointed op {self.op!r}: stage, frees_bytes and cost_s must be >= 0"
+            )
+
+
+@dataclass(frozen=True)
 class StagePlan:
     """One pipeline stage: its ops and figures (full batch, per step)."""
 
@@ -206,10 +225,20 @@ class Plan:
     # With more pipeline ranks than the hardware has devices: the least step of the ranks
     # sharing them (their whole work over the devices), beside the predicted one.
     shared_step_s: float | None = None
+    # The ops that recompute (--recompute): the stages' times include their forward again,
+    # and the stages' memory counts activations per micro-batch in flight.
+    checkpointed: tuple[Checkpointed, ...] = ()
 
     def __post_init__(self) -> None:
         if len(self.stages) != len(self.sync_points) + 1:
             raise ValueError("a plan has one more stage than it has sync points")
+        for checkpointed in self.checkpointed:
+            if checkpointed.stage >= len(self.stages) or (
+                checkpointed.op not in self.stages[checkpointed.stage].ops
+            ):
+                raise ValueError(
+                    f"checkpointed op {checkpointed.op!r} is not in stage {checkpointed.stage}"
+                )
         if self.strategy not in strategy_names():
             raise ValueError(f"unknown strategy {self.strategy!r}")
         if len(self.stages) % self.stages_per_device:

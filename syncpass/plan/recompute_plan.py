@@ -22,7 +22,15 @@ from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes as format_bytes
 from syncpass.core.units import seconds as format_seconds
 from syncpass.plan.optimizer import Infeasible
-from syncpass.plan.planner import PlanRequest, default_microbatches
+from syncpass.plan.planner import (
+    Checkpointed,
+    Plan,
+    PlanCache,
+    PlanRequest,
+    Threshold,
+    default_microbatches,
+    make_plan,
+)
 from syncpass.plan.problem import problem_from_costs
 from syncpass.plan.recompute import (
     RecomputeProblem,
@@ -151,6 +159,115 @@ def plan_recompute(costs: Costs, request: PlanRequest, mode: str) -> RecomputePl
     )
 
 
+def plan_with_recompute(
+    costs: Costs, request: PlanRequest, mode: str, origin: str = ""
+) -> tuple[Plan, RecomputePlan]:
+    """The plan ``rewrite --recompute MODE`` writes: the cuts and the ops to recompute of
+    :func:`plan_recompute`, as a :class:`Plan` whose stages pay each chosen op's forward
+    again in their backward (their times, the simulated step) and whose stages' memory is
+    the memory model of the module docstring; :attr:`Plan.checkpointed` names the ops,
+    what each frees and costs. Raises :class:`SyncpassError` when no plan fits."""
+    if costs.groups:
+        raise SyncpassError(
+            "--recompute plans the ops as the cost file lists them, and this one groups "
+            "nested nn.Sequential children (profiled with --depth 2); profile at --depth 1"
+        )
+    found = plan_recompute(costs, request, mode)
+    chosen = found.chosen
+    if isinstance(chosen, Infeasible):
+        raise SyncpassError(f"--recompute {mode}: {_why_not(mode, chosen)}", origin)
+    problem = recompute_problem(costs, request, found.microbatches)
+    recomputed = {t: place for place, ops in enumerate(chosen.recomputed) for t in ops}
+    # The chosen ops run their forward again in their backward, as a checkpoint does; memory
+    # is this module's to check (activations in flight), so the cut planner sees no limit.
+    ops = tuple(
+        dataclasses.replace(
+            op,
+            backward_s=op.backward_s + op.compute_s,
+            backward_fixed_s=op.backward_fixed_s + op.fixed_s,
+            backward_input_s=op.input_gradient_s() + op.compute_s,
+            saved_bytes=op.input_bytes,
+            recomputes=True,
+        )
+        if t in recomputed
+        else op
+        for t, op in enumerate(costs.ops)
+    )
+    unlimited = dataclasses.replace(costs.hardware, device_memory_bytes=None)
+    recomputing = dataclasses.replace(costs, ops=ops, hardware=unlimited)
+    ids = [op.id for op in costs.ops]
+    pinned = tuple(ids[cut - 1] for cut in chosen.cuts)
+    requested = request.config.communication_cost_threshold
+    used = max(chosen.threshold_used, requested)
+    config = request.config.replace(strategy="manual", communication_cost_threshold=used)
+    manual = dataclasses.replace(
+        request, config=config, pinned=pinned, microbatches=found.microbatches
+    )
+    plan = make_plan(recomputing, manual, origin, PlanCache(recomputing))
+    bounds = (0, *chosen.cuts, len(ids))
+    stages = tuple(
+        dataclasses.replace(
+            stage,
+            memory_bytes=problem.stage_memory(
+                start, end, place, frozenset(chosen.recomputed[place])
+            ),
+        )
+        for place, (stage, (start, end)) in enumerate(
+            zip(plan.stages, itertools.pairwise(bounds), strict=True)
+        )
+    )
+    checkpointed = tuple(
+        Checkpointed(
+            op=ids[t],
+            stage=place,
+            frees_bytes=float(found.in_flight[place])
+            * float(problem.activation[t] - problem.kept[t]),
+            cost_s=float(problem.recompute_s[t]),
+        )
+        for t, place in sorted(recomputed.items())
+    )
+    notes = [note for note in plan.notes if not note.startswith("manual")]
+    notes += _why_recompute(found, problem, chosen, ids)
+    plan = dataclasses.replace(
+        plan,
+        strategy=request.config.strategy,
+        threshold=Threshold(requested, used),
+        stages=stages,
+        checkpointed=checkpointed,
+        notes=tuple(notes),
+        hardware=costs.hardware.name,
+    )
+    return plan, found
+
+
+def _why_recompute(
+    plan: RecomputePlan, problem: RecomputeProblem, chosen: RecomputeSolution, ids: list[str]
+) -> list[str]:
+    """A note per stage that recomputes: what storing everything would need, and the cost."""
+    limit = "no limit" if plan.memory_limit is None else format_bytes(plan.memory_limit)
+    bounds = (0, *chosen.cuts, len(ids))
+    notes = []
+    for place, chosen_ops in enumerate(chosen.recomputed):
+        if not chosen_ops:
+            continue
+        start, end = bounds[place], bounds[place + 1]
+        stored = problem.stage_memory(start, end, place, frozenset())
+        spent = sum(float(problem.recompute_s[t]) for t in chosen_ops)
+        if plan.mode == "all":
+            why = "--recompute all recomputes every block"
+        else:
+            why = (
+                f"storing every activation needs {format_bytes(stored)} for "
+                f"{plan.in_flight[place]} micro-batch(es) in flight, over {limit}; these cost "
+                "the least time recomputed of the choices that fit"
+            )
+        notes.append(
+            f"stage {place} recomputes {_listed([ids[t] for t in chosen_ops])} "
+            f"({format_seconds(spent)}/step): {why}"
+        )
+    return notes
+
+
 _NAMES = {
     "auto": "recompute chosen",
     "none": "recompute nothing",
@@ -243,3 +360,44 @@ def _listed(names: list[str] | tuple[str, ...]) -> str:
     if len(names) <= 6:
         return ", ".join(names)
     return f"{', '.join(names[:3])}, ... {names[-1]} ({len(names)})"
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """A stage's memory as the model of this module counts it: ``weights`` (parameters
+    times the multiplier: weights, gradients, optimizer state) and ``activations`` (saved
+    per micro-batch in flight, or only the inputs of the ops that recompute)."""
+
+    weights: float
+    activations: float
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.activations
+
+
+def stage_memory_model(
+    costs: Costs,
+    cuts: tuple[str, ...],
+    recomputed: frozenset[str],
+    schedule: str,
+    microbatches: int,
+    memory_multiplier: float | None = None,
+) -> tuple[StageMemory, ...]:
+    """Each stage's memory for the sync points after the ops ``cuts``, the ops
+    ``recomputed`` recomputing, as ``plan --recompute`` counts it (``memory_multiplier``:
+    the cost file's unless given)."""
+    ids = [op.id for op in costs.ops]
+    bounds = (0, *sorted(ids.index(cut) + 1 for cut in cuts), len(ids))
+    flight = in_flight_counts(schedule, len(bounds) - 1, microbatches)
+    multiplier = costs.memory_multiplier if memory_multiplier is None else memory_multiplier
+    found = []
+    for place, (start, end) in enumerate(itertools.pairwise(bounds)):
+        weights = activations = 0.0
+        for op in costs.ops[start:end]:
+            weights += multiplier * op.param_bytes
+            saved = op.out_bytes if op.saved_bytes is None else op.saved_bytes
+            kept = min(op.input_bytes or 0.0, saved) if op.id in recomputed else saved
+            activations += flight[place] * kept / microbatches
+        found.append(StageMemory(weights, activations))
+    return tuple(found)

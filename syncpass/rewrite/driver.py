@@ -30,9 +30,10 @@ from syncpass.core.units import num_bytes, seconds
 from syncpass.frontend.match import match_costs, steer_by_source
 from syncpass.frontend.source import SourceForm
 from syncpass.plan.planner import Plan, PlanCache, PlanRequest, plan_for
+from syncpass.plan.recompute_plan import plan_with_recompute
 from syncpass.plan.schedule import single_stage_order
 from syncpass.rewrite.source import KnownOps, ModelSource, SyncWriter
-from syncpass.transformers.common import SyncSite
+from syncpass.transformers.common import CheckpointSite, SyncSite
 
 
 @dataclass(frozen=True)
@@ -118,6 +119,31 @@ def sync_sites(graph: OpGraph, plan: Plan) -> list[SyncSite]:
     return sites
 
 
+def checkpoint_sites(graph: OpGraph, plan: Plan) -> list[CheckpointSite]:
+    """Where each op the plan recomputes is in the forward (:attr:`Plan.checkpointed`)."""
+    sites = []
+    for checkpointed in plan.checkpointed:
+        op = graph.op(checkpointed.op)
+        nested = op.loop is not None and bool(op.loop.outer)
+        if nested:
+            raise SyncpassError(
+                f"the plan recomputes {op.id}, a child of a nested nn.Sequential, which the "
+                "stages cannot checkpoint on its own yet; profile at --depth 1",
+                str(op.location),
+            )
+        sites.append(
+            CheckpointSite(
+                statement=op.statement,
+                iteration=None if op.loop is None else op.loop.index,
+                op=op.id,
+                stage=checkpointed.stage,
+                frees_bytes=checkpointed.frees_bytes,
+                cost_s=checkpointed.cost_s,
+            )
+        )
+    return sites
+
+
 def _place(loop: LoopIteration, sizes: dict[str, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Where the sync after ``loop``'s item goes below its statement's container, and the
     length of each container along the way: after the last child of a nested group is
@@ -150,7 +176,21 @@ def apply_plan(source: ModelSource, plan: Plan, backend: SyncWriter, path: str) 
     place, output that does not parse, and output from which removing the
     inserted sync statements does not give back the input.
     """
-    module, warnings = backend.insert(source, sync_sites(source.graph, plan), path)
+    sites = sync_sites(source.graph, plan)
+    if plan.checkpointed:
+        if backend.insert_checkpointed is None:
+            raise SyncpassError(
+                "this backend cannot write activation checkpointing into the model (the plan "
+                "recomputes "
+                + ", ".join(c.op for c in plan.checkpointed[:3])
+                + (", ..." if len(plan.checkpointed) > 3 else "")
+                + "); write eager stages (--backend torch_stages), or drop --recompute",
+                path,
+            )
+        checkpoints = checkpoint_sites(source.graph, plan)
+        module, warnings = backend.insert_checkpointed(source, sites, checkpoints, path)
+    else:
+        module, warnings = backend.insert(source, sites, path)
     warnings = tuple(warnings)
     if warnings and plan.sync_points:
         raise SyncpassError("could not place the planned sync points: " + "; ".join(warnings), path)
@@ -178,15 +218,23 @@ def rewrite_text(
     class_name: str | None = None,
     max_stages: int | None = None,
     plan: Plan | None = None,
+    recompute: str | None = None,
 ) -> RewriteResult:
     """Plan the model in ``text`` from ``costs`` (or apply the saved ``plan``) and write its
     sync points with ``backend``. Raises :class:`SyncpassError` for bad input; writes nothing.
 
     A byte-order mark and CR-only line endings are taken off before the pass and put
     back on its output (:class:`SourceForm`).
+
+    With ``recompute`` (``auto``, ``all``, ``none``) the plan also chooses which blocks
+    recompute their activations under the device's memory
+    (:func:`~syncpass.plan.recompute_plan.plan_with_recompute`), and the backend writes
+    those as activation checkpointing.
     """
     form, plain = SourceForm.of(text)
-    result = _rewrite_plain(plain, path, backend, request, costs, class_name, max_stages, plan)
+    result = _rewrite_plain(
+        plain, path, backend, request, costs, class_name, max_stages, plan, recompute
+    )
     if plain == text:
         return result
     return dataclasses.replace(result, original=text, rewritten=form.restore(result.rewritten))
@@ -201,6 +249,7 @@ def _rewrite_plain(
     class_name: str | None,
     max_stages: int | None,
     plan: Plan | None,
+    recompute: str | None = None,
 ) -> RewriteResult:
     if plan is not None:
         ids = tuple(op for stage in plan.stages for op in stage.ops)
@@ -215,6 +264,16 @@ def _rewrite_plain(
     )
     source = backend.analyse(text, path, KnownOps.of_costs(costs), class_name)
     matched = steer_by_source(source.graph, match_costs(source.graph, costs))
+    if recompute is not None:
+        if backend.insert_checkpointed is None and recompute != "none":
+            raise SyncpassError(
+                f"--recompute {recompute}: this backend's form cannot carry activation "
+                "checkpointing (torch's tracer splits the forward as written); write eager "
+                "stages (--backend torch_stages), or drop --recompute",
+                path,
+            )
+        plan, _ = plan_with_recompute(matched, request, recompute, path)
+        return apply_plan(source, plan, backend, path)
     cache = PlanCache(matched, backend.schedule_order or single_stage_order)
     plan = plan_for(matched, request, path, max_stages, cache)
     if plan.expanded or matched.groups:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from syncpass.contracts.costs import Costs, SettingValue
     from syncpass.contracts.graph import OpGraph
     from syncpass.plan.schedule import OrderSource
-    from syncpass.transformers.common import SyncSite
+    from syncpass.transformers.common import CheckpointSite, SyncSite
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,17 @@ class SyncWriter(Protocol):
     def insert(
         self,
     ) -> Callable[[ModelSource, Sequence[SyncSite], str], tuple[cst.Module, tuple[str, ...]]]: ...
+
+    @property
+    def insert_checkpointed(
+        self,
+    ) -> (
+        Callable[
+            [ModelSource, Sequence[SyncSite], Sequence[CheckpointSite], str],
+            tuple[cst.Module, tuple[str, ...]],
+        ]
+        | None
+    ): ...
 
     @property
     def remove(self) -> Callable[[cst.Module, ModelSource, str], str]: ...

@@ -180,6 +180,12 @@ class StageFigures:
     held: tuple[int, ...] = ()
     actions: tuple[tuple[str, int, int], ...] = ()
     tied: tuple[TiedCheck, ...] = ()  # rank 0's, with --verify: every rank computes the same
+    # The rank's peak memory in bytes and what it measures (``memory_measure``: on a GPU
+    # torch.cuda.max_memory_allocated, on a CPU the bytes the plan's memory model counts,
+    # syncpass.backends.torch.memory); ``peak_activation_bytes`` the activations part of it.
+    peak_memory_bytes: int | None = None
+    peak_activation_bytes: int | None = None
+    memory_measure: str = ""
 
     @property
     def stages_held(self) -> tuple[int, ...]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from syncpass.core.units import percent, seconds
+from syncpass.core.units import num_bytes, percent, seconds
 from syncpass.plan.planner import Plan
 
 
@@ -18,6 +18,12 @@ class RunPrediction:
     measured_step_s: float
     measured_stage_steps_s: tuple[float, ...]
     measured_wait_ratio: float
+    # Per rank: the memory model's prediction for the file's cuts and the blocks its stages
+    # recompute (weights, activations), beside the measured peak (RunResult's figures).
+    predicted_memory: tuple[tuple[float, float], ...] = ()
+    measured_memory: tuple[tuple[int, int | None], ...] = ()  # (peak, its activations)
+    memory_measure: str = ""
+    memory_note: str = ""
 
     @property
     def ratio(self) -> float:
@@ -54,6 +60,21 @@ def render_prediction(prediction: RunPrediction) -> str:
         f"communication wait predicted {percent(plan.comm_wait_ratio)}, measured "
         f"{percent(prediction.measured_wait_ratio)} (bubbles included)"
     )
+    if prediction.predicted_memory and prediction.measured_memory:
+        lines.append(f"  peak memory per rank, measured as {prediction.memory_measure}:")
+        for rank, ((weights, activations), (peak, saved)) in enumerate(
+            zip(prediction.predicted_memory, prediction.measured_memory, strict=False)
+        ):
+            predicted = weights + activations
+            measured_activations = "" if saved is None else f"; activations {num_bytes(saved)}"
+            lines.append(
+                f"    rank {rank}: predicted {num_bytes(predicted)} (weights "
+                f"{num_bytes(weights)}, activations {num_bytes(activations)}), measured "
+                f"{num_bytes(peak)}{measured_activations} (predicted/measured "
+                f"{predicted / peak if peak else 0.0:.2f})"
+            )
+        if prediction.memory_note:
+            lines.append(f"    {prediction.memory_note}")
     if plan.shared_step_s is not None and prediction.measured_step_s:
         shared = plan.shared_step_s
         lines.append(
@@ -75,6 +96,25 @@ def prediction_to_json(prediction: RunPrediction) -> dict[str, Any]:
         "shared_step_s": plan.shared_step_s,
         "predicted_comm_wait_ratio": plan.comm_wait_ratio,
         "measured_wait_ratio": prediction.measured_wait_ratio,
+        **(
+            {
+                "memory": [
+                    {
+                        "predicted_bytes": weights + activations,
+                        "predicted_weights_bytes": weights,
+                        "predicted_activation_bytes": activations,
+                        "measured_bytes": peak,
+                        "measured_activation_bytes": saved,
+                    }
+                    for (weights, activations), (peak, saved) in zip(
+                        prediction.predicted_memory, prediction.measured_memory, strict=False
+                    )
+                ],
+                "memory_measure": prediction.memory_measure,
+            }
+            if prediction.predicted_memory and prediction.measured_memory
+            else {}
+        ),
         "stages": [
             {
                 "ops": [stage.ops[0], stage.ops[-1]],

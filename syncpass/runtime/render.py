@@ -8,7 +8,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from syncpass.core.units import percent, seconds
+from syncpass.core.units import num_bytes, percent, seconds
 from syncpass.runtime.contracts import ParamCheck, RunResult
 
 REPORT_VERSION = 1
@@ -151,6 +151,7 @@ def render_run(result: RunResult) -> str:
             "stage's own forward, backward, loss or update (waiting for neighbours, bubbles);",
             f"most compute: stage {slowest.stage} ({seconds(slowest.compute_s)})",
         ]
+    lines += _memory_lines(result)
     for note in result.order_notes:
         lines.append(f"note: not the order syncpass plans with: {note}")
     lines += [f"note: {note}" for note in result.notes]
@@ -158,6 +159,22 @@ def render_run(result: RunResult) -> str:
     if verification:
         lines += ["", *verification]
     return "\n".join(lines) + "\n"
+
+
+def _memory_lines(result: RunResult) -> list[str]:
+    """Each rank's peak memory, and what measures it."""
+    measured = [stage for stage in result.stages if stage.peak_memory_bytes is not None]
+    if not measured:
+        return []
+    peaks = []
+    for stage in measured:
+        assert stage.peak_memory_bytes is not None
+        saved = stage.peak_activation_bytes
+        peaks.append(
+            f"rank {stage.rank} {num_bytes(stage.peak_memory_bytes)}"
+            + ("" if saved is None else f" (activations {num_bytes(saved)})")
+        )
+    return [f"peak memory: {', '.join(peaks)}; measured as {measured[0].memory_measure}"]
 
 
 def _threads_text(result: RunResult) -> str:
@@ -202,6 +219,9 @@ def report_document(result: RunResult) -> dict[str, Any]:
                 "step_times_s": list(stage.step_times_s),
                 "compute_times_s": list(stage.compute_times_s),
                 "actions": [list(action) for action in stage.actions],
+                "peak_memory_bytes": stage.peak_memory_bytes,
+                "peak_activation_bytes": stage.peak_activation_bytes,
+                "memory_measure": stage.memory_measure or None,
             }
             for stage in result.stages
         ],

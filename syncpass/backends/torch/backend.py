@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from syncpass.plan.schedule import ScheduleOrder
     from syncpass.runtime.contracts import RunRequest, RunResult, TensorRunRequest, TensorRunResult
     from syncpass.runtime.prediction import RunPrediction
-    from syncpass.transformers.common import SyncSite
+    from syncpass.transformers.common import CheckpointSite, SyncSite
 
 
 #: What the torch run steps, its default first: torch.distributed.pipelining's schedules.
@@ -150,6 +150,17 @@ def _insert_stages(
     return insert(source, sites, path)
 
 
+def _insert_checkpointed_stages(
+    source: ModelSource,
+    sites: Sequence[SyncSite],
+    checkpoints: Sequence[CheckpointSite],
+    path: str,
+) -> tuple[cst.Module, tuple[str, ...]]:
+    from syncpass.backends.torch.stages import insert
+
+    return insert(source, sites, path, checkpoints)
+
+
 def _remove_stages(module: cst.Module, source: ModelSource, path: str) -> str:
     from syncpass.backends.torch.stages import remove
 
@@ -250,6 +261,7 @@ STAGES_BACKEND = Backend(
     ),
     analyse=_analyse_for_stages,
     insert=_insert_stages,
+    insert_checkpointed=_insert_checkpointed_stages,
     remove=_remove_stages,
     strip=_strip_stages,
     measure=_measure_for_stages,

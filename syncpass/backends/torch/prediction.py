@@ -10,10 +10,13 @@ checked against a real run rather than trusted.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
+import re
 from collections.abc import Iterable
 
 from syncpass.backends.torch.analysis import analyse_model, loop_containers, sequential_calls
+from syncpass.backends.torch.memory import RUN_MEMORY_MULTIPLIER
 from syncpass.backends.torch.orders import cached_order
 from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import Costs
@@ -22,6 +25,7 @@ from syncpass.core.errors import SyncpassError
 from syncpass.frontend.match import container_sizes, match_costs
 from syncpass.frontend.source import parse_source
 from syncpass.plan.planner import PlanCache, PlanRequest, make_plan
+from syncpass.plan.recompute_plan import stage_memory_model
 from syncpass.rewrite.source import KnownOps
 from syncpass.runtime.contracts import RunResult
 from syncpass.runtime.prediction import RunPrediction
@@ -100,4 +104,58 @@ def predict_stages_run(text: str, path: str, costs: Costs, result: RunResult) ->
         return predict_run(text, path, costs, result)
     source = analyse(text, path, KnownOps.of_costs(costs), costs.model)
     cuts = written_cuts(text, path, source)
-    return predict_cuts(source.graph, cuts, path, costs, result, carries_values=True)
+    prediction = predict_cuts(source.graph, cuts, path, costs, result, carries_values=True)
+    return with_memory(prediction, written_recomputes(text), costs, result)
+
+
+def written_recomputes(text: str) -> frozenset[str]:
+    """The ops the file's eager stage classes recompute (their ``recomputes``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.ClassDef) and re.fullmatch(r"\w+Stage\d+", node.name):
+            for statement in node.body:
+                if (
+                    isinstance(statement, ast.Assign)
+                    and [getattr(t, "id", None) for t in statement.targets] == ["recomputes"]
+                    and isinstance(statement.value, ast.Tuple)
+                ):
+                    found.update(
+                        item.value
+                        for item in statement.value.elts
+                        if isinstance(item, ast.Constant) and isinstance(item.value, str)
+                    )
+    return frozenset(found)
+
+
+def with_memory(
+    prediction: RunPrediction, recomputed: frozenset[str], costs: Costs, result: RunResult
+) -> RunPrediction:
+    """``prediction`` with each rank's memory as the plan's model counts it for these cuts
+    and this recomputation, beside the peak each rank measured."""
+    measured = [stage for stage in result.stages if stage.peak_memory_bytes is not None]
+    if len(measured) != len(result.stages) or result.request.stages_per_device != 1:
+        return prediction
+    plan = prediction.plan
+    memory = stage_memory_model(
+        costs,
+        tuple(point.after for point in plan.sync_points),
+        recomputed,
+        plan.schedule,
+        plan.microbatches,
+        RUN_MEMORY_MULTIPLIER,
+    )
+    note = (
+        f"weights counted at {RUN_MEMORY_MULTIPLIER}x the parameters: the run trains with "
+        "plain SGD (weights and gradients, no optimizer state)"
+    )
+    if costs.memory_multiplier != RUN_MEMORY_MULTIPLIER:
+        note += f"; the cost file plans with {costs.memory_multiplier:g}x"
+    return dataclasses.replace(
+        prediction,
+        predicted_memory=tuple((stage.weights, stage.activations) for stage in memory),
+        measured_memory=tuple(
+            (stage.peak_memory_bytes or 0, stage.peak_activation_bytes) for stage in measured
+        ),
+        memory_measure=measured[0].memory_measure,
+        memory_note=note,
+    )

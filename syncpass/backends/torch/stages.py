@@ -83,7 +83,7 @@ from syncpass.frontend.inline import (
 )
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
-from syncpass.transformers.common import SyncSite
+from syncpass.transformers.common import CheckpointSite, SyncSite
 from syncpass.transformers.torch_stages import (
     STAGES_COMMENT,
     StageCode,
@@ -420,9 +420,13 @@ def _same_nodes(one: cst.Module, other: cst.Module) -> bool:
 
 
 def insert(
-    source: ModelSource, sites: Sequence[SyncSite], path: str
+    source: ModelSource,
+    sites: Sequence[SyncSite],
+    path: str,
+    checkpoints: Sequence[CheckpointSite] = (),
 ) -> tuple[cst.Module, tuple[str, ...]]:
-    """``source``'s module with one stage class per stage of the plan after the model."""
+    """``source``'s module with one stage class per stage of the plan after the model, the
+    ops of ``checkpoints`` recomputing in their stage's backward."""
     if not sites:
         return source.module, ()
     _refuse_opaque_decorators(source, path)
@@ -431,7 +435,14 @@ def insert(
     except SyncpassError as error:
         return source.module, (error.message,)
     return insert_stages(
-        source.module, source.graph.model_class, sites, codes, path, _planned(source)
+        source.module,
+        source.graph.model_class,
+        sites,
+        codes,
+        path,
+        _planned(source),
+        checkpoints,
+        dict(source.graph.containers),
     )
 
 

@@ -39,6 +39,13 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from syncpass.backends.torch import verify
 from syncpass.backends.torch.example import Example, load_example
+from syncpass.backends.torch.memory import (
+    CPU_MEASURE,
+    CUDA_MEASURE,
+    MemoryMeter,
+    static_bytes,
+    watch_memory,
+)
 from syncpass.backends.torch.rendezvous import join_local_group
 from syncpass.backends.torch.schedules import SCHEDULE_CLASSES, schedule_order
 from syncpass.backends.torch.traceable import values_past_the_next_stage
@@ -242,6 +249,7 @@ class StageRun:
     identity: dict[int, str]
     reference: verify.Reference | None
     randomness: str | None = None  # rank 0, with --verify: why the forward is random
+    memory: MemoryMeter | None = None  # on a CPU: counts what the memory model counts
 
     @property
     def is_first(self) -> bool:
@@ -291,14 +299,22 @@ def _warm_up(run: StageRun) -> tuple[tuple[ParamCheck, ...], tuple[LossCheck, ..
     """The warm-up step: sets up the stages' communication; its gradients are the ones
     checked (with ``--verify``), and its actions the ones reported."""
     run.log.on = True
+    if run.memory is not None:
+        held = [*run.parameters(), *_buffers(run)]
+        run.memory.weights = {t.untyped_storage().data_ptr() for t in held}
+        run.memory.on = True
     losses = _step(run, timed=False)
     run.log.on = False
+    if run.memory is not None:
+        run.memory.on = False
     checks: tuple[tuple[ParamCheck, ...], tuple[LossCheck, ...]] = ((), ())
     if run.reference is not None:
         checks = _check(run, run.reference, losses)
     if run.optimizer is not None:
         sum_tied_gradients(run)
         run.optimizer.step()
+    if run.memory is not None:
+        run.memory.sample()  # the optimizer's state exists now
     return checks
 
 
@@ -323,7 +339,24 @@ def _figures(
         held=held if run.request.stages_per_device > 1 else (),
         actions=tuple(run.log.actions),
         tied=tied if run.rank == 0 else (),
+        **_peak_memory(run),
     )
+
+
+def _peak_memory(run: StageRun) -> dict[str, Any]:
+    """The rank's peak memory for :class:`StageFigures`, and what measures it."""
+    if run.device.type == "cuda":
+        return {
+            "peak_memory_bytes": int(torch.cuda.max_memory_allocated(run.device)),
+            "memory_measure": CUDA_MEASURE,
+        }
+    if run.memory is None:
+        return {}
+    return {
+        "peak_memory_bytes": run.memory.peak_bytes,
+        "peak_activation_bytes": run.memory.peak_activations,
+        "memory_measure": CPU_MEASURE,
+    }
 
 
 def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
@@ -365,7 +398,7 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
         )
     total = request.total_stages
     loss_fn = example.loss_fn
-    clock, log = ComputeClock(device), ActionLog()
+    clock, log, meter = ComputeClock(device), ActionLog(), MemoryMeter()
     stages: list[_PipelineStageBase] = []
     for index in held:
         stage: _PipelineStageBase
@@ -385,6 +418,8 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
             )
             if index == total - 1:
                 loss_fn = StructuredOutput().wrap(stage_modules[index], loss_fn)
+        if device.type != "cuda":
+            watch_memory(stage, meter)  # first: watch() binds the method's own signature
         watch(stage, clock, log)
         stages.append(stage)
     schedule_class = SCHEDULE_CLASSES[request.schedule]
@@ -427,7 +462,14 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
     parameters = run.parameters()
     if parameters:
         run.optimizer = torch.optim.SGD(parameters, lr=SGD_LR)
+    if device.type != "cuda":
+        run.memory = meter
+        meter.static = static_bytes(run.parameters, lambda: _buffers(run), lambda: run.optimizer)
     return run
+
+
+def _buffers(run: StageRun) -> list[torch.Tensor]:
+    return [buffer for stage in run.stages for buffer in stage.submod.buffers()]
 
 
 def _timed_steps(runs: Sequence[StageRun]) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
