@@ -94,6 +94,16 @@ class Project:
     arguments: tuple[str, ...]  # --backend/--model
     isolated: bool  # run in a fresh process in its folder (another transformers)
 
+    @property
+    def run_arguments(self) -> tuple[str, ...]:
+        """The arguments ``syncpass run`` takes of :attr:`arguments`: the backend (the stage
+        classes name the model)."""
+        return (
+            self.arguments[: self.arguments.index("--model")]
+            if "--model" in self.arguments
+            else self.arguments
+        )
+
 
 @dataclass(frozen=True)
 class Row:
@@ -156,7 +166,7 @@ def measure(project: Project, stages: int, rounds: int, steps: int) -> list[Row]
         # One run of every plan: their steps taken in turn (syncpass run --alongside).
         report = folder / f"round_{round_index}.json"
         argv = ["run", str(files[0]), "--example", f"{files[0]}:example", "--stages", str(stages)]
-        argv += [*project.arguments, "--steps", str(steps), "--costs", str(costs)]
+        argv += [*project.run_arguments, "--steps", str(steps), "--costs", str(costs)]
         if len(files) > 1:
             argv += ["--alongside", *map(str, files[1:])]
         status, err = syncpass(project, [*argv, "--json-report", str(report)])
