@@ -1,7 +1,10 @@
 from __future__ import annotations
 
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,6 +15,38 @@ os.environ["SYNCPASS_CACHE_DIR"] = tempfile.mkdtemp(prefix="syncpass-test-cache-
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_COSTS = REPO / "examples" / "costs" / "gpt_24x1024.costs.json"
+
+#: What the fork server of a test process imports once, beyond the torch backend's own
+#: preload: what every guarded example run and every stage then imports (libcst, the
+#: analysis, the probes, the stages, torch.export). A fork server keeps the preload of the
+#: first command that starts it, and a JAX command has none: without this, whichever test
+#: came first decided whether each later torch child imported torch again (seconds each).
+TEST_PRELOAD = (
+    "torch._dynamo",
+    "torch.export._trace",
+    "syncpass.backends.torch.analysis",
+    "syncpass.backends.torch.measure",
+    "syncpass.backends.torch.norms",
+    "syncpass.backends.torch.rewrite",
+    "syncpass.backends.torch.stages",
+    "syncpass.frontend.analysis",
+    "syncpass.transformers.probes",
+    "syncpass.transformers.torch_pipeline",
+    "syncpass.transformers.torch_stages",
+)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """This test process's fork server, started before any test with the torch preload and
+    ``TEST_PRELOAD`` (it imports them in the background while the first tests run)."""
+    if "forkserver" in multiprocessing.get_all_start_methods():
+        from syncpass.backends.torch.run import PRELOAD
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([*PRELOAD, *TEST_PRELOAD])
+        multiprocessing.forkserver.ensure_running()
+    yield
 
 
 @pytest.fixture
