@@ -23,6 +23,14 @@ if "SYNCPASS_TEST_RUN" not in os.environ:
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
 
+# Under pytest-xdist each worker is one of the cores' tests: torch's and OpenMP's thread
+# pools of one thread each (set before torch is imported; the processes the tests start
+# inherit it, and a rank or a profile sets its own count as before). Two workers each
+# spinning two OpenMP threads on two cores ran the quick subset slower than one process.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_COSTS = REPO / "examples" / "costs" / "gpt_24x1024.costs.json"
 
@@ -44,6 +52,22 @@ TEST_PRELOAD = (
     "syncpass.transformers.torch_pipeline",
     "syncpass.transformers.torch_stages",
 )
+
+
+#: The longest tests, started first (below).
+LONGEST = ("test_corpus.py", "test_jax.py", "test_plans_run.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first, the longest of them (real models, JAX compiling) first of all:
+    parallel workers then end on quick tests instead of one worker finishing a long run
+    while the other cores wait."""
+
+    def rank(item: pytest.Item) -> tuple[bool, bool]:
+        slow = item.get_closest_marker("slow") is not None
+        return not slow, item.path.name not in LONGEST
+
+    items.sort(key=rank)
 
 
 @pytest.fixture(scope="session", autouse=True)
