@@ -1,17 +1,90 @@
 from __future__ import annotations
 
+import importlib.util
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 # What syncpass caches (torch's schedule orders) goes to a folder of this run, not the
-# user's: the commands the tests start inherit it.
-os.environ["SYNCPASS_CACHE_DIR"] = tempfile.mkdtemp(prefix="syncpass-test-cache-")
+# user's: the commands the tests start inherit it, and so do pytest-xdist's workers (started
+# after this runs in the main process: they keep its folder).
+if "SYNCPASS_TEST_RUN" not in os.environ:
+    os.environ["SYNCPASS_TEST_RUN"] = "1"
+    os.environ["SYNCPASS_CACHE_DIR"] = tempfile.mkdtemp(prefix="syncpass-test-cache-")
+    # JAX compiles every operation of an eager call (a Flax init) on its own, about 0.1 s
+    # each on this CPU: the JAX processes of one run share their compiled programs through
+    # JAX's persistent cache, this run's only (a clean run compiles everything once).
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="syncpass-test-jax-")
+    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+
+# Under pytest-xdist each worker is one of the cores' tests: torch's and OpenMP's thread
+# pools of one thread each (set before torch is imported; the processes the tests start
+# inherit it, and a rank or a profile sets its own count as before). Two workers each
+# spinning two OpenMP threads on two cores ran the quick subset slower than one process.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE_COSTS = REPO / "examples" / "costs" / "gpt_24x1024.costs.json"
+
+#: What the fork server of a test process imports once, beyond the torch backend's own
+#: preload: what every guarded example run and every stage then imports (libcst, the
+#: analysis, the probes, the stages, torch.export). A fork server keeps the preload of the
+#: first command that starts it, and a JAX command has none: without this, whichever test
+#: came first decided whether each later torch child imported torch again (seconds each).
+TEST_PRELOAD = (
+    "torch._dynamo",
+    "torch.export._trace",
+    "syncpass.backends.torch.analysis",
+    "syncpass.backends.torch.measure",
+    "syncpass.backends.torch.norms",
+    "syncpass.backends.torch.rewrite",
+    "syncpass.backends.torch.stages",
+    "syncpass.frontend.analysis",
+    "syncpass.transformers.probes",
+    "syncpass.transformers.torch_pipeline",
+    "syncpass.transformers.torch_stages",
+)
+
+
+#: The longest tests, started first (below).
+LONGEST = ("test_corpus.py", "test_jax.py", "test_plans_run.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow tests first, the longest of them (real models, JAX compiling) first of all:
+    parallel workers then end on quick tests instead of one worker finishing a long run
+    while the other cores wait."""
+
+    def rank(item: pytest.Item) -> tuple[bool, bool]:
+        slow = item.get_closest_marker("slow") is not None
+        return not slow, item.path.name not in LONGEST
+
+    items.sort(key=rank)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _fork_server() -> Iterator[None]:
+    """This test process's fork server, started before any test with the torch preload and
+    ``TEST_PRELOAD`` (it imports them in the background while the first tests run)."""
+    try:  # tests/test_layout.py runs the torch-free tests with torch hidden
+        has_torch = importlib.util.find_spec("torch") is not None
+    except ImportError:
+        has_torch = False
+    if has_torch and "forkserver" in multiprocessing.get_all_start_methods():
+        from syncpass.backends.torch.run import PRELOAD
+
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload([*PRELOAD, *TEST_PRELOAD])
+        multiprocessing.forkserver.ensure_running()
+    yield
 
 
 @pytest.fixture

@@ -5,6 +5,10 @@ devices for JAX) and verified against the unsplit model.
 Each model's source file is copied unchanged with an ``example()`` appended (tiny random
 configs); its imports come from the same pinned install. `bench/bench_corpus.py` prints the
 table of these runs (ops found, stages, predicted and measured steps).
+
+The packages are installed once for every run on this machine (the user's cache folder, one
+folder per set of pins: ``tests/once.py``), and each model is profiled once per run, by
+whichever of its cases comes first: its other stage counts plan from the same cost file.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 
 import pytest
 from conftest import REPO
+from once import made_once, packages_folder, pinned_name, run_folder
 
 from syncpass.backends.registry import load_backend
 from syncpass.cli import main
@@ -45,6 +50,15 @@ CASES += [(model, 4) for model in CORPUS.VARIANTS]
 TORCH_MODELS = [model for model in CORPUS.MODELS if model.backend != "jax"]
 
 
+def isolated(model: Any) -> bool:
+    """Whether ``model``'s commands run in a fresh process (in its project): the JAX models'.
+    The torch models' code runs only in the processes that the commands start from the fork
+    server, which this process started before any test (``conftest.py``) and which never
+    imports a model's packages: a transformers 4.x variant runs here beside the 5.x models.
+    (``bench/bench_corpus.py`` runs the 4.x ones in fresh processes as well.)"""
+    return model.backend == "jax"  # type: ignore[no-any-return]
+
+
 def syncpass(
     argv: list[str], isolated: bool, capsys: pytest.CaptureFixture[str], project: Path
 ) -> tuple[int, str]:
@@ -56,10 +70,34 @@ def syncpass(
     return status, capsys.readouterr().err
 
 
+def prepared(model: Any, folder: Path) -> Path:
+    """``model``'s project in ``folder``, beside its packages (installed if no run installed
+    them before)."""
+    installed = made_once(
+        packages_folder() / pinned_name(model.packages),
+        lambda target: CORPUS.install(model.packages, target),
+    )
+    return CORPUS.project(installed, model, folder)  # type: ignore[no-any-return]
+
+
 @pytest.fixture(scope="session")
-def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Where the corpus's packages go, once per session (one folder per set)."""
-    return tmp_path_factory.mktemp("corpus-packages")
+def profiles(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where this run's profiles of the corpus go, one folder per model."""
+    return run_folder(tmp_path_factory) / "corpus-profiles"
+
+
+def profiled(model: Any, profiles: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    """``model``'s cost file, profiled on its example (``syncpass profile``, its own project)
+    by the first case of the run that asks; the others wait for it and read it."""
+
+    def profile(folder: Path) -> None:
+        source = prepared(model, folder)
+        argv = ["profile", str(source), "--example", f"{source}:example"]
+        argv += [*model.model_arguments(), "-o", str(folder / "costs.json")]
+        status, err = syncpass(argv, isolated(model), capsys, folder)
+        assert status == 0, err
+
+    return made_once(profiles / model.name, profile) / "costs.json"
 
 
 @pytest.mark.slow
@@ -67,19 +105,20 @@ def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
     ("model", "stages"), CASES, ids=[f"{model.name}-{stages}" for model, stages in CASES]
 )
 def test_real_model_splits_into_eager_stages_and_verifies(
-    packages: Path,
+    profiles: Path,
     tmp_path: Path,
     capsys: pytest.CaptureFixture[str],
     model: Any,
     stages: int,
 ) -> None:
-    source = CORPUS.prepared(model, packages, tmp_path)
+    costs = profiled(model, profiles, capsys)
+    source = prepared(model, tmp_path)
     original = source.read_text()
     out = tmp_path / f"{model.name}_sync.py"
     report = tmp_path / "plan.json"
-    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", str(stages)]
+    argv = ["rewrite", str(source), "--costs", str(costs), "--stages", str(stages)]
     argv += [*model.model_arguments(), "-o", str(out), "--report", str(report)]
-    status, err = syncpass(argv, model.isolated, capsys, tmp_path)
+    status, err = syncpass(argv, isolated(model), capsys, tmp_path)
     assert status == 0, err
     assert source.read_text() == original
     rewritten = out.read_text()
@@ -92,10 +131,12 @@ def test_real_model_splits_into_eager_stages_and_verifies(
     layers = (model.layers,) if isinstance(model.layers, str) else model.layers
     assert sum(op.startswith(layers) for op in ops) == model.depth
     run_report = tmp_path / "run.json"
-    argv = ["run", str(out), "--stages", str(stages), "--verify", "--timeout", "240"]
+    # One timed step: the loss and every gradient are compared on the step before it.
+    argv = ["run", str(out), "--stages", str(stages), "--verify", "--steps", "1"]
+    argv += ["--timeout", "240"]
     argv += ["--backend", model.backend]
     status, err = syncpass(
-        [*argv, "--json-report", str(run_report)], model.isolated, capsys, tmp_path
+        [*argv, "--json-report", str(run_report)], isolated(model), capsys, tmp_path
     )
     assert status == 0, err
     verify = json.loads(run_report.read_text())["verify"]
@@ -106,11 +147,11 @@ def test_real_model_splits_into_eager_stages_and_verifies(
 @pytest.mark.slow
 @pytest.mark.parametrize("model", TORCH_MODELS, ids=[model.name for model in TORCH_MODELS])
 def test_real_model_is_counted_on_fake_tensors(
-    packages: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], model: Any
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], model: Any
 ) -> None:
     """``profile --meta``: every layer of the stack counted, nothing run for real (Hugging
     Face's masks skip their data-dependent checks on fake tensors, as under torch.export)."""
-    source = CORPUS.prepared(model, packages, tmp_path)
+    source = prepared(model, tmp_path)
     costs = tmp_path / "meta.costs.json"
     argv = ["profile", str(source), "--example", f"{source}:example", "--meta"]
     status = main([*argv, "--hardware", "pcie4-gpus", "-o", str(costs)])
@@ -138,13 +179,13 @@ def example_70b():
 
 @pytest.mark.slow
 def test_a_70b_llama_is_planned_for_8_and_64_devices_from_fake_tensors(
-    packages: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """litgpt's Llama-3-70B config, counted on fake tensors on this small machine: 64
     stages on 80 GB H100s, and 8 on 141 GB H200s once the optimizer state is sharded over
     8 data-parallel replicas (without that, the fullest stage would need 151 GiB)."""
     model = next(model for model in CORPUS.MODELS if model.name == "litgpt")
-    source = CORPUS.prepared(model, packages, tmp_path)
+    source = prepared(model, tmp_path)
     source.write_text(source.read_text() + LLAMA_70B_EXAMPLE)
     reports = {}
     for hardware in ("ib-400g-h100", "ib-400g-h200"):

@@ -94,6 +94,9 @@ def test_the_torch_free_parts_are_tested_without_torch_or_jax() -> None:
             "-q",
             "-p",
             "no:cacheprovider",
+            # In one process: this test already holds one of the run's parallel workers.
+            "-n",
+            "0",
             "-m",
             "not slow",
             *(str(REPO / "tests" / folder) for folder in TORCH_FREE),

@@ -2,7 +2,9 @@
 at 2, 3 and 4 stages, in both torch forms, is profiled once, rewritten, checked with torch's
 own tracer as `rewrite --example` checks it (the traced form), and run split over gloo with
 `--verify`. A plan may be refused (exit 2, naming file:line); one that is written must run
-and match the unsplit model: no pipelining error reaches `run`."""
+and match the unsplit model: no pipelining error reaches `run`. The bundled examples' runs
+are also given the cost file (`run --costs`): the cost model's prediction for the very sync
+points the file carries is reported beside the measured step."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from conftest import REPO
 from syncpass.backends.registry import load_backend
 from syncpass.backends.spec import Confirmation
 from syncpass.cli import main
+from syncpass.contracts.costs import load_costs
 from syncpass.core.errors import SyncpassError
+from syncpass.plan.planfile import parse_plan
 
 MODELS = [
     *(
@@ -66,6 +70,9 @@ def test_every_plan_rewrite_writes_runs_and_verifies(
     argv = ["profile", str(source), "--example", example, "--backend", backend]
     assert main([*argv, "--repeats", "1", "--warmup", "0", "-o", str(costs)]) == 0
     capsys.readouterr()
+    measured = load_costs(costs)
+    assert [op.id for op in measured.ops]  # the graph's ids, measured
+    assert measured.hardware.flops_per_s and measured.hardware.flops_per_s > 0  # for --hardware
     untraceable = any(
         "cannot trace this model" in note for note in json.loads(costs.read_text()).get("notes", [])
     )
@@ -80,12 +87,19 @@ def test_every_plan_rewrite_writes_runs_and_verifies(
         if status != 0:
             assert status == 2 and LOCATED.search(err), err
             continue
+        plan = parse_plan(json.loads(report.read_text())["plan"])
+        assert len(plan.stages) == stages
+        written_text = out.read_text()
+        assert written_text.count("# syncpass sync ") == stages - 1
+        assert written_text.count("pipe_split()  # syncpass sync") == (
+            stages - 1 if backend == "torch" else 0
+        )
         if spec.confirm is not None:
             # What `rewrite --example` does before writing.
-            plan = json.loads(report.read_text())
-            where = {op["id"]: op["location"] for op in plan["analysis"]["ops"]}
-            points = tuple((p["after"], where[p["after"]]) for p in plan["plan"]["sync_points"])
-            confirmation = Confirmation(out.read_text(), str(source), example, stages, points)
+            document = json.loads(report.read_text())
+            where = {op["id"]: op["location"] for op in document["analysis"]["ops"]}
+            points = tuple((p.after, where[p.after]) for p in plan.sync_points)
+            confirmation = Confirmation(written_text, str(source), example, stages, points)
             try:
                 spec.confirm(confirmation)
             except SyncpassError as error:
@@ -94,10 +108,18 @@ def test_every_plan_rewrite_writes_runs_and_verifies(
             assert not untraceable  # a model torch cannot trace is never confirmed
         argv = ["run", str(out), "--stages", str(stages), "--backend", backend, "--verify"]
         run_report = tmp_path / f"run_{stages}.json"
-        status = main([*argv, "--steps", "1", "--json-report", str(run_report)])
+        argv += ["--steps", "1", "--json-report", str(run_report)]
+        example_model = model.parent == REPO / "examples"
+        status = main([*argv, *(["--costs", str(costs)] if example_model else [])])
         err = capsys.readouterr().err
         assert status == 0, f"{stages} stages: {err}"
-        assert json.loads(run_report.read_text())["verify"]["ok"] is True
+        figures = json.loads(run_report.read_text())
+        assert figures["verify"]["ok"] is True
+        if example_model:
+            # The cost model's prediction for the very sync points the file carries.
+            prediction = figures["prediction"]
+            assert prediction["sync_points"] == [point.after for point in plan.sync_points]
+            assert prediction["predicted_step_s"] > 0 and prediction["measured_step_s"] > 0
         written += 1
     # The eager form plans every one of these models at every stage count asked.
     if backend == "torch_stages":

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from syncpass.backends.torch.run import (
-    free_port,
+    reserved_port,
     run_local,
     wait_for_reports,
 )
@@ -258,16 +258,17 @@ def measure(request: CalibrateRequest) -> Measurements:
     Raises SyncpassError when a process fails (bad input, a crash, a process
     that died) or when ``request.timeout_s`` passes; every process is stopped first.
     """
-    if request.port == 0:
-        request = replace(request, port=free_port())
-    ready = request
-    return run_local(
-        _worker_entry,
-        ready,
-        ready.procs,
-        "syncpass-calibrate",
-        lambda processes, messages: _collect(ready, processes, messages),
-    )
+    with contextlib.ExitStack() as held:
+        if request.port == 0:
+            request = replace(request, port=held.enter_context(reserved_port()))
+        ready = request
+        return run_local(
+            _worker_entry,
+            ready,
+            ready.procs,
+            "syncpass-calibrate",
+            lambda processes, messages: _collect(ready, processes, messages),
+        )
 
 
 def _collect(

@@ -33,6 +33,8 @@ def join_local_group(
     if rank == 0:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if hasattr(socket, "SO_REUSEPORT"):  # beside the parent's hold on the port (reserved_port)
+            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         listener.bind((LOOPBACK, port))
         listener.listen(max(world_size, 128))
         store = dist.TCPStore(  # type: ignore[attr-defined]

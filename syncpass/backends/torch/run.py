@@ -18,10 +18,11 @@ rank.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
@@ -56,6 +57,24 @@ def free_port() -> int:
         probe.bind(("127.0.0.1", 0))
         port: int = probe.getsockname()[1]
         return port
+
+
+@contextlib.contextmanager
+def reserved_port() -> Iterator[int]:
+    """A free TCP port on 127.0.0.1, held for the ``with`` block: a socket bound to it (not
+    listening) keeps every other process's bind off it, while rank 0 binds it beside that
+    socket (``SO_REUSEPORT``, :func:`~syncpass.backends.torch.rendezvous.join_local_group`).
+    Runs started side by side (the test suite's parallel workers) cannot pick the same port
+    between its choice and rank 0's bind. Without ``SO_REUSEPORT`` (Windows) it is
+    :func:`free_port`."""
+    reuse = getattr(socket, "SO_REUSEPORT", None)
+    if reuse is None:
+        yield free_port()
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.setsockopt(socket.SOL_SOCKET, reuse, 1)
+        holder.bind(("127.0.0.1", 0))
+        yield holder.getsockname()[1]
 
 
 def _worker_entry(request: RunRequest, rank: int, messages: Any) -> None:
@@ -128,16 +147,17 @@ def launch(request: RunRequest) -> RunResult:
     """
     check_microbatches(request)
     request = with_batch_norm_floor(request)
-    if request.port == 0:
-        request = replace(request, port=free_port())
-    ready = request
-    return run_local(
-        _worker_entry,
-        ready,
-        ready.stages,
-        "syncpass-stage",
-        lambda processes, messages: _collect(ready, processes, messages),
-    )
+    with contextlib.ExitStack() as held:
+        if request.port == 0:
+            request = replace(request, port=held.enter_context(reserved_port()))
+        ready = request
+        return run_local(
+            _worker_entry,
+            ready,
+            ready.stages,
+            "syncpass-stage",
+            lambda processes, messages: _collect(ready, processes, messages),
+        )
 
 
 def run_local(

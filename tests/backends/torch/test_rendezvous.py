@@ -1,16 +1,18 @@
-"""The local process group of `run` and `calibrate` listens on loopback only."""
+"""The local process group of `run` and `calibrate` listens on loopback only, on a port that
+no other process can take between its choice and rank 0's bind."""
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import socket
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from syncpass.backends.torch.run import free_port
+from syncpass.backends.torch.run import reserved_port
 
 
 def listening_addresses(pid: int) -> set[str]:
@@ -61,16 +63,31 @@ def _rank(port: int, rank: int, results: Any) -> None:
 def test_the_local_group_listens_on_loopback_only() -> None:
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    port = free_port()
-    ranks = [context.Process(target=_rank, args=(port, rank, results)) for rank in range(2)]
-    for process in ranks:
-        process.start()
-    reports = sorted(results.get(timeout=120) for _ in ranks)
-    for process in ranks:
-        process.join(timeout=60)
-        assert process.exitcode == 0
+    with reserved_port() as port:  # as `run` holds it: rank 0 binds it beside the hold
+        ranks = [context.Process(target=_rank, args=(port, rank, results)) for rank in range(2)]
+        for process in ranks:
+            process.start()
+        reports = sorted(results.get(timeout=120) for _ in ranks)
+        for process in ranks:
+            process.join(timeout=60)
+            assert process.exitcode == 0
     assert [total for _, total, _ in reports] == [2.0, 2.0]
     (_, _, rank0), (_, _, rank1) = reports
     assert f"127.0.0.1:{port}" in rank0  # the store
     for address in [*rank0, *rank1]:
         assert address.startswith("127.0.0.1:"), (address, reports)
+
+
+@pytest.mark.skipif(not hasattr(socket, "SO_REUSEPORT"), reason="the port is only probed free")
+def test_a_reserved_port_is_kept_from_every_other_bind_until_released() -> None:
+    with reserved_port() as port:
+        with socket.socket() as other:
+            other.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            with pytest.raises(OSError):
+                other.bind(("127.0.0.1", port))
+        for _ in range(200):  # nor does the system hand it out as a free one
+            with socket.socket() as probe:
+                probe.bind(("127.0.0.1", 0))
+                assert probe.getsockname()[1] != port
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", port))
