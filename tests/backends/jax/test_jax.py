@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -333,7 +334,8 @@ def test_compact_flax_profile_rewrite_run_verify(tmp_path: Path) -> None:
         assert done.returncode == 0, done.stderr
     costs_data = json.loads(costs.read_text())
     assert costs_data["ops"][-1]["id"] == "flax.linen.Dense@L25"
-    assert out.read_text().count("jax.device_put(h, ") == 2
+    # One line each, or one argument a line where the comment makes the line too long.
+    assert len(re.findall(r"jax\.device_put\(\s*h,", out.read_text())) == 2
     done = subprocess.run(
         [sys.executable, "-m", "syncpass", "run", "--backend", "jax", "--stages", "3",
          "--verify", "--microbatches", "2", "--steps", "1", str(out)],
@@ -791,7 +793,8 @@ def test_host_values_stay_out_of_a_three_stage_run(tmp_path: Path) -> None:
                                   text=True, cwd=tmp_path, check=False)  # fmt: skip
             assert done.returncode == 0, done.stderr
         assert "verify: ok" in done.stdout
-    assert "    x = jax.device_put(x, jax.devices()[1])" in (tmp_path / "s_shapes.py").read_text()
+    written = (tmp_path / "s_shapes.py").read_text()
+    assert re.search(r"\n    x = jax\.device_put\(\s*x,\s*jax\.devices\(\)\[1\],?\s*\)", written)
 
 
 NESTED_SIZES = {"body.stack.blocks": 6}
