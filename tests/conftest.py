@@ -63,9 +63,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     parallel workers then end on quick tests instead of one worker finishing a long run
     while the other cores wait."""
 
-    def rank(item: pytest.Item) -> tuple[bool, bool]:
+    def rank(item: pytest.Item) -> tuple[bool, bool, int]:
         slow = item.get_closest_marker("slow") is not None
-        return not slow, item.path.name not in LONGEST
+        # The most stages first; and one model's stage counts apart, so that parallel workers
+        # do not wait on each other for its profile (tests/test_corpus.py).
+        callspec = getattr(item, "callspec", None)
+        stages = callspec.params.get("stages", 0) if callspec is not None else 0
+        return not slow, item.path.name not in LONGEST, -stages if isinstance(stages, int) else 0
 
     items.sort(key=rank)
 
