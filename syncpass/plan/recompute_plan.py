@@ -388,7 +388,9 @@ def stage_memory_model(
     ``recomputed`` recomputing, as ``plan --recompute`` counts it (``memory_multiplier``:
     the cost file's unless given)."""
     ids = [op.id for op in costs.ops]
-    bounds = (0, *sorted(ids.index(cut) + 1 for cut in cuts), len(ids))
+    # A cut after a nested group (trunk_output.2, planned whole) is after its last op.
+    last_of = {group.id: group.ops[-1] for group in costs.groups}
+    bounds = (0, *sorted(ids.index(last_of.get(cut, cut)) + 1 for cut in cuts), len(ids))
     flight = in_flight_counts(schedule, len(bounds) - 1, microbatches)
     multiplier = costs.memory_multiplier if memory_multiplier is None else memory_multiplier
     found = []

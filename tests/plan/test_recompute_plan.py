@@ -77,3 +77,22 @@ def test_recompute_that_cannot_fit_is_an_error(
     captured = capsys.readouterr()
     assert "even recomputing every block" in captured.out
     assert "no plan fits" in captured.err
+
+
+def test_the_memory_model_takes_a_cut_after_a_nested_group_as_after_its_last_op() -> None:
+    from syncpass.contracts.costs import parse_costs
+    from syncpass.plan.recompute_plan import stage_memory_model
+
+    data = cost_dict([1.0] * 5, [1.0] * 4, params=[1, 2, 4, 8, 16], out=[0] * 5)
+    for op, name in zip(data["ops"], ["stem", "g.0.0", "g.0.1", "g.1.0", "head"], strict=True):
+        op["id"] = name
+    data["cuts"] = [
+        dict(cut, after=name)
+        for cut, name in zip(data["cuts"], ["stem", "g.0.0", "g.0.1", "g.1.0"], strict=True)
+    ]
+    data["groups"] = [{"id": "g.0", "ops": ["g.0.0", "g.0.1"]}]
+    costs = parse_costs(data)
+    by_group = stage_memory_model(costs, ("g.0",), frozenset(), "1f1b", 4, 1.0)
+    by_op = stage_memory_model(costs, ("g.0.1",), frozenset(), "1f1b", 4, 1.0)
+    assert by_group == by_op
+    assert [stage.weights for stage in by_group] == [7.0, 24.0]

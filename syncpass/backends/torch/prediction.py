@@ -35,11 +35,14 @@ def predict_run(text: str, path: str, costs: Costs, result: RunResult) -> RunPre
     """Plan the sync points written in ``text`` on ``costs`` as ``result`` ran them."""
     module = parse_source(text, path)
     name = costs.model
+    # The lengths the profile recorded win over those read off the op ids: a loop over
+    # part of a container (self.layers[:-1]) names fewer layers than the container holds.
+    recorded = dict(costs.containers)
     graph = analyse_model(
         module,
         path,
         name,
-        container_sizes(costs, loop_containers(module, name, path)),
+        {**container_sizes(costs, loop_containers(module, name, path)), **recorded},
         text,
         container_sizes(costs, sequential_calls(module, name, path)),
     )
