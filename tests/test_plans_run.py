@@ -109,17 +109,15 @@ def test_every_plan_rewrite_writes_runs_and_verifies(
         argv = ["run", str(out), "--stages", str(stages), "--backend", backend, "--verify"]
         run_report = tmp_path / f"run_{stages}.json"
         argv += ["--steps", "1", "--json-report", str(run_report)]
-        example_model = model.parent == REPO / "examples"
-        status = main([*argv, *(["--costs", str(costs)] if example_model else [])])
+        status = main([*argv, "--costs", str(costs)])
         err = capsys.readouterr().err
         assert status == 0, f"{stages} stages: {err}"
         figures = json.loads(run_report.read_text())
         assert figures["verify"]["ok"] is True
-        if example_model:
-            # The cost model's prediction for the very sync points the file carries.
-            prediction = figures["prediction"]
-            assert prediction["sync_points"] == [point.after for point in plan.sync_points]
-            assert prediction["predicted_step_s"] > 0 and prediction["measured_step_s"] > 0
+        # The cost model's prediction for the very sync points the file carries.
+        prediction = figures["prediction"]
+        assert prediction["sync_points"] == [point.after for point in plan.sync_points]
+        assert prediction["predicted_step_s"] > 0 and prediction["measured_step_s"] > 0
         written += 1
     # The eager form plans every one of these models at every stage count asked.
     if backend == "torch_stages":
