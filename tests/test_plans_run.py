@@ -2,9 +2,9 @@
 at 2, 3 and 4 stages, in both torch forms, is profiled once, rewritten, checked with torch's
 own tracer as `rewrite --example` checks it (the traced form), and run split over gloo with
 `--verify`. A plan may be refused (exit 2, naming file:line); one that is written must run
-and match the unsplit model: no pipelining error reaches `run`. The bundled examples' runs
-are also given the cost file (`run --costs`): the cost model's prediction for the very sync
-points the file carries is reported beside the measured step."""
+and match the unsplit model: no pipelining error reaches `run`. Every run is also given
+the cost file (`run --costs`): the cost model's prediction for the very sync points the
+file carries is reported beside the measured step."""
 
 from __future__ import annotations
 
