@@ -45,13 +45,15 @@ from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
-import numpy.typing as npt
 
-from syncpass.plan.optimizer import Infeasible, Problem, cut_ratios
-
-FloatArray = npt.NDArray[np.float64]
-IntArray = npt.NDArray[np.int64]
-BoolArray = npt.NDArray[np.bool_]
+from syncpass.plan.optimizer import (
+    BoolArray,
+    FloatArray,
+    Infeasible,
+    IntArray,
+    Problem,
+    cut_ratios,
+)
 
 _INF = math.inf
 

@@ -259,6 +259,33 @@ class _Recorder(TorchFunctionMode):
                 found.append(op_id)
         return found
 
+    def append(
+        self,
+        op_id: str,
+        kind: str,
+        sources: Sequence[str],
+        outputs: Sequence[torch.Tensor],
+        compute: float,
+        params: float,
+        **extra: Any,
+    ) -> None:
+        """Record one op: its backward twice its forward when it holds weights (their
+        gradient and its input's), once otherwise."""
+        self.ops.append(
+            TensorOp(
+                op_id,
+                kind,
+                tuple(sources),
+                out_bytes=_nbytes(outputs),
+                compute_s=compute,
+                backward_s=2 * compute if params else compute,
+                param_bytes=params,
+                tokens=bool(outputs) and outputs[0].dim() >= 2,
+                source=_caller_source(),
+                **extra,
+            )
+        )
+
     def time_of(self, elapsed: float, flops: float | None) -> float:
         if self.flops_per_s is not None and flops is not None:
             return flops / self.flops_per_s
@@ -299,20 +326,7 @@ class _Recorder(TorchFunctionMode):
         op_id = self.unique(f"{scope}.{name.strip('_')}" if scope else name.strip("_"))
         compute = self.time_of(elapsed, extra.pop("flops", None))
         params = float(extra.pop("param_bytes", 0.0))
-        self.ops.append(
-            TensorOp(
-                op_id,
-                kind,
-                tuple(sources),
-                out_bytes=_nbytes(outputs),
-                compute_s=compute,
-                backward_s=2 * compute if params else compute,
-                param_bytes=params,
-                tokens=outputs[0].dim() >= 2,
-                source=_caller_source(),
-                **extra,
-            )
-        )
+        self.append(op_id, kind, sources, outputs, compute, params, **extra)
         constants = any(id(t) not in self.made for t in _tensors((args, kwargs)))
         self.track(op_id, result)
         if self.tp is not None:
@@ -423,21 +437,7 @@ class _Recorder(TorchFunctionMode):
         elif kind == "embedding" and isinstance(module, nn.Embedding):
             extra = {"in_features": module.num_embeddings, "out_features": module.embedding_dim}
         compute = self.time_of(elapsed, flops)
-        self.ops.append(
-            TensorOp(
-                op_id,
-                kind,
-                tuple(sources),
-                out_bytes=_nbytes(outputs),
-                compute_s=compute,
-                backward_s=2 * compute if params else compute,
-                param_bytes=params,
-                tokens=bool(outputs) and outputs[0].dim() >= 2,
-                source=_caller_source(),
-                module=qualified,
-                **extra,
-            )
-        )
+        self.append(op_id, kind, sources, outputs, compute, params, module=qualified, **extra)
         self.track(op_id, result)
         if self.tp is not None:
             self.shapes[op_id] = OpShape(
