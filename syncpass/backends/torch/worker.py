@@ -1059,11 +1059,13 @@ class _TiedWeight:
     like: torch.Tensor  # a copy, on whichever rank: for the shape and dtype
 
 
-def _tied_weights(run: StageRun) -> list[_TiedWeight]:
-    """The weights several stages hold copies of (a tied embedding and head), in the same
-    order on every rank."""
+def _shared_groups(
+    run: StageRun,
+) -> tuple[list[dict[str, str]], dict[str, torch.nn.Module], dict[str, torch.nn.Module]]:
+    """The parameters several stages hold, as groups of stage name -> the name there (the
+    same on every rank); every stage module by that name; and this rank's."""
     if run.pipe is not None:
-        groups = list(run.pipe.replicated_params)
+        groups = [dict(group) for group in run.pipe.replicated_params]
         every = dict(run.pipe.split_gm.named_children())
     else:
         groups = shared_parameters(run.stage_modules, run.aliases)
@@ -1073,6 +1075,13 @@ def _tied_weights(run: StageRun) -> list[_TiedWeight]:
         for name, module in every.items()
         if any(stage.submod is module for stage in run.stages)
     }
+    return groups, every, own
+
+
+def _tied_weights(run: StageRun) -> list[_TiedWeight]:
+    """The weights several stages hold copies of (a tied embedding and head), in the same
+    order on every rank."""
+    groups, every, own = _shared_groups(run)
     found = []
     for group in sorted(groups, key=lambda group: sorted(group.items())):
         holder, name = sorted(group.items())[0]
@@ -1124,17 +1133,7 @@ def _check(
     the rank holding the last stage, the loss checks."""
     request = run.request
     modules = {stage.stage_index: stage.submod for stage in run.stages}
-    if run.pipe is not None:
-        submodules = dict(run.pipe.split_gm.named_children())
-        own = {
-            name: child
-            for name, child in submodules.items()
-            if any(child is module for module in modules.values())
-        }
-        groups = run.pipe.replicated_params
-    else:
-        own = {f"stage{index}": module for index, module in modules.items()}
-        groups = shared_parameters(run.stage_modules, run.aliases)
+    groups, _, own = _shared_groups(run)
     replicated = verify.sum_replicated(groups, own, run.aliases, reference, run.device)
     checks: list[ParamCheck] = []
     for index, stage_module in modules.items():
