@@ -12,10 +12,11 @@ from torch import nn
 class Block(nn.Module):
     def __init__(self, width: int) -> None:
         super().__init__()
-        self.fc = nn.Linear(width, width)
+        self.fc = nn.Linear(width, 2 * width)
+        self.proj = nn.Linear(2 * width, width)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + torch.tanh(self.fc(x))
+        return x + self.proj(torch.tanh(self.fc(x)))
 
 
 class Encoder(nn.Module):
@@ -30,13 +31,26 @@ class Encoder(nn.Module):
         return {"last_hidden_state": x + self.proj(torch.relu(self.fc(x)))}
 
 
+class Head(nn.Module):
+    """Heavier than the blocks and the encoder together, so that the best 2-stage split cuts
+    right after the encoder (the sync point the tracer refuses) under any profile's noise."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(width, 28 * width)
+        self.out = nn.Linear(28 * width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(torch.relu(self.fc(x))).mean(dim=1)
+
+
 class LookupOutput(nn.Module):
     def __init__(self, width: int = 64, depth: int = 4) -> None:
         super().__init__()
         self.embed = nn.Linear(16, width)
         self.blocks = nn.ModuleList([Block(width) for _ in range(depth)])
         self.encoder = Encoder(width)
-        self.head = nn.Sequential(nn.Linear(width, 8 * width), nn.ReLU(), nn.Linear(8 * width, 10))
+        self.head = Head(width)
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         h = self.embed(x)
@@ -44,7 +58,7 @@ class LookupOutput(nn.Module):
             h = block(h)
         encoder_outputs = self.encoder(h)
         sequence_output = encoder_outputs["last_hidden_state"]
-        logits = self.head(sequence_output.mean(dim=1))
+        logits = self.head(sequence_output)
         return logits, sequence_output
 
 
