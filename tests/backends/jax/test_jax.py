@@ -994,3 +994,17 @@ def test_a_split_scan_places_only_its_rows_of_the_stacked_weights_on_each_stage(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+
+
+def test_verify_fails_a_gradient_off_by_more_than_the_tolerance() -> None:
+    import numpy as np
+
+    from syncpass.backends.jax.run import _compare
+
+    want = np.array([[1.0, 2.0], [0.0, -4.0]], dtype=np.float32)
+    close = _compare("w", want * np.float32(1 + 1e-7), want, 1e-5, 1e-6)
+    assert close["ok"] and close["numel"] == 4
+    off = _compare("w", want + np.float32(1e-3), want, 1e-5, 1e-6)
+    assert not off["ok"]
+    assert off["max_abs"] == pytest.approx(1e-3, rel=1e-3)
+    assert off["max_rel"] == pytest.approx(1e-3, rel=1e-3)  # where the reference is 1, not 0
