@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -60,6 +62,29 @@ def made_once(folder: Path, make: Callable[[Path], None]) -> Path:
             make(folder)
             done.touch()
     return folder
+
+
+def shared(
+    tmp_path_factory: pytest.TempPathFactory, name: str, make: Callable[[Path], None]
+) -> Path:
+    """What a module-scoped fixture makes, as folder ``name``, made once for the whole run:
+    pytest-xdist hands out tests, not modules, so the tests reading one fixture may run on
+    several workers, and each would make its own copy (a profile, a distributed run)."""
+    return made_once(run_folder(tmp_path_factory) / "shared" / name, make)
+
+
+def save_process(path: Path, done: subprocess.CompletedProcess[str]) -> None:
+    """``done``'s status and output, at ``path``, for :func:`load_process`."""
+    fields = {"args": done.args, "returncode": done.returncode}
+    path.write_text(json.dumps({**fields, "stdout": done.stdout, "stderr": done.stderr}))
+
+
+def load_process(path: Path) -> subprocess.CompletedProcess[str]:
+    """The finished process :func:`save_process` kept at ``path``."""
+    data = json.loads(path.read_text())
+    return subprocess.CompletedProcess(
+        data["args"], data["returncode"], data["stdout"], data["stderr"]
+    )
 
 
 def packages_folder() -> Path:

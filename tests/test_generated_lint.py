@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from once import shared
 
 from syncpass.cli import main
 
@@ -46,8 +47,12 @@ def jax_costs(source: Path, model: str | None, out: Path) -> None:
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A folder of every bundled example's rewritten file, in every form and stage count."""
-    folder = tmp_path_factory.mktemp("generated")
+    """A folder of every bundled example's rewritten file, in every form and stage count,
+    made once for the run."""
+    return shared(tmp_path_factory, "generated", _write_every_form)
+
+
+def _write_every_form(folder: Path) -> None:
     for name in TORCH:
         source = EXAMPLES / f"{name}.py"
         costs = folder / f"{name}.costs.json"
@@ -72,7 +77,6 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 assert "# syncpass sync" in out.read_text()
     for costs in folder.glob("*.json"):
         costs.unlink()
-    return folder
 
 
 def tool(*argv: str) -> subprocess.CompletedProcess[str]:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from once import shared
 
 from syncpass.cli import main
 from syncpass.contracts.costs import load_costs
@@ -25,31 +26,33 @@ EXAMPLES = {
 }
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """Each example profiled once, as the README does it: its cost file."""
-    folder = tmp_path_factory.mktemp("measured")
-    result = {}
-    for name, backend in EXAMPLES.items():
-        source = REPO / "examples" / f"{name}.py"
-        costs = folder / f"{name}.costs.json"
+def measured(name: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Example ``name`` profiled as the README does it, once for the whole run: its cost
+    file."""
+    source = REPO / "examples" / f"{name}.py"
+    backend = EXAMPLES[name]
+
+    def profile(folder: Path) -> None:
         example = ["--example", f"{source}:example"] if backend == "torch" else []
         subprocess.run(
             [sys.executable, "-m", "syncpass", "profile", "--backend", backend, str(source),
-             *example, "-o", str(costs), "--repeats", "1"],
+             *example, "-o", str(folder / "costs.json"), "--repeats", "1"],
             check=True, capture_output=True, cwd=folder,
         )  # fmt: skip
-        result[name] = costs
-    return result
+
+    return shared(tmp_path_factory, f"measured-{name}", profile) / "costs.json"
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("hardware", profile_names())
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_measured_costs_plan_on_every_shipped_profile(
-    measured: dict[str, Path], name: str, hardware: str, capsys: pytest.CaptureFixture[str]
+    tmp_path_factory: pytest.TempPathFactory,
+    name: str,
+    hardware: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    costs = measured[name]
+    costs = measured(name, tmp_path_factory)
     if EXAMPLES[name] == "torch":  # what makes --hardware scale compute, and split the backward
         recorded = load_costs(costs)
         assert recorded.hardware.flops_per_s

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO
+from once import shared
 
 from syncpass.cli import main
 
@@ -20,14 +21,16 @@ LAYERS = [f"transformer.h.{index}" for index in range(6)]
 
 @pytest.fixture(scope="module")
 def profiled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    folder = tmp_path_factory.mktemp("settings")
-    source = folder / MODEL.name
-    shutil.copy(MODEL, source)
-    costs = folder / "costs.json"
-    argv = ["profile", str(source), "--example", f"{source}:example", "--backend"]
-    argv += ["torch_stages", "--repeats", "1", "--warmup", "0", "-o", str(costs)]
-    assert main(argv) == 0
-    return source, costs
+    def profile(folder: Path) -> None:
+        source = folder / MODEL.name
+        shutil.copy(MODEL, source)
+        argv = ["profile", str(source), "--example", f"{source}:example", "--backend"]
+        argv += ["torch_stages", "--repeats", "1", "--warmup", "0"]
+        argv += ["-o", str(folder / "costs.json")]
+        assert main(argv) == 0
+
+    folder = shared(tmp_path_factory, "settings", profile)
+    return folder / MODEL.name, folder / "costs.json"
 
 
 def test_the_profile_reads_the_settings_and_follows_the_base_model(
@@ -90,16 +93,21 @@ def test_without_the_settings_the_cost_file_is_refused_clearly(
 def tuple_outputs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The model built with ``return_dict=False``, profiled: the base model returns a tuple
     of its hidden states and its accumulators (``None`` with the flags off)."""
-    folder = tmp_path_factory.mktemp("tuple-outputs")
-    source = folder / "config_tuples.py"
-    text = MODEL.read_text().replace("self.return_dict = True", "self.return_dict = False")
-    text = text.replace("return F.cross_entropy(output.logits", "return F.cross_entropy(output[0]")
-    source.write_text(text)
-    costs = folder / "costs.json"
-    argv = ["profile", str(source), "--example", f"{source}:example", "--backend"]
-    argv += ["torch_stages", "--repeats", "1", "--warmup", "0", "-o", str(costs)]
-    assert main(argv) == 0
-    return source, costs
+
+    def profile(folder: Path) -> None:
+        source = folder / "config_tuples.py"
+        text = MODEL.read_text().replace("self.return_dict = True", "self.return_dict = False")
+        text = text.replace(
+            "return F.cross_entropy(output.logits", "return F.cross_entropy(output[0]"
+        )
+        source.write_text(text)
+        argv = ["profile", str(source), "--example", f"{source}:example", "--backend"]
+        argv += ["torch_stages", "--repeats", "1", "--warmup", "0"]
+        argv += ["-o", str(folder / "costs.json")]
+        assert main(argv) == 0
+
+    folder = shared(tmp_path_factory, "tuple-outputs", profile)
+    return folder / "config_tuples.py", folder / "costs.json"
 
 
 def test_a_model_built_with_return_dict_false_is_planned_inside_its_base_model(

@@ -1,8 +1,8 @@
 """Tensor parallelism end to end: rewrite a model for N ranks, run it on N gloo processes,
 and compare its loss and every gradient with the unsplit model; count the collectives.
 
-Each (model, tp) pair is rewritten and run once (module-scoped), and the assertions read
-that one run."""
+Each (model, tp) pair is rewritten and run once in the whole run (whichever worker comes
+first), and the assertions read that one run."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from once import load_process, save_process, shared
 
 ROOT = Path(__file__).resolve().parents[3]
 LM = ROOT / "examples" / "transformer_lm.py"
@@ -47,11 +48,17 @@ def case(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[Path, str, subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
     model, tp = request.param
-    out = tmp_path_factory.mktemp("tp") / f"{model.stem}_tp{tp}.py"
-    rewritten = _rewrite(model, tp, out)
-    assert rewritten.returncode == 0, rewritten.stderr
-    ran = _run(out, tp)
-    return out, model.read_text(), rewritten, ran
+    name = f"{model.stem}_tp{tp}"
+
+    def make(folder: Path) -> None:
+        rewritten = _rewrite(model, tp, folder / f"{name}.py")
+        save_process(folder / "rewrite.json", rewritten)
+        assert rewritten.returncode == 0, rewritten.stderr
+        save_process(folder / "run.json", _run(folder / f"{name}.py", tp))
+
+    folder = shared(tmp_path_factory, f"tensor-run-{name}", make)
+    rewritten, ran = load_process(folder / "rewrite.json"), load_process(folder / "run.json")
+    return folder / f"{name}.py", model.read_text(), rewritten, ran
 
 
 def test_the_rewritten_model_equals_the_unsplit_one(case: tuple) -> None:
