@@ -72,6 +72,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         return not slow, item.path.name not in LONGEST, -stages if isinstance(stages, int) else 0
 
     items.sort(key=rank)
+    for item in items:  # `-m "not property"` leaves out the hypothesis tests (test_layout.py)
+        if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            item.add_marker(pytest.mark.property)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import re
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -73,6 +74,13 @@ def read_model_text(path: str | Path) -> str:
     return decode_source(data, str(path))
 
 
+#: How many parsed texts this process keeps: one command parses its input several times
+#: (the analysis, the expansion into stages, the rewrite), a second of a large file each.
+#: libcst's trees are immutable, so every caller can share one.
+PARSED_KEPT = 8
+_PARSED: OrderedDict[str, cst.Module] = OrderedDict()
+
+
 def parse_source(text: str, name: str) -> cst.Module:
     """Parse ``text``; a syntax error names ``name:line`` and what is wrong.
 
@@ -82,6 +90,10 @@ def parse_source(text: str, name: str) -> cst.Module:
     200 nested brackets), and it is fast, so libcst never sees a pathological input
     (a thousand nested lists). Text it reads and libcst does not is refused too.
     """
+    cached = _PARSED.get(text)
+    if cached is not None:
+        _PARSED.move_to_end(text)
+        return cached
     try:
         ast.parse(text.removeprefix(BOM))
     except SyntaxError as python_error:
@@ -97,7 +109,7 @@ def parse_source(text: str, name: str) -> cst.Module:
             name,
         ) from None
     try:
-        return cst.parse_module(text)
+        module = cst.parse_module(text)
     except cst.ParserSyntaxError as error:
         first_line = error.message.splitlines()[0] if error.message else "invalid syntax"
         message = re.sub(r"^parser error: error at \d+:\d+: ", "", first_line)
@@ -105,6 +117,10 @@ def parse_source(text: str, name: str) -> cst.Module:
             f"syntax libcst cannot read, at column {error.raw_column + 1}: {message}",
             f"{name}:{error.raw_line}",
         ) from None
+    _PARSED[text] = module
+    while len(_PARSED) > PARSED_KEPT:
+        _PARSED.popitem(last=False)
+    return module
 
 
 def read_source(path: str | Path) -> tuple[str, cst.Module]:
