@@ -22,6 +22,11 @@ if "SYNCPASS_TEST_RUN" not in os.environ:
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="syncpass-test-jax-")
     os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
     os.environ["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    # XLA's CPU compiler without its expensive LLVM passes: the tests compare a split run with
+    # the unsplit model, both compiled alike, and time nothing they assert; a 4-stage Flax
+    # run took 20% less.
+    fast = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+    os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {fast}".strip()
 
 # Under pytest-xdist each worker is one of the cores' tests: torch's and OpenMP's thread
 # pools of one thread each (set before torch is imported; the processes the tests start
