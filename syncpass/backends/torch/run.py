@@ -32,7 +32,7 @@ from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import small_microbatches_error
 from syncpass.runtime.contracts import RunRequest, RunResult, WorkerDone, WorkerFailed
 from syncpass.runtime.guard import call_guarded
-from syncpass.runtime.processes import process_context, stop_processes
+from syncpass.runtime.processes import preloading_imports_of, process_context, stop_processes
 
 ResultT = TypeVar("ResultT")
 
@@ -43,6 +43,8 @@ PRELOAD = [
     "syncpass.backends.torch.worker",
     "torch._functorch.aot_autograd",
     "syncpass.backends.torch.profile",
+    # The model file's own imports, where launch() names them (runtime/preload.py).
+    "syncpass.runtime.preload",
 ]
 POLL_S = 0.1
 # After the first failure, how long to wait for the other ranks' reports
@@ -146,8 +148,9 @@ def launch(request: RunRequest) -> RunResult:
     died) or when ``request.timeout_s`` passes; every process is stopped first.
     """
     check_microbatches(request)
-    request = with_batch_norm_floor(request)
     with contextlib.ExitStack() as held:
+        held.enter_context(preloading_imports_of(request.file))
+        request = with_batch_norm_floor(request)
         if request.port == 0:
             request = replace(request, port=held.enter_context(reserved_port()))
         ready = request
