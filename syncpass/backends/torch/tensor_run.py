@@ -12,6 +12,7 @@ gathered from the ranks (rank 0 compares them), replicated ones compared on ever
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib.util
 import time
@@ -153,26 +154,32 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
 
 def launch_tensor(request: TensorRunRequest) -> TensorRunResult:
     """Run ``request`` on ``request.tp`` local gloo processes; every rank's figures."""
-    from syncpass.backends.torch.run import free_port, run_local, wait_for_reports
+    from syncpass.backends.torch.run import reserved_port, run_local, wait_for_reports
     from syncpass.runtime.guard import call_guarded
+    from syncpass.runtime.processes import preloading_imports_of
 
     if request.tp < 1:
         raise SyncpassError(f"--tp must be at least 1, got {request.tp}")
-    _, expected = call_guarded(
-        _written, request.file, what="the rewritten file", timeout_s=request.timeout_s
-    )
-    if request.port == 0:
-        request = replace(request, port=free_port())
     ranks: dict[int, TensorRankDone] = {}
+    # The fork server imports the model's own imports once for every rank, and the port is
+    # held from its choice to rank 0's bind, as for a pipeline run (run.launch).
+    with contextlib.ExitStack() as held:
+        held.enter_context(preloading_imports_of(request.file))
+        _, expected = call_guarded(
+            _written, request.file, what="the rewritten file", timeout_s=request.timeout_s
+        )
+        if request.port == 0:
+            request = replace(request, port=held.enter_context(reserved_port()))
+        ready = request
 
-    def collect(processes: list[BaseProcess], messages: Any) -> None:
-        def other(message: Any) -> None:
-            if isinstance(message, TensorRankDone):
-                ranks[message.rank] = message
+        def collect(processes: list[BaseProcess], messages: Any) -> None:
+            def other(message: Any) -> None:
+                if isinstance(message, TensorRankDone):
+                    ranks[message.rank] = message
 
-        wait_for_reports(processes, messages, request.timeout_s, other)
+            wait_for_reports(processes, messages, ready.timeout_s, other)
 
-    run_local(_entry, request, request.tp, "syncpass-tp", collect)
+        run_local(_entry, ready, ready.tp, "syncpass-tp", collect)
     if len(ranks) != request.tp:  # pragma: no cover - a rank reports before it is done
         raise SyncpassError(f"{request.tp - len(ranks)} rank(s) finished without figures")
     parameters = len({check.name for rank in ranks.values() for check in rank.checks})
