@@ -323,12 +323,29 @@ def solve(problem: TensorProblem) -> Evaluation:
 
 
 def _solve(problem: TensorProblem, allow_bucket: bool) -> tuple[Mode, ...] | None:
+    """The least-time modes, or ``None`` when none fit. The search without the memory limit
+    keeps one entry per state and is fast; every op's memory is a nonnegative amount added
+    to the device's, so when its optimum fits, no fitting assignment is better and it is the
+    answer. Only when it does not fit does the search keep, per state, every entry that no
+    other beats on both time and memory (a Pareto set, far slower on a deep model)."""
+    limit = problem.link.memory_bytes
+    relaxed = _search(problem, allow_bucket, pareto=False)
+    if relaxed is None or limit is None or relaxed[1] <= limit * (1 + 1e-12):
+        return None if relaxed is None else relaxed[0]
+    constrained = _search(problem, allow_bucket, pareto=True)
+    return None if constrained is None else constrained[0]
+
+
+def _search(
+    problem: TensorProblem, allow_bucket: bool, pareto: bool
+) -> tuple[tuple[Mode, ...], float] | None:
+    """The dynamic program over the ops in order, its state the live values' codes; with
+    ``pareto``, under the device's memory. The chosen modes and their memory."""
     graph = problem.graph
     n = len(graph.ops)
     last = problem.last_reader
     index = graph.index
     limit = problem.link.memory_bytes
-    pareto = limit is not None
     # live[i]: the values live after op i has run, in a fixed order.
     live_after: list[tuple[int, ...]] = []
     current: list[int] = []
@@ -424,7 +441,10 @@ def _solve(problem: TensorProblem, allow_bucket: bool) -> tuple[Mode, ...] | Non
         picks.append(walker.mode)
         walker = walker.parent
     picks.reverse()
-    return tuple(problem.modes[position][pick] for position, pick in enumerate(picks))
+    return (
+        tuple(problem.modes[position][pick] for position, pick in enumerate(picks)),
+        chosen.memory,
+    )
 
 
 def _offer(
