@@ -40,6 +40,14 @@ def run_verified(path: Path, options: str, capsys: pytest.CaptureFixture[str]) -
     return json.loads(report.read_text())  # type: ignore[no-any-return]
 
 
+def run_verified_whole(path: Path, options: str, capsys: pytest.CaptureFixture[str]) -> dict:  # type: ignore[type-arg]
+    """:func:`run_verified`, checked: verified, every weight of the model compared."""
+    document = run_verified(path, options, capsys)
+    assert document["verify"]["ok"] is True
+    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+    return document
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("stages", "schedule"), [(2, "gpipe"), (4, "1f1b")])
 def test_masked_gpt_splits_and_verifies(
@@ -180,9 +188,7 @@ def test_a_tuple_of_tensors_and_a_shape_cross_every_stage_packed(
         in (written)
     )
     assert "*rope" in written
-    document = run_verified(out, "--stages 4", capsys)
-    assert document["verify"]["ok"] is True
-    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+    run_verified_whole(out, "--stages 4", capsys)
 
 
 @pytest.mark.slow
@@ -198,9 +204,7 @@ def test_layers_in_a_module_dict_split_and_verify(
     assert main([*argv, "--backend", backend, "-o", str(out)]) == 0, capsys.readouterr().err
     capsys.readouterr()
     assert "for layer in list(self.layers.values())[" in out.read_text()
-    document = run_verified(out, "--stages 3", capsys)
-    assert document["verify"]["ok"] is True
-    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+    run_verified_whole(out, "--stages 3", capsys)
 
 
 @pytest.mark.slow
@@ -217,9 +221,7 @@ def test_a_forward_that_delegates_to_a_method_is_planned_inside_it(
     assert main([*argv, "--backend", "torch_stages", "-o", str(out)]) == 0
     capsys.readouterr()
     assert out.read_text().startswith(source.read_text().split("\n\ndef example")[0])
-    document = run_verified(out, "--stages 4", capsys)
-    assert document["verify"]["ok"] is True
-    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+    run_verified_whole(out, "--stages 4", capsys)
 
 
 @pytest.mark.slow
@@ -234,9 +236,7 @@ def test_unpacked_layer_pairs_with_the_last_held_out_split_and_verify(
     assert main([*argv, "--backend", backend, "-o", str(out)]) == 0, capsys.readouterr().err
     capsys.readouterr()
     assert "for attn, ff in self.layers[" in out.read_text()
-    document = run_verified(out, "--stages 4", capsys)
-    assert document["verify"]["ok"] is True
-    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+    run_verified_whole(out, "--stages 4", capsys)
 
 
 BRANCHING = REPO / "tests" / "data" / "branching_vit.py"
@@ -258,9 +258,7 @@ def test_a_branch_decided_by_defaults_and_an_init_flag_is_planned_inside_and_ver
     assert "self.grad_checkpointing=False" in err
     assert "# syncpass: the else branch of" in out.read_text()
     assert "self.blocks[" in out.read_text()
-    document = run_verified(out, "--stages 3", capsys)
-    assert document["verify"]["ok"] is True
-    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+    run_verified_whole(out, "--stages 3", capsys)
 
 
 def test_a_model_that_takes_another_branch_than_init_sets_is_refused_at_the_if(
@@ -374,9 +372,7 @@ def test_layers_zipped_with_norms_and_a_local_list_split_and_verify(
     assert main(argv) == 0, capsys.readouterr().err
     capsys.readouterr()
     assert piece in out.read_text()
-    document = run_verified(out, f"--stages {stages}", capsys)
-    assert document["verify"]["ok"] is True
-    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+    run_verified_whole(out, f"--stages {stages}", capsys)
 
 
 def test_zipped_containers_of_different_lengths_are_refused_at_the_loop(
@@ -576,9 +572,7 @@ def test_a_forward_inherited_from_another_module_splits_and_verifies(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], stages: int
 ) -> None:
     out = rewrite_inherited(tmp_path, stages, capsys)
-    document = run_verified(out, f"--stages {stages}", capsys)
-    assert document["verify"]["ok"] is True
-    assert document["verify"]["parameters_compared"] == document["verify"]["model_parameters"]
+    run_verified_whole(out, f"--stages {stages}", capsys)
 
 
 @pytest.mark.slow
