@@ -44,13 +44,12 @@ def _run(file: Path, tp: int) -> subprocess.CompletedProcess[str]:
     return _syncpass("run", str(file), "--example", f"{file}:example", "--tp", str(tp), "--verify")
 
 
-@pytest.fixture(
-    scope="module", params=[(LM, 2), (LM, 4), (GATED, 2)], ids=["lm-2", "lm-4", "gated-2"]
-)
-def case(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, str, subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
-    model, tp = request.param
+Case = tuple[Path, str, subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]
+
+
+def made(model: Path, tp: int, tmp_path_factory: pytest.TempPathFactory) -> Case:
+    """``model`` rewritten for ``tp`` ranks and run, once in the whole run: the rewritten
+    file, the original text, and the two commands' results."""
     name = f"{model.stem}_tp{tp}"
 
     def make(folder: Path) -> None:
@@ -62,6 +61,12 @@ def case(
     folder = shared(tmp_path_factory, f"tensor-run-{name}", make)
     rewritten, ran = load_process(folder / "rewrite.json"), load_process(folder / "run.json")
     return folder / f"{name}.py", model.read_text(), rewritten, ran
+
+
+#: The transformer at 4 ranks (heads divided, a fused qkv), the gated MLP at 2.
+@pytest.fixture(scope="module", params=[(LM, 4), (GATED, 2)], ids=["lm-4", "gated-2"])
+def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Case:
+    return made(*request.param, tmp_path_factory)
 
 
 def test_the_rewritten_model_equals_the_unsplit_one(case: tuple) -> None:
@@ -108,12 +113,14 @@ def test_the_transformer_gets_its_heads_divided_and_a_fused_qkv(case: tuple) -> 
     assert '"blocks.*.attn.qkv": "column:3"' in text
 
 
-def test_a_missing_gradient_all_reduce_is_caught(tmp_path: Path) -> None:
-    out = tmp_path / "lm_tp2.py"
-    assert _rewrite(LM, 2, out).returncode == 0
-    lines = out.read_text().splitlines(keepends=True)
+def test_a_missing_gradient_all_reduce_is_caught(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    written, _, _, _ = made(GATED, 2, tmp_path_factory)
+    lines = written.read_text().splitlines(keepends=True)
     broken = [line for line in lines if "= copy_to_tensor_parallel_region(" not in line]
     assert len(broken) < len(lines)
+    out = tmp_path / written.name
     out.write_text("".join(broken))
     ran = _run(out, 2)
     assert ran.returncode == 1, ran.stdout + ran.stderr
