@@ -79,7 +79,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=rank)
     for item in items:  # `-m "not property"` leaves out the hypothesis tests (test_layout.py)
         if getattr(getattr(item, "obj", None), "is_hypothesis_test", False):
+            # A search over generated inputs is slow by what it is: the quick subset keeps
+            # the example-based tests of the same code.
             item.add_marker(pytest.mark.property)
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -119,6 +119,7 @@ def test_a_failed_module_is_handed_back_as_it_came() -> None:
     assert "no such cost file" in str(result.error)
 
 
+@pytest.mark.slow
 def test_the_codemod_rewrites_a_folder_with_libcst_tool(tmp_path: Path) -> None:
     models = tmp_path / "models"
     models.mkdir()
@@ -162,6 +163,7 @@ def readme_codemod_commands() -> list[list[str]]:
     return [[sys.executable, *command[1:]] for command in commands]
 
 
+@pytest.mark.slow
 def test_the_readmes_codemod_steps_work_from_a_fresh_install(tmp_path: Path) -> None:
     # A fresh install has no black, which libcst's tool runs by default: the README's
     # steps must not need it.
@@ -176,6 +178,7 @@ def test_the_readmes_codemod_steps_work_from_a_fresh_install(tmp_path: Path) -> 
     assert (models / "tower.py").read_text().count("# syncpass sync") == 3
 
 
+@pytest.mark.slow
 def test_the_codemod_reports_a_refused_file_and_goes_on(tmp_path: Path) -> None:
     (tmp_path / "a.py").write_text(CASE.source)
     shutil.copy(CASE.costs_path, tmp_path / "a.costs.json")
@@ -195,6 +198,7 @@ def test_the_codemod_reports_a_refused_file_and_goes_on(tmp_path: Path) -> None:
     assert (tmp_path / "a.py").read_text() == CASE.source  # nothing half-written
 
 
+@pytest.mark.slow
 def test_the_codemod_takes_its_settings_from_the_project_as_rewrite_does(tmp_path: Path) -> None:
     models = tmp_path / "models"
     models.mkdir()
@@ -222,6 +226,7 @@ def test_the_codemod_takes_its_settings_from_the_project_as_rewrite_does(tmp_pat
     assert (models / "tower.py").read_text() == CASE.expected
 
 
+@pytest.mark.slow
 def test_the_codemod_writes_for_the_project_backend(tmp_path: Path) -> None:
     """A JAX project gets jax.device_put transfers, the same that `rewrite --backend jax` writes."""
     from syncpass.backends.jax.analysis import analyse_jax_model

@@ -33,6 +33,7 @@ def test_the_torch_spec_loads_a_torch_example() -> None:
     assert isinstance(example.model, torch.nn.Module)
 
 
+@pytest.mark.slow
 def test_the_jax_spec_loads_a_jax_example() -> None:
     pytest.importorskip("jax")
     example = load_backend("jax").need("load_example", "")(f"{EXAMPLES / 'jax_mlp.py'}:example")

@@ -288,6 +288,7 @@ def _git(repo: Path, env: dict[str, str], *args: str) -> subprocess.CompletedPro
     )
 
 
+@pytest.mark.slow
 def test_pre_commit_refuses_a_stale_generated_file_until_fixed(project: Path) -> None:
     pytest.importorskip("pre_commit")
     yaml = pytest.importorskip("yaml")
@@ -336,6 +337,7 @@ def test_pre_commit_refuses_a_stale_generated_file_until_fixed(project: Path) ->
     assert "syncpass check" in accepted.stdout + accepted.stderr  # the hook ran, and passed
 
 
+@pytest.mark.slow
 def test_pre_commit_runs_the_hook_from_the_syncpass_repository_at_a_commit(project: Path) -> None:
     # The README's remote form: `repo:` the syncpass repository, `rev:` a full commit sha
     # (the repository has no release tags to name).

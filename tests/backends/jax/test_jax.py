@@ -661,6 +661,7 @@ def test_device_put_without_a_device_is_no_sync_point() -> None:
         assert graph.written == ("a",) and graph.cuts[0].pinned, line
 
 
+@pytest.mark.slow
 def test_the_pipeline_splits_only_at_a_device_put_to_a_device() -> None:
     import jax
     import jax.numpy as jnp
@@ -715,6 +716,7 @@ def profile(tmp_path: Path, text: str) -> Costs:
     return measure_jax_file(model, text, "example", None, repeats=1, warmup=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("text", [SHAPES, FLAX_OBJECTS], ids=["shapes", "flax"])
 def test_profile_probes_only_arrays(text: str, tmp_path: Path) -> None:
     costs = profile(tmp_path, text)
@@ -725,6 +727,7 @@ def test_profile_probes_only_arrays(text: str, tmp_path: Path) -> None:
     assert costs.hardware.devices == cpu_devices()  # the host devices share these cores
 
 
+@pytest.mark.slow
 def test_profile_a_model_with_a_hand_written_transfer_on_one_device(tmp_path: Path) -> None:
     costs = profile(tmp_path, PINNED)
     assert [op.id for op in costs.ops] == ["w1", "w2", "w3", "w4"]
@@ -735,6 +738,7 @@ def test_profile_a_model_with_a_hand_written_transfer_on_one_device(tmp_path: Pa
     ]
 
 
+@pytest.mark.slow
 def test_profile_reports_a_model_error_at_the_files_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -766,6 +770,7 @@ def test_run_child_refuses_a_file_with_more_stages_before_tracing(
     }
 
 
+@pytest.mark.slow
 def test_run_reports_a_model_error_at_the_files_line(tmp_path: Path) -> None:
     model = tmp_path / "model.py"
     model.write_text(TRACE_ERROR)
