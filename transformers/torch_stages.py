@@ -306,6 +306,12 @@ def split_forward(
     module: cst.Module, class_name: str, sites: Sequence[SyncSite], path: str
 ) -> tuple[list[list[cst.BaseStatement]], tuple[str, ...]]:
     """The forward's statements cut at ``sites`` (one list per stage), and warnings."""
+    if not sites:  # one stage (a plan that only checkpoints): the whole forward
+        found = _model_class(module, class_name)
+        forward = _forward(found[1]) if found is not None else None
+        if forward is None or not isinstance(forward.body, cst.IndentedBlock):
+            return [], (f"{class_name} has no single indented forward",)
+        return [list(forward.body.body)], ()
     context = CodemodContext(filename=path)
     command = _SplitForwardCommand(context, class_name, sites)
     command.transform_module_impl(module)
@@ -859,7 +865,7 @@ def insert_stages(
     the backward (:mod:`syncpass.transformers.torch_checkpoints`; ``sizes`` are the
     layer containers' lengths), and each stage that has some lists them in ``recomputes``.
     """
-    if len(stages) < 2:
+    if len(stages) < 2 and not checkpoints:
         return module, ()
     planned = module if planned is None else planned
     found = _model_class(module, class_name)

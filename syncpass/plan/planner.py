@@ -845,7 +845,8 @@ def _stage_count(problem: Problem, request: PlanRequest, origin: str, refusals: 
     pins = int(problem.pinned.sum())
     per_device = request.per_device
     if request.config.strategy == "manual":
-        if pins == 0:
+        # One stage asked for needs no mark (--recompute on one device plans that way).
+        if pins == 0 and (request.stages is None or request.stages * per_device != 1):
             raise SyncpassError(
                 "the manual strategy uses only the sync points the user marked, and none is "
                 'marked; pin cuts ("pinned": true in the cost file, or --cuts)',

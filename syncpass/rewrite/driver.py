@@ -192,8 +192,9 @@ def apply_plan(source: ModelSource, plan: Plan, backend: SyncWriter, path: str) 
     else:
         module, warnings = backend.insert(source, sites, path)
     warnings = tuple(warnings)
-    if warnings and plan.sync_points:
-        raise SyncpassError("could not place the planned sync points: " + "; ".join(warnings), path)
+    if warnings and (plan.sync_points or plan.checkpointed):
+        what = "sync points" if plan.sync_points else "checkpoints"
+        raise SyncpassError(f"could not place the planned {what}: " + "; ".join(warnings), path)
     rewritten: str = module.code
     if rewritten != source.text:  # output equal to the input was verified when it was read
         ensure_parses(rewritten, path)

@@ -146,6 +146,28 @@ def test_recompute_all_checkpoints_every_block_and_none_nothing(
     assert "checkpoint" not in out and "recomputes" not in out
 
 
+def test_one_stage_that_recomputes_is_written_as_one_stage_class(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # One device, too little memory to store every block's activations: the plan
+    # checkpoints, and the file gets the one stage class that carries the checkpoints
+    # (a plan with no sync point wrote nothing, and the checkpoints were lost).
+    # Storing everything needs 6.43 MiB (one micro-batch in flight): 6 MiB makes four
+    # blocks recompute.
+    costs = lm_costs(tmp_path / "lm.costs.json", memory=6 * MIB)
+    one = [str(LM), "--costs", str(costs), "--stages", "1", "--microbatches", "8"]
+    status, out, err = rewrite([*one, "--recompute", "auto"], capsys)
+    assert status == 0, err
+    assert "class TransformerLMStage1" not in out
+    stage = stage_class(out, 0)
+    assert '"""Stage 0 of 1 of TransformerLM.forward."""' in stage
+    assert "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)" in stage
+    assert 'recomputes = ("blocks.0", "blocks.1", "blocks.2", "blocks.3")' in stage
+    status, out, err = rewrite([*one, "--recompute", "none", "--hardware", "nvlink-8xh100"], capsys)
+    assert status == 0, err
+    assert out == LM.read_text()  # nothing to recompute and no sync point: the file as it was
+
+
 def test_pipe_split_form_refuses_recompute(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -427,7 +427,7 @@ def insert(
 ) -> tuple[cst.Module, tuple[str, ...]]:
     """``source``'s module with one stage class per stage of the plan after the model, the
     ops of ``checkpoints`` recomputing in their stage's backward."""
-    if not sites:
+    if not sites and not checkpoints:
         return source.module, ()
     _refuse_opaque_decorators(source, path)
     try:
