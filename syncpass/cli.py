@@ -61,6 +61,7 @@ from syncpass.plan.planner import (
 from syncpass.plan.recompute_plan import (
     RECOMPUTE_MODES,
     plan_recompute,
+    plan_with_recompute,
     recompute_problem,
     render_recompute,
 )
@@ -433,10 +434,23 @@ def _run_recompute_plan(args: argparse.Namespace, costs: Costs, request: PlanReq
     plans recomputing nothing and every block beside it."""
     found = plan_recompute(costs, request, args.recompute)
     problem = recompute_problem(costs, request, found.microbatches)
-    sys.stdout.write(render_recompute(found, costs, problem))
+    report = render_recompute(found, costs, problem)
     if isinstance(found.chosen, Infeasible):
+        sys.stdout.write(report)
         sys.stderr.write(f"syncpass: error: --recompute {args.recompute}: no plan fits\n")
         return EXIT_ERROR
+    if args.output is not None or args.json:
+        # The plan file `rewrite --plan` writes from: its cuts, and the ops it checkpoints.
+        plan, _ = plan_with_recompute(costs, request, args.recompute, str(args.costs))
+        document = dumps_plan(plan)
+        if args.output is not None and str(args.output) != "-":
+            write_atomically(args.output, document)
+        else:
+            args.json = True
+        if args.json:
+            sys.stdout.write(document)
+            return EXIT_OK
+    sys.stdout.write(report)
     return EXIT_OK
 
 

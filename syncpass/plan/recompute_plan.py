@@ -296,17 +296,22 @@ def render_recompute(plan: RecomputePlan, costs: Costs, problem: RecomputeProble
     if isinstance(chosen, Infeasible):
         lines.append(_why_not(plan.mode, chosen))
     else:
-        lines.append("stage  ops                          time      memory  recomputes")
         bounds = (0, *chosen.cuts, len(ids))
+        spans = [
+            f"{ids[start]} .. {ids[end - 1]}" if end - start > 1 else ids[start]
+            for start, end in itertools.pairwise(bounds)
+        ]
+        wide = max(27, *map(len, spans))  # the ops column as wide as its longest span
+        lines.append(f"stage  {'ops':<{wide}}  {'time':>8}  {'memory':>10}  recomputes")
         for place, (start, end) in enumerate(itertools.pairwise(bounds)):
-            ops = f"{ids[start]} .. {ids[end - 1]}" if end - start > 1 else ids[start]
+            ops = spans[place]
             recomputed = frozenset(chosen.recomputed[place])
             extra = sum(float(problem.recompute_s[t]) for t in recomputed)
             memory = _memory(problem, start, end, place, recomputed, plan.mode == "all")
             time = problem.base.stage_time(start, end) + extra
             named = _listed([ids[t] for t in sorted(recomputed)]) if recomputed else "-"
             lines.append(
-                f"{place:<5}  {ops:<27}  {format_seconds(time):>8}  {format_bytes(memory):>10}"
+                f"{place:<5}  {ops:<{wide}}  {format_seconds(time):>8}  {format_bytes(memory):>10}"
                 f"  {named}"
             )
         for place, chosen_ops in enumerate(chosen.recomputed):

@@ -168,6 +168,30 @@ def test_one_stage_that_recomputes_is_written_as_one_stage_class(
     assert out == LM.read_text()  # nothing to recompute and no sync point: the file as it was
 
 
+def test_a_plan_file_that_recomputes_rewrites_as_planning_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # plan --recompute writes the plan file (-o, or --json on stdout) with the ops it
+    # checkpoints; rewrite --plan writes what rewrite --recompute writes from the costs.
+    costs = lm_costs(tmp_path / "lm.costs.json")
+    plan = tmp_path / "plan.json"
+    args = ["--costs", str(costs), *GPIPE, "--recompute", "auto"]
+    assert main(["plan", *args, "-o", str(plan)]) == 0
+    report, _ = capsys.readouterr()
+    assert "recompute chosen" in report
+    assert main(["plan", *args, "--json"]) == 0
+    printed, _ = capsys.readouterr()
+    assert json.loads(printed) == json.loads(plan.read_text())
+    # Two of each stage's three blocks, as test_the_chosen_blocks_are_checkpointed_in_sub_slices.
+    checkpointed = {entry["op"] for entry in json.loads(printed)["checkpointed"]}
+    assert checkpointed == {"blocks.0", "blocks.1", "blocks.3", "blocks.4"}
+    status, planned, err = rewrite([str(LM), *args], capsys)
+    assert status == 0, err
+    status, out, err = rewrite([str(LM), "--plan", str(plan)], capsys)
+    assert status == 0, err
+    assert out == planned
+
+
 def test_pipe_split_form_refuses_recompute(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
