@@ -6,6 +6,7 @@ split over gloo and verified against the unsplit model."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -105,20 +106,34 @@ def test_recompute_written_runs_verifies_and_its_peak_memory_is_as_predicted(
     stored = stage_memory_model(profiled, ("blocks.2",), frozenset(), "gpipe", 8)
     limit = 0.8 * max(stage.total for stage in stored)
     hardware = tmp_path / "small.toml"
-    hardware.write_text(
-        f'name = "tight"\nalpha_s = 1e-4\nbeta_bytes_per_s = 3e9\ndevice_memory_bytes = {limit}\n'
-    )
+    # This machine as profiled (link, overhead per action, cores), so that the run's
+    # prediction, made from the cost file, and the plan see the same one.
+    machine = {
+        field: value
+        for field, value in dataclasses.asdict(profiled.hardware).items()
+        if value is not None and field not in ("name", "device_memory_bytes")
+    }
+    lines = [f"{field} = {value!r}" for field, value in machine.items()]
+    hardware.write_text("\n".join(['name = "tight"', *lines, f"device_memory_bytes = {limit}", ""]))
     out = tmp_path / "lm_sync.py"
     argv = ["rewrite", str(source), "--costs", str(costs), "--stages", "2", "--schedule", "gpipe"]
     argv += ["--microbatches", "8", "--threshold", "inf", "--hardware", str(hardware)]
     assert main([*argv, "--recompute", "auto", "-o", str(out)]) == 0, capsys.readouterr().err
     assert "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)" in out.read_text()
+    capsys.readouterr()
+    assert main(["plan", *argv[2:], "--recompute", "auto", "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
     report = tmp_path / "run.json"
     argv = ["run", str(out), "--stages", "2", "--schedule", "gpipe", "--microbatches", "8"]
     argv += ["--verify", "--steps", "1", "--costs", str(costs), "--json-report", str(report)]
     assert main(argv) == 0, capsys.readouterr().err
     document = json.loads(report.read_text())
     assert document["verify"]["ok"] is True
+    # The run's prediction reads the checkpoints off the stage classes: its step pays their
+    # forwards again, as the plan's did.
+    assert document["prediction"]["predicted_step_s"] == pytest.approx(
+        planned["predicted_step_s"], rel=1e-9
+    )
     memory = document["prediction"]["memory"]
     assert len(memory) == 2
     for rank, figures in enumerate(memory):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,6 +160,26 @@ def plan_recompute(costs: Costs, request: PlanRequest, mode: str) -> RecomputePl
     )
 
 
+def with_recomputation(costs: Costs, recomputed: Collection[str]) -> Costs:
+    """``costs`` with the ops named in ``recomputed`` checkpointed: each runs its forward
+    again in its backward (the input-gradient part too, which waits for it) and keeps only
+    its inputs, as ``torch.utils.checkpoint.checkpoint`` does."""
+    ops = tuple(
+        dataclasses.replace(
+            op,
+            backward_s=op.backward_s + op.compute_s,
+            backward_fixed_s=op.backward_fixed_s + op.fixed_s,
+            backward_input_s=op.input_gradient_s() + op.compute_s,
+            saved_bytes=op.input_bytes,
+            recomputes=True,
+        )
+        if op.id in recomputed and not op.recomputes
+        else op
+        for op in costs.ops
+    )
+    return dataclasses.replace(costs, ops=ops)
+
+
 def plan_with_recompute(
     costs: Costs, request: PlanRequest, mode: str, origin: str = ""
 ) -> tuple[Plan, RecomputePlan]:
@@ -178,24 +199,13 @@ def plan_with_recompute(
         raise SyncpassError(f"--recompute {mode}: {_why_not(mode, chosen)}", origin)
     problem = recompute_problem(costs, request, found.microbatches)
     recomputed = {t: place for place, ops in enumerate(chosen.recomputed) for t in ops}
-    # The chosen ops run their forward again in their backward, as a checkpoint does; memory
-    # is this module's to check (activations in flight), so the cut planner sees no limit.
-    ops = tuple(
-        dataclasses.replace(
-            op,
-            backward_s=op.backward_s + op.compute_s,
-            backward_fixed_s=op.backward_fixed_s + op.fixed_s,
-            backward_input_s=op.input_gradient_s() + op.compute_s,
-            saved_bytes=op.input_bytes,
-            recomputes=True,
-        )
-        if t in recomputed
-        else op
-        for t, op in enumerate(costs.ops)
-    )
-    unlimited = dataclasses.replace(costs.hardware, device_memory_bytes=None)
-    recomputing = dataclasses.replace(costs, ops=ops, hardware=unlimited)
     ids = [op.id for op in costs.ops]
+    # Memory is this module's to check (activations in flight), so the cut planner sees no
+    # limit.
+    unlimited = dataclasses.replace(costs.hardware, device_memory_bytes=None)
+    recomputing = dataclasses.replace(
+        with_recomputation(costs, {ids[t] for t in recomputed}), hardware=unlimited
+    )
     pinned = tuple(ids[cut - 1] for cut in chosen.cuts)
     requested = request.config.communication_cost_threshold
     used = max(chosen.threshold_used, requested)

@@ -25,7 +25,7 @@ from syncpass.core.errors import SyncpassError
 from syncpass.frontend.match import container_sizes, match_costs
 from syncpass.frontend.source import parse_source
 from syncpass.plan.planner import PlanCache, PlanRequest, make_plan
-from syncpass.plan.recompute_plan import stage_memory_model
+from syncpass.plan.recompute_plan import stage_memory_model, with_recomputation
 from syncpass.rewrite.source import KnownOps
 from syncpass.runtime.contracts import RunResult
 from syncpass.runtime.prediction import RunPrediction
@@ -107,8 +107,11 @@ def predict_stages_run(text: str, path: str, costs: Costs, result: RunResult) ->
         return predict_run(text, path, costs, result)
     source = analyse(text, path, KnownOps.of_costs(costs), costs.model)
     cuts = written_cuts(text, path, source)
-    prediction = predict_cuts(source.graph, cuts, path, costs, result, carries_values=True)
-    return with_memory(prediction, written_recomputes(text), costs, result)
+    recomputed = written_recomputes(text)
+    # The stages' times pay each checkpointed block's forward again in its backward.
+    timed = with_recomputation(costs, recomputed)
+    prediction = predict_cuts(source.graph, cuts, path, timed, result, carries_values=True)
+    return with_memory(prediction, recomputed, costs, result)
 
 
 def written_recomputes(text: str) -> frozenset[str]:
