@@ -63,6 +63,7 @@ from syncpass.plan.recompute_plan import (
     plan_recompute,
     plan_with_recompute,
     recompute_problem,
+    recompute_stage_count,
     render_recompute,
 )
 from syncpass.plan.report import render_plan, render_sweep
@@ -370,7 +371,7 @@ def _run_plan(args: argparse.Namespace) -> int:
     if args.recompute is not None:
         if args.picture is not None:
             raise SyncpassError("--picture draws the plan without --recompute; drop one of them")
-        return _run_recompute_plan(args, costs, request)
+        return _run_recompute_plan(args, costs, request, settings.auto_limit)
     auto = settings.auto
     orders = backend.schedule_order or single_stage_order
     if args.sweep_batch is not None:
@@ -429,12 +430,20 @@ def _check_picture_target(args: argparse.Namespace) -> None:
         raise SyncpassError(f"no such folder {picture.parent}; create it first", str(picture))
 
 
-def _run_recompute_plan(args: argparse.Namespace, costs: Costs, request: PlanRequest) -> int:
+def _run_recompute_plan(
+    args: argparse.Namespace, costs: Costs, request: PlanRequest, auto_limit: int | None
+) -> int:
     """``plan --recompute MODE``: the plan with activation checkpointing chosen, and the
-    plans recomputing nothing and every block beside it."""
+    plans recomputing nothing and every block beside it; with ``--stages auto``, at the
+    stage count whose plan predicts the least step."""
+    chose_count = ""
+    if request.stages is None and auto_limit is not None:
+        request, chose_count = recompute_stage_count(
+            costs, request, args.recompute, auto_limit, str(args.costs)
+        )
     found = plan_recompute(costs, request, args.recompute)
     problem = recompute_problem(costs, request, found.microbatches)
-    report = render_recompute(found, costs, problem)
+    report = (chose_count + "\n" if chose_count else "") + render_recompute(found, costs, problem)
     if isinstance(found.chosen, Infeasible):
         sys.stdout.write(report)
         sys.stderr.write(f"syncpass: error: --recompute {args.recompute}: no plan fits\n")
@@ -442,6 +451,8 @@ def _run_recompute_plan(args: argparse.Namespace, costs: Costs, request: PlanReq
     if args.output is not None or args.json:
         # The plan file `rewrite --plan` writes from: its cuts, and the ops it checkpoints.
         plan, _ = plan_with_recompute(costs, request, args.recompute, str(args.costs))
+        if chose_count:
+            plan = dataclasses.replace(plan, notes=(*plan.notes, chose_count))
         document = dumps_plan(plan)
         if args.output is not None and str(args.output) != "-":
             write_atomically(args.output, document)

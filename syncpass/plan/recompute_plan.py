@@ -29,6 +29,7 @@ from syncpass.plan.planner import (
     PlanCache,
     PlanRequest,
     Threshold,
+    auto_stage_limit,
     default_microbatches,
     make_plan,
 )
@@ -158,6 +159,39 @@ def plan_recompute(costs: Costs, request: PlanRequest, mode: str) -> RecomputePl
         recomputing=tuple(op.id for op in costs.ops if op.recomputes),
         plans=tuple(plans),
     )
+
+
+def recompute_stage_count(
+    costs: Costs, request: PlanRequest, mode: str, max_stages: int, origin: str = ""
+) -> tuple[PlanRequest, str]:
+    """``--stages auto`` with ``--recompute mode``: ``request`` with the stage count whose
+    plan (recomputing as ``mode`` chooses) predicts the least step, of 1 to
+    :func:`~syncpass.plan.planner.auto_stage_limit`'s limit; and the note that says so, with
+    each count's predicted step. A count no plan fits (memory, micro-batches) is passed
+    over, and named."""
+    limit = auto_stage_limit(costs, max_stages, request.per_device)
+    tried: list[tuple[int, float]] = []
+    refused: list[int] = []
+    for count in range(1, limit + 1):
+        asked = dataclasses.replace(request, stages=count)
+        try:
+            plan, _ = plan_with_recompute(costs, asked, mode, origin)
+        except SyncpassError:
+            refused.append(count)
+            continue
+        tried.append((count, plan.predicted_step_s))
+    if not tried:
+        raise SyncpassError(
+            f"--stages auto --recompute {mode}: no plan of 1 to {limit} stage(s) fits", origin
+        )
+    best, step = min(tried, key=lambda entry: entry[1])
+    steps = ", ".join(f"{count}: {format_seconds(time)}" for count, time in tried)
+    note = (
+        f"--stages auto: {best} stage(s) predict the least step ({format_seconds(step)}) "
+        f"recomputing as --recompute {mode} chooses; predicted step by stage count: {steps}"
+        + (f"; no plan fits at {', '.join(map(str, refused))}" if refused else "")
+    )
+    return dataclasses.replace(request, stages=best), note
 
 
 def with_recomputation(costs: Costs, recomputed: Collection[str]) -> Costs:

@@ -30,7 +30,7 @@ from syncpass.core.units import num_bytes, seconds
 from syncpass.frontend.match import match_costs, steer_by_source
 from syncpass.frontend.source import SourceForm
 from syncpass.plan.planner import Plan, PlanCache, PlanRequest, plan_for
-from syncpass.plan.recompute_plan import plan_with_recompute
+from syncpass.plan.recompute_plan import plan_with_recompute, recompute_stage_count
 from syncpass.plan.schedule import single_stage_order
 from syncpass.rewrite.source import KnownOps, ModelSource, SyncWriter
 from syncpass.transformers.common import CheckpointSite, SyncSite
@@ -273,7 +273,14 @@ def _rewrite_plain(
                 "stages (--backend torch_stages), or drop --recompute",
                 path,
             )
+        chose_count = ""
+        if request.stages is None and max_stages is not None:
+            request, chose_count = recompute_stage_count(
+                matched, request, recompute, max_stages, path
+            )
         plan, _ = plan_with_recompute(matched, request, recompute, path)
+        if chose_count:
+            plan = dataclasses.replace(plan, notes=(*plan.notes, chose_count))
         return apply_plan(source, plan, backend, path)
     cache = PlanCache(matched, backend.schedule_order or single_stage_order)
     plan = plan_for(matched, request, path, max_stages, cache)

@@ -192,6 +192,32 @@ def test_a_plan_file_that_recomputes_rewrites_as_planning_does(
     assert out == planned
 
 
+def test_stages_auto_takes_the_count_whose_recomputing_plan_predicts_the_least_step(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    costs = lm_costs(tmp_path / "lm.costs.json")
+    args = ["--costs", str(costs), "--schedule", "gpipe", "--microbatches", "8"]
+    args += ["--threshold", "inf", "--recompute", "auto"]
+    steps = {}
+    for count in range(1, 5):  # each count planned on its own, as a user would
+        status = main(["plan", *args, "--stages", str(count), "--json"])
+        out, _ = capsys.readouterr()
+        if status == 0:
+            steps[count] = json.loads(out)["predicted_step_s"]
+    assert 1 not in steps and len(steps) >= 2  # one device cannot hold the LM at 4.5 MiB
+    best = min(steps, key=steps.__getitem__)
+    assert main(["plan", *args, "--stages", "auto", "--max-stages", "4", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["num_stages"] == best
+    assert plan["predicted_step_s"] == pytest.approx(steps[best], rel=1e-9)
+    (note,) = [note for note in plan["notes"] if note.startswith("--stages auto")]
+    assert f"--stages auto: {best} stage(s) predict the least step" in note
+    assert "no plan fits at 1" in note
+    status, out, err = rewrite([str(LM), *args, "--stages", "auto", "--max-stages", "4"], capsys)
+    assert status == 0, err
+    assert out.count("class TransformerLMStage") == best + 1  # the base class and a class a stage
+
+
 def test_pipe_split_form_refuses_recompute(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
