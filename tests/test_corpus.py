@@ -13,8 +13,11 @@ whichever of its cases comes first: its other stage counts plan from the same co
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
+import math
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -26,6 +29,11 @@ from once import made_once, packages_folder, pinned_name, run_folder
 
 from syncpass.backends.registry import load_backend
 from syncpass.cli import main
+from syncpass.contracts.config import SyncConfig
+from syncpass.contracts.costs import load_costs
+from syncpass.plan.optimizer import Infeasible
+from syncpass.plan.planner import PlanRequest
+from syncpass.plan.recompute_plan import plan_recompute
 
 
 def _bench_corpus() -> ModuleType:
@@ -229,3 +237,68 @@ def test_a_70b_llama_is_planned_for_8_and_64_devices_from_fake_tensors(
     stages = json.loads(plan.read_text())["stages"]
     assert len(stages) == 8
     assert all(70 * 2**30 < stage["memory_bytes"] <= 141e9 for stage in stages)
+
+
+@pytest.mark.slow  # profiles once per run (shared), rewrites and runs on 2 gloo ranks: ~20 s
+def test_hf_llama_recomputes_to_fit_verifies_and_its_peak_memory_is_as_predicted(
+    profiles: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hugging Face's Llama under a device memory that no 2-stage plan fits storing every
+    activation: the rewrite checkpoints some of its decoder layers (not all), the split run
+    matches the unsplit model, and each rank's measured peak is within 20% of the memory
+    model's prediction."""
+    model = next(model for model in CORPUS.MODELS if model.name == "hf_llama")
+    costs = profiled(model, profiles, capsys)
+    profiled_costs = load_costs(costs)
+    # The least memory a 2-stage plan storing everything needs, and 90% of it.
+    request = PlanRequest(
+        stages=2,
+        config=SyncConfig(communication_cost_threshold=math.inf),
+        microbatches=8,
+        schedule="gpipe",
+        carries_values=True,
+    )
+    tiny = dataclasses.replace(
+        profiled_costs,
+        hardware=dataclasses.replace(profiled_costs.hardware, device_memory_bytes=1.0),
+    )
+    stored = dict(plan_recompute(tiny, request, "auto").plans)["none"]
+    assert isinstance(stored, Infeasible) and stored.needed is not None
+    machine = {
+        field: value
+        for field, value in dataclasses.asdict(profiled_costs.hardware).items()
+        if value is not None and field not in ("name", "device_memory_bytes")
+    }
+    hardware = tmp_path / "tight.toml"
+    lines = [f"{field} = {value!r}" for field, value in machine.items()]
+    limit = 0.9 * stored.needed
+    hardware.write_text("\n".join(['name = "tight"', *lines, f"device_memory_bytes = {limit}", ""]))
+    source = prepared(model, tmp_path)
+    out = tmp_path / "llama_sync.py"
+    args = ["--costs", str(costs), "--stages", "2", "--schedule", "gpipe", "--microbatches", "8"]
+    args += ["--threshold", "inf", "--hardware", str(hardware), *model.model_arguments()]
+    status, err = syncpass(["rewrite", str(source), *args, "--recompute", "auto", "-o", str(out)],
+                           False, capsys, tmp_path)  # fmt: skip
+    assert status == 0, err
+    written = out.read_text()
+    recomputed = re.findall(r"recomputes = \(([^)]*)\)", written)
+    chosen = [name for group in recomputed for name in re.findall(r'"([^"]+)"', group)]
+    assert 0 < len(chosen) < model.depth, recomputed
+    assert "torch.utils.checkpoint.checkpoint(" in written
+    report = tmp_path / "run.json"
+    argv = ["run", str(out), "--stages", "2", "--schedule", "gpipe", "--microbatches", "8"]
+    argv += ["--verify", "--steps", "1", "--costs", str(costs), "--json-report", str(report)]
+    status, err = syncpass([*argv, "--backend", model.backend], False, capsys, tmp_path)
+    assert status == 0, err
+    document = json.loads(report.read_text())
+    assert document["verify"]["ok"] is True
+    assert (
+        document["verify"]["parameters_compared"] + model.unused
+        == document["verify"]["model_parameters"]
+    )
+    memory = document["prediction"]["memory"]
+    assert len(memory) == 2
+    for rank, figures in enumerate(memory):
+        ratio = figures["predicted_bytes"] / figures["measured_bytes"]
+        assert 0.8 <= ratio <= 1.2, (rank, figures)
+        assert figures["measured_bytes"] <= limit, (rank, figures)
