@@ -75,7 +75,7 @@ from syncpass.transformers.torch_checkpoints import CheckpointRefused, checkpoin
 #: The comment that opens the block of stage classes syncpass writes.
 STAGES_COMMENT = "# syncpass stages"
 _STAGES_COMMENT = re.compile(r"^#\s*syncpass stages\b")
-_STAGE_COUNT = re.compile(r"^# syncpass stages: [\w.]+ in (\d+) PipelineStage modules$", re.M)
+_STAGE_COUNT = re.compile(r"^# syncpass stages: [\w.]+ in (\d+) PipelineStage modules?$", re.M)
 
 
 def written_stage_count(text: str) -> int | None:
@@ -896,7 +896,8 @@ def insert_stages(
     base = cst.parse_statement(base_code, config=module.config_for_parsing)
     note = cst.EmptyLine(
         comment=cst.Comment(
-            f"{STAGES_COMMENT}: {class_name}.forward in {len(stages)} PipelineStage modules"
+            f"{STAGES_COMMENT}: {class_name}.forward in {len(stages)} PipelineStage "
+            + ("module" if len(stages) == 1 else "modules")
         )
     )
     base = base.with_changes(leading_lines=(cst.EmptyLine(), cst.EmptyLine(), note))

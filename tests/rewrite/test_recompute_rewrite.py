@@ -159,6 +159,7 @@ def test_one_stage_that_recomputes_is_written_as_one_stage_class(
     status, out, err = rewrite([*one, "--recompute", "auto"], capsys)
     assert status == 0, err
     assert "class TransformerLMStage1" not in out
+    assert "# syncpass stages: TransformerLM.forward in 1 PipelineStage module\n" in out
     stage = stage_class(out, 0)
     assert '"""Stage 0 of 1 of TransformerLM.forward."""' in stage
     assert "torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)" in stage
