@@ -4,9 +4,11 @@ import importlib.util
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -37,6 +39,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def bench_script(name: str) -> ModuleType:
+    """``bench/NAME.py`` loaded as module ``NAME`` (the bench folder is no package)."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 EXAMPLE_COSTS = REPO / "examples" / "costs" / "gpt_24x1024.costs.json"
 
 #: What the fork server of a test process imports once, beyond the torch backend's own

@@ -3,28 +3,14 @@ with fewer blocks recomputed than "recompute every block", and a step no slower.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import bench_script
 
-
-def bench_module() -> ModuleType:
-    path = REPO / "bench" / "bench_recompute.py"
-    spec = importlib.util.spec_from_file_location("bench_recompute", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_recompute"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-BENCH = bench_module()
+BENCH = bench_script("bench_recompute")
 
 
 def test_the_estimated_model_has_llama_70bs_parameters() -> None:

@@ -14,17 +14,14 @@ whichever of its cases comes first: its other stage counts plan from the same co
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import math
 import re
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
-from conftest import REPO
+from conftest import bench_script
 from once import made_once, packages_folder, pinned_name, run_folder
 
 from syncpass.backends.registry import load_backend
@@ -35,19 +32,7 @@ from syncpass.plan.optimizer import Infeasible
 from syncpass.plan.planner import PlanRequest
 from syncpass.plan.recompute_plan import plan_recompute
 
-
-def _bench_corpus() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_corpus", REPO / "bench" / "bench_corpus.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_corpus"] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-CORPUS = _bench_corpus()
+CORPUS = bench_script("bench_corpus")
 #: The stage counts each model runs at here (the bench runs every count a model lists).
 #: Eight ranks on two cores: one model (lucidrains' ViT) shows a real model's eight-stage
 #: split verifies; the other 8-rank runs took 30 s each and test nothing the 2- and 4-stage
