@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import multiprocessing
 import multiprocessing.forkserver
@@ -9,8 +10,12 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from syncpass.contracts.costs import Costs
 
 # What syncpass caches (torch's schedule orders) goes to a folder of this run, not the
 # user's: the commands the tests start inherit it, and so do pytest-xdist's workers (started
@@ -49,6 +54,21 @@ def bench_script(name: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def hardware_as_profiled(costs: Costs, device_memory_bytes: float) -> str:
+    """A hardware profile (TOML) that is the machine ``costs`` were measured on (link,
+    overhead per action, cores, FLOP rate) with another device memory: a plan for it and
+    a run's prediction, which reads the cost file's own machine, see the same one."""
+    machine = {
+        field: value
+        for field, value in dataclasses.asdict(costs.hardware).items()
+        if value is not None and field not in ("name", "device_memory_bytes")
+    }
+    lines = [f"{field} = {value!r}" for field, value in machine.items()]
+    return "\n".join(
+        ['name = "as profiled"', *lines, f"device_memory_bytes = {device_memory_bytes}", ""]
+    )
 
 
 EXAMPLE_COSTS = REPO / "examples" / "costs" / "gpt_24x1024.costs.json"

@@ -6,14 +6,13 @@ split over gloo and verified against the unsplit model."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, hardware_as_profiled
 
 from syncpass.cli import main
 
@@ -106,15 +105,7 @@ def test_recompute_written_runs_verifies_and_its_peak_memory_is_as_predicted(
     stored = stage_memory_model(profiled, ("blocks.2",), frozenset(), "gpipe", 8)
     limit = 0.8 * max(stage.total for stage in stored)
     hardware = tmp_path / "small.toml"
-    # This machine as profiled (link, overhead per action, cores), so that the run's
-    # prediction, made from the cost file, and the plan see the same one.
-    machine = {
-        field: value
-        for field, value in dataclasses.asdict(profiled.hardware).items()
-        if value is not None and field not in ("name", "device_memory_bytes")
-    }
-    lines = [f"{field} = {value!r}" for field, value in machine.items()]
-    hardware.write_text("\n".join(['name = "tight"', *lines, f"device_memory_bytes = {limit}", ""]))
+    hardware.write_text(hardware_as_profiled(profiled, limit))
     out = tmp_path / "lm_sync.py"
     argv = ["rewrite", str(source), "--costs", str(costs), "--stages", "2", "--schedule", "gpipe"]
     argv += ["--microbatches", "8", "--threshold", "inf", "--hardware", str(hardware)]

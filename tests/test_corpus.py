@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import bench_script
+from conftest import bench_script, hardware_as_profiled
 from once import made_once, packages_folder, pinned_name, run_folder
 
 from syncpass.backends.registry import load_backend
@@ -249,15 +249,9 @@ def test_hf_llama_recomputes_to_fit_verifies_and_its_peak_memory_is_as_predicted
     )
     stored = dict(plan_recompute(tiny, request, "auto").plans)["none"]
     assert isinstance(stored, Infeasible) and stored.needed is not None
-    machine = {
-        field: value
-        for field, value in dataclasses.asdict(profiled_costs.hardware).items()
-        if value is not None and field not in ("name", "device_memory_bytes")
-    }
     hardware = tmp_path / "tight.toml"
-    lines = [f"{field} = {value!r}" for field, value in machine.items()]
     limit = 0.9 * stored.needed
-    hardware.write_text("\n".join(['name = "tight"', *lines, f"device_memory_bytes = {limit}", ""]))
+    hardware.write_text(hardware_as_profiled(profiled_costs, limit))
     source = prepared(model, tmp_path)
     out = tmp_path / "llama_sync.py"
     args = ["--costs", str(costs), "--stages", "2", "--schedule", "gpipe", "--microbatches", "8"]
