@@ -436,23 +436,24 @@ def _run_recompute_plan(
     """``plan --recompute MODE``: the plan with activation checkpointing chosen, and the
     plans recomputing nothing and every block beside it; with ``--stages auto``, at the
     stage count whose plan predicts the least step."""
-    chose_count = ""
+    plan: Plan | None = None  # made on the way when --stages auto chose the count
     if request.stages is None and auto_limit is not None:
-        request, chose_count = recompute_stage_count(
+        request, plan, found = recompute_stage_count(
             costs, request, args.recompute, auto_limit, str(args.costs)
         )
-    found = plan_recompute(costs, request, args.recompute)
+    else:
+        found = plan_recompute(costs, request, args.recompute)
     problem = recompute_problem(costs, request, found.microbatches)
-    report = (chose_count + "\n" if chose_count else "") + render_recompute(found, costs, problem)
+    chose_count = plan.notes[-1] + "\n" if plan is not None else ""
+    report = chose_count + render_recompute(found, costs, problem)
     if isinstance(found.chosen, Infeasible):
         sys.stdout.write(report)
         sys.stderr.write(f"syncpass: error: --recompute {args.recompute}: no plan fits\n")
         return EXIT_ERROR
     if args.output is not None or args.json:
         # The plan file `rewrite --plan` writes from: its cuts, and the ops it checkpoints.
-        plan, _ = plan_with_recompute(costs, request, args.recompute, str(args.costs))
-        if chose_count:
-            plan = dataclasses.replace(plan, notes=(*plan.notes, chose_count))
+        if plan is None:
+            plan, _ = plan_with_recompute(costs, request, args.recompute, str(args.costs), found)
         document = dumps_plan(plan)
         if args.output is not None and str(args.output) != "-":
             write_atomically(args.output, document)

@@ -163,35 +163,39 @@ def plan_recompute(costs: Costs, request: PlanRequest, mode: str) -> RecomputePl
 
 def recompute_stage_count(
     costs: Costs, request: PlanRequest, mode: str, max_stages: int, origin: str = ""
-) -> tuple[PlanRequest, str]:
-    """``--stages auto`` with ``--recompute mode``: ``request`` with the stage count whose
-    plan (recomputing as ``mode`` chooses) predicts the least step, of 1 to
-    :func:`~syncpass.plan.planner.auto_stage_limit`'s limit; and the note that says so, with
-    each count's predicted step. A count no plan fits (memory, micro-batches) is passed
-    over, and named."""
+) -> tuple[PlanRequest, Plan, RecomputePlan]:
+    """``--stages auto`` with ``--recompute mode``: of 1 to
+    :func:`~syncpass.plan.planner.auto_stage_limit`'s limit, the stage count whose plan
+    (recomputing as ``mode`` chooses) predicts the least step: ``request`` at that count,
+    its plan (:func:`plan_with_recompute`; the last note says why, with each count's
+    predicted step) and the choice behind it. A count no plan fits (memory, micro-batches)
+    is passed over, and named."""
     limit = auto_stage_limit(costs, max_stages, request.per_device)
-    tried: list[tuple[int, float]] = []
+    tried: list[tuple[int, Plan, RecomputePlan]] = []
     refused: list[int] = []
     for count in range(1, limit + 1):
-        asked = dataclasses.replace(request, stages=count)
         try:
-            plan, _ = plan_with_recompute(costs, asked, mode, origin)
+            plan, found = plan_with_recompute(
+                costs, dataclasses.replace(request, stages=count), mode, origin
+            )
         except SyncpassError:
             refused.append(count)
             continue
-        tried.append((count, plan.predicted_step_s))
+        tried.append((count, plan, found))
     if not tried:
         raise SyncpassError(
             f"--stages auto --recompute {mode}: no plan of 1 to {limit} stage(s) fits", origin
         )
-    best, step = min(tried, key=lambda entry: entry[1])
-    steps = ", ".join(f"{count}: {format_seconds(time)}" for count, time in tried)
+    best, plan, found = min(tried, key=lambda entry: entry[1].predicted_step_s)
+    steps = ", ".join(f"{count}: {format_seconds(p.predicted_step_s)}" for count, p, _ in tried)
     note = (
-        f"--stages auto: {best} stage(s) predict the least step ({format_seconds(step)}) "
-        f"recomputing as --recompute {mode} chooses; predicted step by stage count: {steps}"
+        f"--stages auto: {best} stage(s) predict the least step "
+        f"({format_seconds(plan.predicted_step_s)}) recomputing as --recompute {mode} chooses; "
+        f"predicted step by stage count: {steps}"
         + (f"; no plan fits at {', '.join(map(str, refused))}" if refused else "")
     )
-    return dataclasses.replace(request, stages=best), note
+    plan = dataclasses.replace(plan, notes=(*plan.notes, note))
+    return dataclasses.replace(request, stages=best), plan, found
 
 
 def with_recomputation(costs: Costs, recomputed: Collection[str]) -> Costs:
@@ -215,19 +219,25 @@ def with_recomputation(costs: Costs, recomputed: Collection[str]) -> Costs:
 
 
 def plan_with_recompute(
-    costs: Costs, request: PlanRequest, mode: str, origin: str = ""
+    costs: Costs,
+    request: PlanRequest,
+    mode: str,
+    origin: str = "",
+    found: RecomputePlan | None = None,
 ) -> tuple[Plan, RecomputePlan]:
     """The plan ``rewrite --recompute MODE`` writes: the cuts and the ops to recompute of
     :func:`plan_recompute`, as a :class:`Plan` whose stages pay each chosen op's forward
     again in their backward (their times, the simulated step) and whose stages' memory is
     the memory model of the module docstring; :attr:`Plan.checkpointed` names the ops,
-    what each frees and costs. Raises :class:`SyncpassError` when no plan fits."""
+    what each frees and costs; ``found``: :func:`plan_recompute`'s result for ``request``
+    when the caller has it. Raises :class:`SyncpassError` when no plan fits."""
     if costs.groups:
         raise SyncpassError(
             "--recompute plans the ops as the cost file lists them, and this one groups "
             "nested nn.Sequential children (profiled with --depth 2); profile at --depth 1"
         )
-    found = plan_recompute(costs, request, mode)
+    if found is None:
+        found = plan_recompute(costs, request, mode)
     chosen = found.chosen
     if isinstance(chosen, Infeasible):
         raise SyncpassError(f"--recompute {mode}: {_why_not(mode, chosen)}", origin)

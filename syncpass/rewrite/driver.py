@@ -273,14 +273,10 @@ def _rewrite_plain(
                 "stages (--backend torch_stages), or drop --recompute",
                 path,
             )
-        chose_count = ""
         if request.stages is None and max_stages is not None:
-            request, chose_count = recompute_stage_count(
-                matched, request, recompute, max_stages, path
-            )
-        plan, _ = plan_with_recompute(matched, request, recompute, path)
-        if chose_count:
-            plan = dataclasses.replace(plan, notes=(*plan.notes, chose_count))
+            _, plan, _ = recompute_stage_count(matched, request, recompute, max_stages, path)
+        else:
+            plan, _ = plan_with_recompute(matched, request, recompute, path)
         return apply_plan(source, plan, backend, path)
     cache = PlanCache(matched, backend.schedule_order or single_stage_order)
     plan = plan_for(matched, request, path, max_stages, cache)

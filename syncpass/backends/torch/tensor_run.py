@@ -170,16 +170,15 @@ def launch_tensor(request: TensorRunRequest) -> TensorRunResult:
         )
         if request.port == 0:
             request = replace(request, port=held.enter_context(reserved_port()))
-        ready = request
 
         def collect(processes: list[BaseProcess], messages: Any) -> None:
             def other(message: Any) -> None:
                 if isinstance(message, TensorRankDone):
                     ranks[message.rank] = message
 
-            wait_for_reports(processes, messages, ready.timeout_s, other)
+            wait_for_reports(processes, messages, request.timeout_s, other)
 
-        run_local(_entry, ready, ready.tp, "syncpass-tp", collect)
+        run_local(_entry, request, request.tp, "syncpass-tp", collect)
     if len(ranks) != request.tp:  # pragma: no cover - a rank reports before it is done
         raise SyncpassError(f"{request.tp - len(ranks)} rank(s) finished without figures")
     parameters = len({check.name for rank in ranks.values() for check in rank.checks})
