@@ -6,7 +6,7 @@ simple statement's lines, the name it assigns and the call it makes; each call's
 name and arguments). :class:`InsertTensorCollectivesCommand` carries out the edits the
 torch backend decided (:class:`TensorEdit`): a line before or after a statement, an
 argument divided by ``tp_size()``, and a block of text after the module's last
-statement; it schedules the runtime's import. It never decides: an edit whose site is
+statement; it schedules the imports it is given. It never decides: an edit whose site is
 missing or ambiguous is a warning and no change.
 """
 
@@ -169,7 +169,7 @@ class InsertTensorCollectivesCommand(VisitorBasedCodemodCommand):
         context: CodemodContext,
         edits: Sequence[TensorEdit],
         footer: str,
-        imports: Sequence[str],
+        imports: Sequence[tuple[str, str]],
     ) -> None:
         super().__init__(context)
         self.edits = tuple(edits)
@@ -235,8 +235,8 @@ class InsertTensorCollectivesCommand(VisitorBasedCodemodCommand):
         return updated_node.with_changes(args=args)
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
-        for name in self.imports:
-            AddImportsVisitor.add_needed_import(self.context, RUNTIME_MODULE, name)
+        for module, name in self.imports:
+            AddImportsVisitor.add_needed_import(self.context, module, name)
         if not self.footer:
             return updated_node
         footer = cst.parse_module(self.footer)
@@ -247,10 +247,13 @@ class InsertTensorCollectivesCommand(VisitorBasedCodemodCommand):
 
 
 def insert_tensor_collectives(
-    module: cst.Module, edits: Sequence[TensorEdit], footer: str, imports: Sequence[str]
+    module: cst.Module,
+    edits: Sequence[TensorEdit],
+    footer: str,
+    imports: Sequence[tuple[str, str]],
 ) -> tuple[cst.Module, tuple[TensorEdit, ...]]:
-    """``module`` with ``edits`` carried out, ``footer`` appended and ``imports`` from the
-    runtime scheduled; the edits whose site was not found."""
+    """``module`` with ``edits`` carried out, ``footer`` appended and ``imports`` (module,
+    name) scheduled; the edits whose site was not found."""
     command = InsertTensorCollectivesCommand(CodemodContext(), edits, footer, imports)
     result = command.transform_module(module)
     return result, tuple(edit for edit in edits if edit not in command.done)

@@ -87,7 +87,9 @@ class EstimateRequest:
 class TensorRewriteRequest:
     """Write a tensor-parallel plan for ``tp`` ranks into the model of ``file`` (source
     ``text``), planned on a recording of the example ``example``, for ``hardware``
-    (a profile name or file; ``None``: the local CPU's)."""
+    (a profile name or file; ``None``: the local CPU's), in ``style``: ``eager`` (the
+    conjugate functions in the forwards) or ``dtensor`` (torch's parallel styles for
+    ``parallelize_module``)."""
 
     file: str
     text: str
@@ -95,6 +97,7 @@ class TensorRewriteRequest:
     tp: int
     hardware: str | None = None
     timeout_s: float = 300.0
+    style: str = "eager"
 
 
 @dataclass(frozen=True)

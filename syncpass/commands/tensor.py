@@ -70,11 +70,27 @@ def add_tensor_options(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tensor_style_option(parser: argparse.ArgumentParser) -> None:
+    """``--tp-style`` on ``syncpass rewrite``: the form the plan is written in."""
+    parser.add_argument(
+        "--tp-style",
+        choices=("eager", "dtensor"),
+        default=None,
+        help="with --strategy tensor: eager (default) writes each collective into the "
+        "forwards as a conjugate function, weights sliced by shard_module; dtensor writes "
+        "TENSOR_PARALLEL_PLAN, torch's parallel styles for parallelize_module "
+        "(docs/tensor.md)",
+    )
+
+
 def check_tensor_flags(args: argparse.Namespace) -> None:
-    """``--tp`` belongs to ``--strategy tensor``, and pipeline flags do not."""
+    """``--tp`` and ``--tp-style`` belong to ``--strategy tensor``, and pipeline flags do
+    not."""
     tensor = getattr(args, "strategy", None) == TENSOR_STRATEGY
     if not tensor and getattr(args, "tp", None) is not None:
         raise SyncpassError("--tp plans tensor parallelism: add --strategy tensor")
+    if not tensor and getattr(args, "tp_style", None) is not None:
+        raise SyncpassError("--tp-style writes a tensor-parallel plan: add --strategy tensor")
     if not tensor:
         return
     if getattr(args, "tp", None) is None:
@@ -150,17 +166,25 @@ def run_tensor_rewrite(args: argparse.Namespace) -> int:
             tp=args.tp,
             hardware=args.hardware,
             timeout_s=args.timeout,
+            style=args.tp_style or "eager",
         )
     )
     plan = result.plan
     split = sum(item.layout != "replicated" for item in plan.layouts)
     counts = f"{plan.cost.forward_collectives} forward, {plan.cost.backward_collectives} backward"
+    written = (
+        "in TENSOR_PARALLEL_PLAN's parallel styles"
+        if args.tp_style == "dtensor"
+        else f"{result.lines} collective line(s)"
+    )
     summary = (
-        f"tp {plan.tp}: {split} of {len(plan.layouts)} op(s) split, {result.lines} collective "
-        f"line(s) ({counts} collectives a step), predicted step {seconds(plan.cost.step_s)}"
+        f"tp {plan.tp}: {split} of {len(plan.layouts)} op(s) split, {written} ({counts} "
+        f"collectives a step), predicted step {seconds(plan.cost.step_s)}"
     )
     for note in result.notes:
         print(f"syncpass: note: stays replicated: {note}", file=sys.stderr)
+    for note in plan.notes:
+        print(f"syncpass: note: {note}", file=sys.stderr)
     changed = result.rewritten != text
     if args.diff:
         import difflib

@@ -86,3 +86,16 @@ def test_rewrite_strategy_tensor_needs_the_example_and_writes_nothing_without(
     assert not out.exists()
     assert main(argv) == 2
     assert "--strategy tensor needs --tp N" in capsys.readouterr().err
+
+
+def test_tp_style_without_the_tensor_strategy_is_an_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = REPO / "examples" / "transformer_lm.py"
+    out = tmp_path / "lm.py"
+    argv = ["rewrite", str(model), "--costs", str(TENSOR_COSTS), "--tp-style", "dtensor"]
+    assert main([*argv, "-o", str(out)]) == 2
+    assert "--tp-style writes a tensor-parallel plan: add --strategy tensor" in (
+        capsys.readouterr().err
+    )
+    assert not out.exists()

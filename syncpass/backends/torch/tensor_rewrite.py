@@ -17,6 +17,18 @@ then write it (the eager style: the model's own forwards, changed where a collec
    the runtime's import, and after the last statement ``TENSOR_PARALLEL_LAYOUT`` (what
    :func:`~syncpass.backends.torch.tensor_parallel.shard_module` slices) and
    ``TENSOR_PARALLEL_COLLECTIVES`` (what ``syncpass run --tp`` checks each rank ran).
+
+``--tp-style dtensor`` writes the same plan in the form torchtitan runs: no collective in
+the source (the sizes are divided all the same), and after the model
+``TENSOR_PARALLEL_PLAN``, torch's parallel styles by module for ``parallelize_module``
+(``ColwiseParallel()``, ``ColwiseParallel(output_layouts=Replicate())`` where the plan
+gathers a column-split layer's output, ``RowwiseParallel()``). Those styles place each
+collective at a layer's edge, so the check refuses besides: a fused weight's chunks (one
+``ColwiseParallel`` slices the weight in one block), a partial sum not reduced at a
+row-split layer's output, a gather of anything but a column-split layer's output. Each
+``ColwiseParallel`` layer sums the gradient of its input on its own: a value read by ``k``
+column-split layers has ``k`` backward all-reduces where the eager form has one; the
+plan's collectives and step say so (:func:`dtensor_collectives`).
 """
 
 from __future__ import annotations
@@ -37,9 +49,10 @@ from syncpass.backends.torch.tensor_record import OpShape
 from syncpass.contracts.tensor import TensorGraph, TensorOp
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
-from syncpass.plan.tensor_plan import TensorPlan
+from syncpass.plan.tensor_plan import PlannedCollective, TensorPlan
 from syncpass.plan.tensor_planner import TensorRequest, link_for, plan_tensor
 from syncpass.transformers.torch_tensor import (
+    RUNTIME_MODULE,
     CallSite,
     StatementSite,
     TensorEdit,
@@ -62,6 +75,16 @@ _COPY = "copy_to_tensor_parallel_region"
 _REDUCE = "reduce_from_tensor_parallel_region"
 _GATHER = "gather_from_tensor_parallel_region"
 MAX_ROUNDS = 64
+#: How a plan is written: ``eager`` (the conjugate functions in the forwards, weights sliced
+#: by ``shard_module``) or ``dtensor`` (torch's parallel styles, for ``parallelize_module``).
+STYLES = ("eager", "dtensor")
+#: The parallel style each written layout becomes in the ``dtensor`` form.
+_DTENSOR_STYLES = {
+    "column": "ColwiseParallel()",
+    "column-gathered": "ColwiseParallel(output_layouts=Replicate())",
+    "row": "RowwiseParallel()",
+}
+_DTENSOR_MODULE = "torch.distributed.tensor.parallel"
 
 
 @dataclass(frozen=True)
@@ -133,15 +156,22 @@ class _Checker:
     """Checks one plan against the source; collects refusals and, when none, the edits."""
 
     def __init__(
-        self, graph: TensorGraph, shapes: Mapping[str, OpShape], source: _Source, plan: TensorPlan
+        self,
+        graph: TensorGraph,
+        shapes: Mapping[str, OpShape],
+        source: _Source,
+        plan: TensorPlan,
+        style: str = "eager",
     ) -> None:
         self.graph = graph
         self.shapes = shapes
         self.source = source
         self.plan = plan
+        self.style = style
         self.layout = {item.op: item for item in plan.layouts}
         self.dims: dict[str, int] = {}
         self.fused: dict[str, int] = {}
+        self.gathered: set[str] = set()  # column-split layers whose output is gathered
         self.refusals: list[Refusal] = []
         self.edits: dict[tuple[str, int, str, int], TensorEdit] = {}
 
@@ -223,6 +253,13 @@ class _Checker:
             if root is None:
                 self.refuse(op.id, "it cuts a split value that no column-split linear made alone")
                 return
+            if self.style == "dtensor":
+                self.refuse(
+                    root,
+                    f"its weight holds {shape.outputs} fused chunks, each to be sliced, and "
+                    "ColwiseParallel slices a weight in one block (--tp-style eager writes it)",
+                )
+                return
             self.fused[root] = shape.outputs
             self.dims[op.id] = d
             if shape.function == "split":
@@ -297,13 +334,16 @@ class _Checker:
             return
         states = {state for _, state, _ in reads}
         partials = {p for _, _, p in reads}
-        if len(states) > 1 or len(partials) > 1:
+        # One line after the value serves every reader: the eager form's gradient
+        # all-reduce must serve all of them or none; the dtensor form's is each
+        # ColwiseParallel reader's own.
+        if len(states) > 1 or (len(partials) > 1 and self.style == "eager"):
             for reader, state, p in reads:
                 if reader != "<output>" and (state != "R" or p):
                     self.refuse(reader, f"{op.id} is read in several states; one line serves one")
             return
         target = states.pop()
-        copy = partials.pop()
+        copy = any(partials)
         wanted: list[tuple[str, str]] = []
         call: str | None = None
         if made == "P" and target == "R":
@@ -329,6 +369,9 @@ class _Checker:
         self.place(op, call, copy, [reader for reader, _, _ in reads])
 
     def place(self, op: TensorOp, call: str | None, copy: bool, readers: list[str]) -> None:
+        if self.style == "dtensor":
+            self.place_in_style(op, call)
+            return
         line = self.source.line(op)
         statement = self.source.statement(line) if line is not None else None
         shape = self.shapes.get(op.id)
@@ -370,6 +413,27 @@ class _Checker:
         for reader in readers:
             self.refuse(reader, f"no line of its own to sum the gradient of {op.id} on")
 
+    def place_in_style(self, op: TensorOp, call: str | None) -> None:
+        """The ``dtensor`` form: a collective is a parallel style's, at a layer's edge.
+        A gradient's all-reduce is each column-split reader's ``ColwiseParallel``."""
+        layout = self.layout[op.id].layout
+        linear = op.kind == "linear" and op.module is not None
+        if call == _REDUCE and not (linear and layout == "row"):
+            self.refuse(
+                op.id,
+                "DTensor's styles all-reduce a partial sum only at a RowwiseParallel layer's "
+                "output (--tp-style eager writes it here)",
+            )
+        elif call == _GATHER:
+            if linear and layout == "column":
+                self.gathered.add(op.id)
+            else:
+                self.refuse(
+                    op.id,
+                    "DTensor's styles gather only a ColwiseParallel layer's output "
+                    "(--tp-style eager writes it here)",
+                )
+
     def comment(self, op: TensorOp, direction: str) -> str:
         """What crosses and why, in a few words, with its predicted size and time."""
         item = next(
@@ -393,10 +457,15 @@ class _Checker:
 
 
 def check_plan(
-    graph: TensorGraph, shapes: Mapping[str, OpShape], source: _Source, plan: TensorPlan
+    graph: TensorGraph,
+    shapes: Mapping[str, OpShape],
+    source: _Source,
+    plan: TensorPlan,
+    style: str = "eager",
 ) -> tuple[list[Refusal], _Checker]:
-    """What the source cannot carry of ``plan``; the checker holds the edits when nothing."""
-    checker = _Checker(graph, shapes, source, plan)
+    """What the source cannot carry of ``plan`` in ``style``; the checker holds the edits
+    when nothing."""
+    checker = _Checker(graph, shapes, source, plan, style)
     checker.sites()
     if not checker.refusals:
         checker.splits()
@@ -412,8 +481,10 @@ def written_plan(
     path: Path,
     plan_with: TensorRequest,
     plan: dict[str, object],
+    style: str = "eager",
 ) -> WrittenPlan:
-    """Plan ``graph`` as ``plan_with`` asks, within what the source of ``path`` carries."""
+    """Plan ``graph`` as ``plan_with`` asks, within what the source of ``path`` carries
+    written in ``style`` (:data:`STYLES`)."""
     source = _Source(text, path)
     graph = _site_medians(graph)
     allowed: dict[str, tuple[str, ...]] = {
@@ -425,7 +496,7 @@ def written_plan(
             plan_with, allowed=tuple(allowed.items()), sequence_parallel=False, explain=False
         )
         made = plan_tensor(graph, request=request, **plan)  # type: ignore[arg-type]
-        found, checker = check_plan(graph, shapes, source, made)
+        found, checker = check_plan(graph, shapes, source, made, style)
         if not found:
             break
         for refusal in found:
@@ -439,6 +510,10 @@ def written_plan(
         if op.kind == "linear" and item.layout in ("column", "row") and op.module is not None:
             chunks = checker.fused.get(op.id, 1)
             layouts[op.module] = item.layout + (f":{chunks}" if chunks > 1 else "")
+            if op.id in checker.gathered:
+                layouts[op.module] = "column-gathered"
+    if style == "dtensor":
+        made = dtensor_collectives(graph, made)
     counts = collections.Counter(
         f"{item.direction} {item.kind}" for item in made.collectives if item.within is None
     )
@@ -448,6 +523,48 @@ def written_plan(
         tuple(_collapse(layouts).items()),
         tuple(sorted(counts.items())),
         tuple(refusals),
+    )
+
+
+def dtensor_collectives(graph: TensorGraph, plan: TensorPlan) -> TensorPlan:
+    """``plan`` as DTensor's styles run it: each ``ColwiseParallel`` layer all-reduces the
+    gradient of its input on its own, so a value ``k`` column-split layers read has ``k``
+    backward all-reduces (the eager form sums the gradients first: one). The step and the
+    counts take the extra ones; a note says where."""
+    layout = {item.op: item for item in plan.layouts}
+    collectives: list[PlannedCollective] = []
+    extra_s = 0.0
+    extra = 0
+    notes: list[str] = []
+    for item in plan.collectives:
+        columns = sorted(
+            reader
+            for reader in graph.consumers[item.value]
+            if graph.op(reader).kind == "linear" and layout[reader].layout == "column"
+        )
+        if item.direction != "backward" or item.kind != "all-reduce" or len(columns) < 2:
+            collectives.append(item)
+            continue
+        collectives += [dataclasses.replace(item, readers=(reader,)) for reader in columns]
+        extra += len(columns) - 1
+        extra_s += (len(columns) - 1) * item.time_s
+        notes.append(
+            f"{_family(item.value)}: its gradient is all-reduced by each of the "
+            f"{len(columns)} ColwiseParallel layers that read it "
+            f"({', '.join(sorted({_tail(graph.op(r)) for r in columns}))}), where the eager "
+            "form sums it first and all-reduces once"
+        )
+    if not extra:
+        return plan
+    cost = dataclasses.replace(
+        plan.cost,
+        step_s=plan.cost.step_s + extra_s,
+        comm_s=plan.cost.comm_s + extra_s,
+        backward_collectives=plan.cost.backward_collectives + extra,
+    )
+    unique = tuple(dict.fromkeys(notes))
+    return dataclasses.replace(
+        plan, collectives=tuple(collectives), cost=cost, notes=(*plan.notes, *unique)
     )
 
 
@@ -487,7 +604,9 @@ def _collapse(layouts: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
-def _footer(model: str, tp: int, written: WrittenPlan) -> str:
+def _footer(model: str, tp: int, written: WrittenPlan, style: str) -> str:
+    if style == "dtensor":
+        return _dtensor_footer(model, tp, written)
     lines = [
         "",
         "",
@@ -504,6 +623,58 @@ def _footer(model: str, tp: int, written: WrittenPlan) -> str:
         "}",
     ]
     return "\n".join(lines).replace("{\n}", "{}") + "\n"
+
+
+def _dtensor_footer(model: str, tp: int, written: WrittenPlan) -> str:
+    sizes = (
+        [
+            "# The sizes divided by tp_size() above read the default process group's size; with",
+            "# a 2-D mesh, set_tensor_parallel_group(mesh[NAME].get_group()) first.",
+        ]
+        if any(edit.kind == "divide" for edit in written.edits)
+        else []
+    )
+    lines = [
+        "",
+        "",
+        f"# syncpass tensor: {model} planned for {tp} ranks as DTensor parallel styles; run it",
+        "# with syncpass run --tp N. parallelize_module(model, mesh, TENSOR_PARALLEL_PLAN), mesh",
+        "# a 1-D DeviceMesh of the tensor-parallel ranks (of a 2-D one: mesh[NAME]), splits",
+        "# these layers after the model is built or a checkpoint loaded.",
+        *sizes,
+        "TENSOR_PARALLEL_PLAN = {",
+        *(
+            f"    {json.dumps(name)}: {_DTENSOR_STYLES[layout]},"
+            for name, layout in written.layouts
+        ),
+        "}",
+        "# The collectives one training step runs on each rank, as planned.",
+        "TENSOR_PARALLEL_COLLECTIVES = {",
+        *(f"    {json.dumps(kind)}: {count}," for kind, count in written.counts),
+        "}",
+    ]
+    return "\n".join(lines).replace("{\n}", "{}") + "\n"
+
+
+def _imports(written: WrittenPlan, style: str) -> list[tuple[str, str]]:
+    """What the written file imports: the runtime's functions it calls, and in the
+    ``dtensor`` form the parallel styles its plan names."""
+    names = {
+        name
+        for edit in written.edits
+        for name in (_COPY, _REDUCE, _GATHER, "tp_size")
+        if name in edit.code or (edit.kind == "divide" and name == "tp_size")
+    }
+    found = [(RUNTIME_MODULE, name) for name in sorted(names)]
+    if style == "dtensor":
+        layouts = {layout for _, layout in written.layouts}
+        if layouts & {"column", "column-gathered"}:
+            found.append((_DTENSOR_MODULE, "ColwiseParallel"))
+        if "row" in layouts:
+            found.append((_DTENSOR_MODULE, "RowwiseParallel"))
+        if "column-gathered" in layouts:
+            found.append(("torch.distributed.tensor", "Replicate"))
+    return found
 
 
 def _record_example(
@@ -535,6 +706,8 @@ def rewrite_tensor(request: TensorRewriteRequest) -> TensorRewriteResult:
 
     path = Path(request.file)
     hardware = load_profile(request.hardware or "cpu-gloo-loopback").hardware
+    if request.style not in STYLES:
+        raise SyncpassError(f"--tp-style {request.style}: use one of {', '.join(STYLES)}")
     if request.tp > 1 and request.tp > (hardware.devices or request.tp):
         raise SyncpassError(
             f"--tp {request.tp} needs {request.tp} devices and the hardware has "
@@ -556,17 +729,11 @@ def rewrite_tensor(request: TensorRewriteRequest) -> TensorRewriteResult:
         path,
         TensorRequest(request.tp),
         {"link": link_for(hardware), "hardware": hardware.name, "model": model},
+        request.style,
     )
-    imports = sorted(
-        {
-            name
-            for edit in written.edits
-            for name in (_COPY, _REDUCE, _GATHER, "tp_size")
-            if name in edit.code or (edit.kind == "divide" and name == "tp_size")
-        }
-    )
+    imports = _imports(written, request.style)
     module = cst.parse_module(request.text)
-    footer = _footer(model, request.tp, written) if written.layouts else ""
+    footer = _footer(model, request.tp, written, request.style) if written.layouts else ""
     if not written.edits and not written.layouts:
         return TensorRewriteResult(request.text, written.plan, _notes(written), 0)
     result, missed = insert_tensor_collectives(module, written.edits, footer, imports)
@@ -594,4 +761,11 @@ def _notes(written: WrittenPlan) -> tuple[str, ...]:
     return tuple(seen.values())
 
 
-__all__: Sequence[str] = ("WRITABLE", "check_plan", "rewrite_tensor", "written_plan")
+__all__: Sequence[str] = (
+    "STYLES",
+    "WRITABLE",
+    "check_plan",
+    "dtensor_collectives",
+    "rewrite_tensor",
+    "written_plan",
+)

@@ -3,7 +3,9 @@
 Beside the pipeline runner (:mod:`syncpass.backends.torch.run`), whose process handling
 it reuses: each rank joins the group on loopback, builds the example from the rewritten
 file (seeded: every rank the same weights and batch), keeps the unsplit model as the
-reference, slices its weights with ``shard_module(model, TENSOR_PARALLEL_LAYOUT)``, runs
+reference, slices its weights with ``shard_module(model, TENSOR_PARALLEL_LAYOUT)`` (the
+``dtensor`` form: ``parallelize_module(model, mesh, TENSOR_PARALLEL_PLAN)`` over a 1-D CPU
+mesh of the ranks, its collectives counted by DTensor's ``CommDebugMode``), runs
 one training step (forward, loss, backward) counting the collectives it issues, and,
 with ``--verify``, runs the reference on the same batch alone (every collective the
 identity) and compares the loss and every gradient: split weights' gradients are
@@ -16,7 +18,8 @@ import contextlib
 import copy
 import importlib.util
 import time
-from dataclasses import replace
+import warnings
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.process import BaseProcess
 from pathlib import Path
@@ -36,22 +39,44 @@ DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5
 
 
-def _written(file: str) -> tuple[dict[str, str], dict[str, int]]:
-    """The file's ``TENSOR_PARALLEL_LAYOUT`` and ``TENSOR_PARALLEL_COLLECTIVES``."""
+@dataclass(frozen=True)
+class WrittenForm:
+    """What ``syncpass rewrite --strategy tensor`` wrote after the model: the eager form's
+    ``TENSOR_PARALLEL_LAYOUT`` (``shard_module``'s), or the ``dtensor`` form's
+    ``TENSOR_PARALLEL_PLAN`` (``parallelize_module``'s parallel styles); and
+    ``TENSOR_PARALLEL_COLLECTIVES``."""
+
+    layouts: dict[str, str] | None
+    styles: dict[str, Any] | None
+    counts: dict[str, int]
+
+
+def _written(file: str) -> WrittenForm:
+    """The file's written form (:class:`WrittenForm`)."""
     spec = importlib.util.spec_from_file_location("_syncpass_tensor_file", file)
     if spec is None or spec.loader is None:  # pragma: no cover - a .py path
         raise SyncpassError("cannot import this file", file)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     layouts = getattr(module, "TENSOR_PARALLEL_LAYOUT", None)
+    styles = getattr(module, "TENSOR_PARALLEL_PLAN", None)
     counts = getattr(module, "TENSOR_PARALLEL_COLLECTIVES", None)
-    if not isinstance(layouts, dict) or not isinstance(counts, dict):
+    if not isinstance(layouts, dict | None) or not isinstance(styles, dict | None):
         raise SyncpassError(
-            "no TENSOR_PARALLEL_LAYOUT and TENSOR_PARALLEL_COLLECTIVES in this file: run "
-            "syncpass rewrite --strategy tensor --tp N on the model first",
+            "TENSOR_PARALLEL_LAYOUT and TENSOR_PARALLEL_PLAN must be dicts by module name", file
+        )
+    if (layouts is None) == (styles is None) or not isinstance(counts, dict):
+        raise SyncpassError(
+            "no TENSOR_PARALLEL_LAYOUT (or TENSOR_PARALLEL_PLAN) and TENSOR_PARALLEL_COLLECTIVES "
+            "in this file: run syncpass rewrite --strategy tensor --tp N on the model first",
             file,
         )
-    return layouts, counts
+    return WrittenForm(layouts, styles, counts)
+
+
+def _expected(file: str) -> dict[str, int]:
+    """The collectives the written plan runs per rank (``TENSOR_PARALLEL_COLLECTIVES``)."""
+    return _written(file).counts
 
 
 def _entry(request: TensorRunRequest, rank: int, messages: Any) -> None:
@@ -88,6 +113,24 @@ def _check(name: str, got: Any, want: Any, rtol: float, atol: float, note: str =
     )
 
 
+#: DTensor's collectives (``CommDebugMode``'s names) by the plan's kinds.
+_FUNCTIONAL_KINDS = {
+    "all_reduce": "all-reduce",
+    "all_gather_into_tensor": "all-gather",
+    "reduce_scatter_tensor": "reduce-scatter",
+}
+
+
+def _counted(mode: Any, direction: str) -> dict[str, int]:
+    """A ``CommDebugMode``'s collectives as ``"direction kind"`` counts."""
+    found: dict[str, int] = {}
+    for op, count in mode.get_comm_counts().items():
+        name = str(op).rsplit(".", 1)[-1]
+        key = f"{direction} {_FUNCTIONAL_KINDS.get(name, name)}"
+        found[key] = found.get(key, 0) + int(count)
+    return found
+
+
 def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
     import torch
 
@@ -96,19 +139,24 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
     from syncpass.backends.torch.rendezvous import join_local_group
 
     torch.set_num_threads(request.threads)
-    layouts, _ = _written(request.file)
+    form = _written(request.file)
     join_local_group("gloo", request.port, rank, request.tp, timedelta(seconds=request.timeout_s))
     example = load_example(request.example)
     model = example.model
     reference = copy.deepcopy(model) if request.verify else None
-    split = tp.split_parameters(layouts, model)
-    tp.shard_module(model, layouts, rank, request.tp)
-    tp.reset_collective_counts()
-    start = time.perf_counter()
-    loss = example.loss_fn(model(*example.args), example.target)
-    loss.backward()  # type: ignore[no-untyped-call]
-    step_s = time.perf_counter() - start
-    counts = tp.collective_counts()
+    if form.styles is not None:
+        loss, step_s, counts = _dtensor_step(model, example, form.styles, request.tp)
+        split: dict[str, tuple[str, int, int]] = {}
+    else:
+        assert form.layouts is not None
+        split = tp.split_parameters(form.layouts, model)
+        tp.shard_module(model, form.layouts, rank, request.tp)
+        tp.reset_collective_counts()
+        start = time.perf_counter()
+        loss = example.loss_fn(model(*example.args), example.target)
+        loss.backward()  # type: ignore[no-untyped-call]
+        step_s = time.perf_counter() - start
+        counts = tp.collective_counts()
     checks: list[ParamCheck] = []
     reference_loss = None
     if reference is not None:
@@ -120,15 +168,22 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
         reference_loss = float(whole.detach())
         local = dict(model.named_parameters())
         for name, parameter in reference.named_parameters():
-            if name in split:
+            # A row-split layer's bias is on rank 0 only (the eager form's shard_module).
+            grad = local[name].grad if name in local else None
+            if form.styles is not None and _is_split(local[name]):
+                gathered = _local(grad)  # every rank gathers, rank 0 compares
+                if rank == 0:
+                    checks.append(
+                        _check(name, gathered, parameter.grad, rtol, atol, "DTensor, gathered")
+                    )
+            elif form.styles is not None:
+                checks.append(_check(name, _local(grad), parameter.grad, rtol, atol))
+            elif name in split:
                 kind, dim, chunks = split[name]
                 if dim < 0:  # a row-split layer's bias: rank 0's
                     if rank == 0:
-                        checks.append(
-                            _check(name, local[name].grad, parameter.grad, rtol, atol, "rank 0")
-                        )
+                        checks.append(_check(name, grad, parameter.grad, rtol, atol, "rank 0"))
                     continue
-                grad = local[name].grad
                 gathered = tp.gather_parameter_grad(
                     grad if grad is not None else torch.zeros_like(local[name]),
                     dim,
@@ -140,7 +195,11 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
                         _check(name, gathered, parameter.grad, rtol, atol, f"{kind}, gathered")
                     )
             else:
-                checks.append(_check(name, local[name].grad, parameter.grad, rtol, atol))
+                checks.append(_check(name, grad, parameter.grad, rtol, atol))
+    if form.styles is not None:
+        held = sum(_is_split(parameter) for parameter in model.parameters())
+    else:
+        held = sum(1 for _, dim, _ in split.values() if dim >= 0)
     return TensorRankDone(
         rank,
         float(loss.detach()),
@@ -148,8 +207,49 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
         step_s,
         tuple(sorted(counts.items())),
         tuple(replace(check, stage=rank) for check in checks),
-        sum(1 for name, (_, dim, _) in split.items() if dim >= 0),
+        held,
     )
+
+
+def _dtensor_step(
+    model: Any, example: Any, styles: dict[str, Any], world: int
+) -> tuple[Any, float, dict[str, int]]:
+    """``model`` parallelised with ``styles`` over a 1-D CPU mesh of the ranks, then one
+    training step; the loss, the step's time and its collectives (``CommDebugMode``,
+    forward and backward counted apart)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    mesh = init_device_mesh("cpu", (world,))
+    parallelize_module(model, mesh, styles)
+    start = time.perf_counter()
+    with CommDebugMode() as forward:  # type: ignore[no-untyped-call]
+        loss = example.loss_fn(model(*example.args), example.target)
+    with CommDebugMode() as backward, warnings.catch_warnings():  # type: ignore[no-untyped-call]
+        # CommDebugMode's module tracker hooks every module's backward, which warns for
+        # modules whose inputs need no gradient (the embedding's indices).
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+        loss.backward()
+    step_s = time.perf_counter() - start
+    counts = _counted(forward, "forward")
+    for key, count in _counted(backward, "backward").items():
+        counts[key] = counts.get(key, 0) + count
+    return _local(loss), step_s, counts
+
+
+def _is_split(parameter: Any) -> bool:
+    """Whether ``parameter`` is a DTensor sharded over the mesh (not replicated)."""
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(parameter, DTensor) and any(p.is_shard() for p in parameter.placements)
+
+
+def _local(tensor: Any) -> Any:
+    """A DTensor's whole value (a replicated one's local copy); other values as they are."""
+    from torch.distributed.tensor import DTensor
+
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
 
 
 def launch_tensor(request: TensorRunRequest) -> TensorRunResult:
@@ -165,8 +265,8 @@ def launch_tensor(request: TensorRunRequest) -> TensorRunResult:
     # held from its choice to rank 0's bind, as for a pipeline run (run.launch).
     with contextlib.ExitStack() as held:
         held.enter_context(preloading_imports_of(request.file))
-        _, expected = call_guarded(
-            _written, request.file, what="the rewritten file", timeout_s=request.timeout_s
+        expected = call_guarded(
+            _expected, request.file, what="the rewritten file", timeout_s=request.timeout_s
         )
         if request.port == 0:
             request = replace(request, port=held.enter_context(reserved_port()))

@@ -16,6 +16,7 @@ from once import load_process, save_process, shared
 ROOT = Path(__file__).resolve().parents[3]
 LM = ROOT / "examples" / "transformer_lm.py"
 GATED = ROOT / "tests" / "data" / "gated_mlp.py"
+LLAMA = ROOT / "tests" / "data" / "llama_block.py"
 #: Planned for a device slow beside its link, the plan splits every layer it can: on a real
 #: profile of these small models, splitting the attention or not is within the noise.
 FAST_LINK = ROOT / "tests" / "data" / "fast_link.toml"
@@ -33,10 +34,12 @@ def _syncpass(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def _rewrite(model: Path, tp: int, out: Path) -> subprocess.CompletedProcess[str]:
+def _rewrite(
+    model: Path, tp: int, out: Path, style: str = "eager"
+) -> subprocess.CompletedProcess[str]:
     return _syncpass(
         "rewrite", str(model), "--example", f"{model}:example", "--strategy", "tensor",
-        "--tp", str(tp), "--hardware", str(FAST_LINK), "-o", str(out),
+        "--tp", str(tp), "--hardware", str(FAST_LINK), "--tp-style", style, "-o", str(out),
     )  # fmt: skip
 
 
@@ -47,13 +50,15 @@ def _run(file: Path, tp: int) -> subprocess.CompletedProcess[str]:
 Case = tuple[Path, str, subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]
 
 
-def made(model: Path, tp: int, tmp_path_factory: pytest.TempPathFactory) -> Case:
-    """``model`` rewritten for ``tp`` ranks and run, once in the whole run: the rewritten
-    file, the original text, and the two commands' results."""
-    name = f"{model.stem}_tp{tp}"
+def made(
+    model: Path, tp: int, tmp_path_factory: pytest.TempPathFactory, style: str = "eager"
+) -> Case:
+    """``model`` rewritten for ``tp`` ranks in ``style`` and run, once in the whole run: the
+    rewritten file, the original text, and the two commands' results."""
+    name = f"{model.stem}_tp{tp}_{style}"
 
     def make(folder: Path) -> None:
-        rewritten = _rewrite(model, tp, folder / f"{name}.py")
+        rewritten = _rewrite(model, tp, folder / f"{name}.py", style)
         save_process(folder / "rewrite.json", rewritten)
         assert rewritten.returncode == 0, rewritten.stderr
         save_process(folder / "run.json", _run(folder / f"{name}.py", tp))
@@ -63,10 +68,35 @@ def made(model: Path, tp: int, tmp_path_factory: pytest.TempPathFactory) -> Case
     return folder / f"{name}.py", model.read_text(), rewritten, ran
 
 
-#: The transformer at 4 ranks (heads divided, a fused qkv), the gated MLP at 2.
-@pytest.fixture(scope="module", params=[(LM, 4), (GATED, 2)], ids=["lm-4", "gated-2"])
+#: The transformer at 4 ranks (heads divided, a fused qkv), the gated MLP at 2; and the
+#: Llama-shaped decoder at 2 in the dtensor form (torch's parallel styles).
+@pytest.fixture(
+    scope="module",
+    params=[(LM, 4, "eager"), (GATED, 2, "eager"), (LLAMA, 2, "dtensor")],
+    ids=["lm-4", "gated-2", "llama-2-dtensor"],
+)
 def case(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Case:
-    return made(*request.param, tmp_path_factory)
+    model, tp, style = request.param
+    return made(model, tp, tmp_path_factory, style)
+
+
+def _footer(text: str) -> dict[str, object]:
+    """The names the rewrite defined after the model."""
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    namespace: dict[str, object] = {
+        "ColwiseParallel": ColwiseParallel,
+        "RowwiseParallel": RowwiseParallel,
+        "Replicate": Replicate,
+    }
+    first = min(
+        text.index(f"{name} = {{")
+        for name in ("TENSOR_PARALLEL_LAYOUT", "TENSOR_PARALLEL_PLAN")
+        if f"{name} = {{" in text
+    )
+    exec(text[first:], namespace)
+    return namespace
 
 
 def test_the_rewritten_model_equals_the_unsplit_one(case: tuple) -> None:
@@ -78,17 +108,15 @@ def test_the_rewritten_model_equals_the_unsplit_one(case: tuple) -> None:
 
 def test_each_rank_ran_the_plans_collectives_and_some_weights_are_split(case: tuple) -> None:
     out, _, _, ran = case
-    namespace: dict[str, object] = {}
-    text = out.read_text()
-    footer = text[text.index("TENSOR_PARALLEL_LAYOUT = {") :]
-    exec(footer, namespace)
+    namespace = _footer(out.read_text())
     counts = namespace["TENSOR_PARALLEL_COLLECTIVES"]
     assert isinstance(counts, dict) and counts
     rank_lines = [line for line in ran.stdout.splitlines() if line.startswith("  rank ")]
     for line in rank_lines:
         for kind, count in counts.items():
             assert f"{count} {kind}" in line
-    assert namespace["TENSOR_PARALLEL_LAYOUT"]
+    assert namespace.get("TENSOR_PARALLEL_LAYOUT") or namespace.get("TENSOR_PARALLEL_PLAN")
+    assert all(" 0 split weight" not in line for line in rank_lines)
 
 
 def test_the_users_lines_stay_as_they_were_where_nothing_changes(case: tuple) -> None:
@@ -111,6 +139,46 @@ def test_the_transformer_gets_its_heads_divided_and_a_fused_qkv(case: tuple) -> 
     text = out.read_text()
     assert "self.heads // tp_size()" in text
     assert '"blocks.*.attn.qkv": "column:3"' in text
+
+
+def test_the_dtensor_form_is_torchtitans_plan_with_no_collective_in_the_source(
+    case: tuple,
+) -> None:
+    out, _, rewritten, _ = case
+    if "dtensor" not in out.name:
+        pytest.skip("the dtensor form")
+    text = out.read_text()
+    assert "_tensor_parallel_region(" not in text
+    assert "self.heads // tp_size()" in text
+    styles = {
+        name: type(style).__name__
+        for name, style in _footer(text)["TENSOR_PARALLEL_PLAN"].items()  # type: ignore[attr-defined]
+    }
+    for name in ("q", "k", "v"):
+        assert styles[f"blocks.*.attention.{name}"] == "ColwiseParallel"
+    assert styles["blocks.*.attention.o"] == "RowwiseParallel"
+    assert styles["blocks.*.gate"] == styles["blocks.*.up"] == "ColwiseParallel"
+    assert styles["blocks.*.down"] == "RowwiseParallel"
+    # Each ColwiseParallel layer all-reduces its input's gradient itself: the plan counts
+    # one per q, k, v and per gate, up, and says so.
+    assert "each of the 3 ColwiseParallel layers that read it" in rewritten.stderr
+    assert "each of the 2 ColwiseParallel layers that read it" in rewritten.stderr
+
+
+def test_the_dtensor_form_keeps_a_fused_qkv_whole_and_says_why(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    def make(folder: Path) -> None:
+        save_process(folder / "rewrite.json", _rewrite(LM, 2, folder / "lm.py", "dtensor"))
+
+    folder = shared(tmp_path_factory, "tensor-lm-dtensor", make)
+    rewritten = load_process(folder / "rewrite.json")
+    assert rewritten.returncode == 0, rewritten.stderr
+    assert "blocks.*.attn.qkv not column: its weight holds 3 fused chunks" in rewritten.stderr
+    text = (folder / "lm.py").read_text()
+    assert '"blocks.*.mlp.fc": ColwiseParallel(),' in text
+    assert '"blocks.*.mlp.proj": RowwiseParallel(),' in text
+    assert "blocks.*.attn.qkv" not in text
 
 
 def test_a_missing_gradient_all_reduce_is_caught(

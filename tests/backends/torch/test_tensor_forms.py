@@ -1,0 +1,52 @@
+"""The dtensor form's collectives: each ``ColwiseParallel`` layer all-reduces the gradient
+of its input itself, so the plan it carries counts one all-reduce per column-split reader
+where the eager form sums the readers' gradients first (one)."""
+
+from __future__ import annotations
+
+import pytest
+
+from syncpass.backends.torch.tensor_rewrite import dtensor_collectives
+from syncpass.contracts.hardware import load_profile
+from syncpass.contracts.tensor import TransformerShape, transformer_graph
+from syncpass.plan.tensor_planner import TensorRequest, link_for, plan_tensor
+
+NVLINK = load_profile("nvlink-8xh100").hardware
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_each_column_split_reader_all_reduces_its_gradient_itself(tp: int) -> None:
+    assert NVLINK.flops_per_s is not None
+    shape = TransformerShape(layers=2, width=4096, heads=32, sequence=2048, batch_size=1)
+    graph = transformer_graph(shape, flops_per_s=NVLINK.flops_per_s)
+    request = TensorRequest(tp, sequence_parallel=False, explain=False, baselines=False)
+    plan = plan_tensor(graph, link_for(NVLINK), request)
+    written = dtensor_collectives(graph, plan)
+
+    layout = {item.op: item.layout for item in plan.layouts}
+    extra = 0
+    extra_s = 0.0
+    for item in plan.collectives:
+        if item.direction != "backward" or item.kind != "all-reduce":
+            continue
+        columns = [
+            reader
+            for reader in graph.consumers[item.value]
+            if graph.op(reader).kind == "linear" and layout[reader] == "column"
+        ]
+        found = [
+            c
+            for c in written.collectives
+            if c.value == item.value and c.direction == "backward" and c.kind == "all-reduce"
+        ]
+        assert len(found) == max(1, len(columns))
+        if len(columns) > 1:
+            assert sorted(r for c in found for r in c.readers) == sorted(columns)
+        extra += max(0, len(columns) - 1)
+        extra_s += max(0, len(columns) - 1) * item.time_s
+    assert extra > 0  # q, k, v read one normalised value in every layer
+    assert written.cost.backward_collectives == plan.cost.backward_collectives + extra
+    assert written.cost.step_s == pytest.approx(plan.cost.step_s + extra_s)
+    assert any("3 ColwiseParallel layers" in note for note in written.notes)
+    forward = [c for c in plan.collectives if c.direction == "forward"]
+    assert [c for c in written.collectives if c.direction == "forward"] == forward
