@@ -1,7 +1,8 @@
 """What syncpass writes into a model's file passes the project's own linters: every bundled
 example rewritten at 2, 3 and 4 stages, in each form (torch's eager stages and
-``pipe_split()``, JAX's ``device_put``), passes ``ruff check``, ``ruff format --check`` and
-``mypy`` (strict) as pyproject.toml configures them, as the examples themselves do."""
+``pipe_split()``, JAX's ``device_put``), and the transformer's tensor-parallel plan in the
+DTensor form, passes ``ruff check``, ``ruff format --check`` and ``mypy`` (strict) as
+pyproject.toml configures them, as the examples themselves do."""
 
 from __future__ import annotations
 
@@ -65,6 +66,21 @@ def _write_every_form(folder: Path) -> None:
                 argv += ["--stages", str(stages), "--threshold", "inf", "--backend", backend]
                 assert main([*argv, "-o", str(out)]) == 0
                 assert "# syncpass sync" in out.read_text()
+        if name == "unet":
+            # A stage that sends one value a module call made (a type checker reads it as
+            # Any): the first stage ends inside enc1, whatever the profile says.
+            out = folder / "unet_one_value_sent.py"
+            argv = ["rewrite", str(source), "--costs", str(costs), "--stages", "4"]
+            argv += ["--strategy", "manual", "--cuts", "enc1.2,enc3.4,dec2.3"]
+            assert main([*argv, "--threshold", "inf", "-o", str(out)]) == 0
+            assert "skip1: torch.Tensor = self.enc1[:3](x)" in out.read_text()
+    # The tensor-parallel plan in the DTensor form (torch's parallel styles).
+    lm = EXAMPLES / "transformer_lm.py"
+    out = folder / "transformer_lm_tp2_dtensor.py"
+    argv = ["rewrite", str(lm), "--example", f"{lm}:example", "--strategy", "tensor"]
+    argv += ["--tp", "2", "--hardware", str(REPO / "tests" / "data" / "fast_link.toml")]
+    assert main([*argv, "--tp-style", "dtensor", "-o", str(out)]) == 0
+    assert "TENSOR_PARALLEL_PLAN = {" in out.read_text()
     if importlib.util.find_spec("jax") is not None:
         for name, model in JAX.items():
             costs = folder / f"{name}.costs.json"

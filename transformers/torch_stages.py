@@ -524,6 +524,39 @@ def _sent_annotation(stage: StageCode) -> cst.Annotation:
     )
 
 
+def _sent_value_typed(
+    body: list[cst.BaseStatement], stage: StageCode, params: cst.Parameters
+) -> list[cst.BaseStatement]:
+    """A typed stage that sends one value made in its body (``skip = self.enc[:3](x)``,
+    a module call, which a type checker reads as ``Any``) declares it ``torch.Tensor`` where
+    the body first names it, as the method says it returns; a stage that sends a parameter
+    or a tuple, or first names the value otherwise, is left as it is."""
+    sent = _sent(stage)
+    if len(sent) != 1 or sent[0].startswith("*"):
+        return body
+    name = sent[0]
+    if any(param.name.value == name for param in _all_params(params)):
+        return body
+    for index, statement in enumerate(body):
+        if not m.findall(statement, m.Name(name)):
+            continue
+        single = m.SimpleStatementLine(
+            body=[m.Assign(targets=[m.AssignTarget(target=m.Name(name))])]
+        )
+        if m.matches(statement, single):
+            assert isinstance(statement, cst.SimpleStatementLine)
+            assign = statement.body[0]
+            assert isinstance(assign, cst.Assign)
+            typed = cst.AnnAssign(
+                target=assign.targets[0].target,
+                annotation=cst.Annotation(cst.parse_expression("torch.Tensor")),
+                value=assign.value,
+            )
+            return [*body[:index], statement.with_changes(body=[typed]), *body[index + 1 :]]
+        return body
+    return body
+
+
 def _param_items(params: cst.Parameters) -> list[cst.Param | cst.ParamStar]:
     """Each parameter in order, the bare ``*`` of keyword-only ones among them."""
     star: list[cst.Param | cst.ParamStar] = []
@@ -817,6 +850,8 @@ def _stage_class(
     typed = _typed(forward, stage, module)
     params = _stage_params(forward, stage, typed)
     returns = forward.returns if last else _sent_annotation(stage) if typed else None
+    if typed and not last:
+        body = _sent_value_typed(body, stage, params)
     ignore = typed and not _same_signature(forward, params, returns)
     assert isinstance(forward.body, cst.IndentedBlock)
     method = forward.with_changes(
