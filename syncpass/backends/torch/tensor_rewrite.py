@@ -386,10 +386,10 @@ class _Checker:
                 dim = ""
                 if call == _GATHER:
                     dim = f", dim={self.dims[op.id] - (self.ndim(op.id) or 0)}"
-                code = f"{name} = {call}({name}{dim})  # {self.comment(op, 'forward')}"
+                code = f"# {self.comment(op, 'forward')}\n{name} = {call}({name}{dim})"
                 self.edit(TensorEdit("after", line, code))
             if copy:
-                code = f"{name} = {_COPY}({name})  # {self.comment(op, 'backward')}"
+                code = f"# {self.comment(op, 'backward')}\n{name} = {_COPY}({name})"
                 self.edit(TensorEdit("after", line, code, name=_COPY))
             return
         if call is not None:
@@ -407,7 +407,7 @@ class _Checker:
             calls = self.source.calls_named(rline, tails.pop())
             if len(calls) == 1 and calls[0].args and calls[0].args[0].isidentifier():
                 name = calls[0].args[0]
-                code = f"{name} = {_COPY}({name})  # {self.comment(op, 'backward')}"
+                code = f"# {self.comment(op, 'backward')}\n{name} = {_COPY}({name})"
                 self.edit(TensorEdit("before", rline, code, name=_COPY))
                 return
         for reader in readers:
@@ -743,13 +743,30 @@ def rewrite_tensor(request: TensorRewriteRequest) -> TensorRewriteResult:
             "nothing was written",
             request.file,
         )
-    code = result.code
+    code = _imports_laid_out(result.code, [module for module, _ in imports])
     try:
         cst.parse_module(code)
     except cst.ParserSyntaxError as error:  # pragma: no cover - built from parsed snippets
         raise SyncpassError(f"the rewritten source does not parse: {error}", request.file) from None
     lines = sum(edit.kind != "divide" for edit in written.edits)
     return TensorRewriteResult(code, written.plan, _notes(written), lines)
+
+
+def _imports_laid_out(code: str, modules: Sequence[str], width: int = 100) -> str:
+    """``code`` with each one-line ``from MODULE import a, b, ...`` of ``modules`` longer than
+    ``width`` laid out one name a line, in parentheses, as black and ruff lay it out."""
+    lines = code.splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        for module in set(modules):
+            head = f"from {module} import "
+            body = line.rstrip("\r\n")
+            if not body.startswith(head) or len(body) <= width or "(" in body or "#" in body:
+                continue
+            newline = line[len(body) :]
+            names = [name.strip() for name in body[len(head) :].split(",")]
+            inner = "".join(f"    {name},{newline}" for name in names)
+            lines[index] = f"{head}({newline}{inner}){newline}"
+    return "".join(lines)
 
 
 def _notes(written: WrittenPlan) -> tuple[str, ...]:

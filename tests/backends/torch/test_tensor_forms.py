@@ -50,3 +50,19 @@ def test_each_column_split_reader_all_reduces_its_gradient_itself(tp: int) -> No
     assert any("3 ColwiseParallel layers" in note for note in written.notes)
     forward = [c for c in plan.collectives if c.direction == "forward"]
     assert [c for c in written.collectives if c.direction == "forward"] == forward
+
+
+def test_a_long_runtime_import_is_laid_out_as_a_formatter_lays_it_out() -> None:
+    from syncpass.backends.torch.tensor_rewrite import _imports_laid_out
+
+    module = "syncpass.backends.torch.tensor_parallel"
+    names = ["copy_to_tensor_parallel_region", "reduce_from_tensor_parallel_region", "tp_size"]
+    code = f"import torch\nfrom {module} import {', '.join(names)}\nx = 1\n"
+    laid = _imports_laid_out(code, [module])
+    assert laid == (
+        f"import torch\nfrom {module} import (\n"
+        + "".join(f"    {name},\n" for name in names)
+        + ")\nx = 1\n"
+    )
+    short = f"from {module} import tp_size\n"
+    assert _imports_laid_out(short, [module]) == short
