@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import bench_script, hardware_as_profiled
+from conftest import REPO, bench_script, hardware_as_profiled
 from once import made_once, packages_folder, pinned_name, run_folder
 
 from syncpass.backends.registry import load_backend
@@ -281,3 +281,34 @@ def test_hf_llama_recomputes_to_fit_verifies_and_its_peak_memory_is_as_predicted
         ratio = figures["predicted_bytes"] / figures["measured_bytes"]
         assert 0.8 <= ratio <= 1.2, (rank, figures)
         assert figures["measured_bytes"] <= limit, (rank, figures)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("style", ["eager", "dtensor"])
+def test_hf_llama_splits_by_tensor_parallelism_and_verifies(
+    style: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hugging Face's Llama (grouped-query attention, rotary tables, ``view(hidden_shape)``
+    with ``-1`` heads) rewritten for 2 tensor-parallel ranks, in each form, on the fast-link
+    profile (where the plan splits what the source lets it): its MLP is split as
+    Megatron's (gate and up by columns, down by rows), and the split run matches the
+    unsplit model, loss and every gradient, with the plan's collectives."""
+    model = next(model for model in CORPUS.MODELS if model.name == "hf_llama")
+    source = prepared(model, tmp_path)
+    out = tmp_path / f"llama_tp_{style}.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--strategy", "tensor"]
+    argv += ["--tp", "2", "--hardware", str(REPO / "tests" / "data" / "fast_link.toml")]
+    assert main([*argv, "--tp-style", style, "-o", str(out)]) == 0, capsys.readouterr().err
+    written = out.read_text()
+    if style == "dtensor":
+        assert '"model.layers.*.mlp.gate_proj": ColwiseParallel(),' in written
+        assert '"model.layers.*.mlp.down_proj": RowwiseParallel(),' in written
+    else:
+        assert '"model.layers.*.mlp.gate_proj": "column",' in written
+        assert '"model.layers.*.mlp.down_proj": "row",' in written
+    capsys.readouterr()
+    status = main(["run", str(out), "--example", f"{out}:example", "--tp", "2", "--verify"])
+    ran = capsys.readouterr()
+    assert status == 0, ran.out + ran.err
+    assert "collectives: match" in ran.out
+    assert "verify: ok: 57 parameter(s)" in ran.out  # 6 layers of 9, embedding, norm, head

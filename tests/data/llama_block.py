@@ -1,6 +1,8 @@
 """A small Llama-shaped decoder: pre-norm blocks of attention with separate q, k, v and
 output projections, then a gated MLP (gate, up, down), on a residual stream; the form
-torchtitan's tensor-parallel plans are written for (each projection a module of its own)."""
+torchtitan's tensor-parallel plans are written for (each projection a module of its own).
+Its keys' heads are a ``-1`` in their view (as Hugging Face writes them), and q and k are
+multiplied by a position table broadcast over the heads."""
 
 from __future__ import annotations
 
@@ -29,6 +31,11 @@ class Attention(nn.Module):
         self.k = nn.Linear(width, width, bias=False)
         self.v = nn.Linear(width, width, bias=False)
         self.o = nn.Linear(width, width, bias=False)
+        # A position table every head multiplies by (a rotary table's role), broadcast
+        # over the batch and the heads.
+        position = torch.arange(SEQUENCE, dtype=torch.float32)[:, None]
+        frequency = torch.arange(width // heads, dtype=torch.float32)[None, :]
+        self.register_buffer("table", torch.cos(position * frequency / width), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         batch, seq, width = x.shape
@@ -36,8 +43,10 @@ class Attention(nn.Module):
         k = self.k(x)
         v = self.v(x)
         q = q.view(batch, seq, self.heads, width // self.heads).transpose(1, 2)
-        k = k.view(batch, seq, self.heads, width // self.heads).transpose(1, 2)
+        k = k.view(batch, seq, -1, width // self.heads).transpose(1, 2)
         v = v.view(batch, seq, self.heads, width // self.heads).transpose(1, 2)
+        q = q * self.table
+        k = k * self.table
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         y = y.transpose(1, 2).reshape(batch, seq, -1)
         out: torch.Tensor = self.o(y)

@@ -104,7 +104,11 @@ class OpShape:
     block split of its input lands: ``moves`` pairs an input dimension that splits into
     ``tp`` equal blocks with the output dimension the blocks end up on (a dimension absent
     from it does not survive the reshape as a block split). ``cut_dim`` is the dimension a
-    ``split``/``chunk`` cuts; ``constants`` says it reads a tensor no op made (a mask)."""
+    ``split``/``chunk`` cuts; ``constants`` says it reads a tensor no op made (a mask).
+    ``inferred`` are the output dimensions a ``view``/``reshape`` asked as ``-1`` (a split
+    there needs no size divided); ``broadcast`` gives, by what made it (``""``: a tensor no
+    op made), the output dimensions along which an input is broadcast (size 1 there, or
+    fewer dimensions): a split of such a dimension needs no slice of that input."""
 
     op: str
     function: str
@@ -113,6 +117,8 @@ class OpShape:
     moves: tuple[tuple[int, int], ...] = ()
     cut_dim: int | None = None
     constants: bool = False
+    inferred: tuple[int, ...] = ()
+    broadcast: tuple[tuple[str, tuple[int, ...]], ...] = ()
 
 
 def _blocks_along(tensor: torch.Tensor, dim: int, tp: int) -> bool:
@@ -150,6 +156,36 @@ def _moves(
         if lands[0] is not None and all(axis == lands[0] for axis in lands):
             found.append((dim, lands[0]))
     return tuple(found)
+
+
+def _inferred(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[int, ...]:
+    """The output dimensions a ``view``/``reshape`` call asks as ``-1``."""
+    if name not in ("view", "reshape"):
+        return ()
+    sizes: Any = kwargs.get("size", kwargs.get("shape", args[1:]))
+    if len(sizes) == 1 and isinstance(sizes[0], tuple | list | torch.Size):
+        sizes = sizes[0]
+    if not all(isinstance(size, int) for size in sizes):
+        return ()  # view(dtype), view_as: no sizes
+    return tuple(index for index, size in enumerate(sizes) if size == -1)
+
+
+def _broadcast(
+    made: Mapping[int, str], args: Any, kwargs: Mapping[str, Any], out: torch.Tensor
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """Each input of an element-wise op, by the op that made it (``""``: none), with the
+    output dimensions it is broadcast along (the dimensions every tensor so made shares)."""
+    found: dict[str, set[int]] = {}
+    for tensor in _tensors((args, kwargs)):
+        lead = out.dim() - tensor.dim()
+        dims = {
+            axis
+            for axis in range(out.dim())
+            if out.shape[axis] != 1 and (axis < lead or tensor.shape[axis - lead] == 1)
+        }
+        key = made.get(id(tensor), "")
+        found[key] = found[key] & dims if key in found else dims
+    return tuple((key, tuple(sorted(dims))) for key, dims in found.items())
 
 
 def _cut_dim(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
@@ -328,6 +364,11 @@ class _Recorder(TorchFunctionMode):
         params = float(extra.pop("param_bytes", 0.0))
         self.append(op_id, kind, sources, outputs, compute, params, **extra)
         constants = any(id(t) not in self.made for t in _tensors((args, kwargs)))
+        broadcast = (
+            _broadcast(self.made, args, kwargs, outputs[0])
+            if kind == "elementwise" and self.tp is not None
+            else ()
+        )
         self.track(op_id, result)
         if self.tp is not None:
             self.shapes[op_id] = OpShape(
@@ -340,6 +381,8 @@ class _Recorder(TorchFunctionMode):
                 else (),
                 _cut_dim(name, args, kwargs),
                 constants,
+                _inferred(name, args, kwargs) if kind == "reshape" else (),
+                broadcast,
             )
         return result
 

@@ -226,11 +226,7 @@ class _Checker:
                 if self.dims.get(x) != (self.ndim(x) or 0) - 1:
                     self.refuse(op.id, "its input is not split on its features")
             elif op.kind == "elementwise" and item.layout == "split":
-                dims = {self.dims.get(name) for name in op.inputs}
-                if shape.constants or len(dims) != 1 or None in dims:
-                    self.refuse(op.id, "it reads a tensor that is not split as its input is")
-                else:
-                    self.dims[op.id] = dims.pop()  # type: ignore[assignment]
+                self.elementwise(op, shape)
             elif op.kind == "reshape" and item.layout == "split":
                 self.reshape(op, shape, line)
             elif op.kind == "attention" and item.layout == "heads":
@@ -240,15 +236,37 @@ class _Checker:
                     self.refuse(op.id, "q, k and v do not reach it split on their heads")
                 self.dims[op.id] = heads
 
+    def elementwise(self, op: TensorOp, shape: OpShape) -> None:
+        """A split element-wise op: its split inputs split on one dimension (of its output),
+        and every other input broadcast along it (a rotary table over the heads, a mask),
+        so that no input needs a slice the source does not have."""
+        split = {
+            self.dims[name] + shape.out_ndim - (self.ndim(name) or 0)
+            for name in op.inputs
+            if name in self.dims
+        }
+        if len(split) != 1:
+            self.refuse(op.id, "its inputs are not split on one dimension")
+            return
+        d = split.pop()
+        broadcast = dict(shape.broadcast)
+        whole = [name for name in op.inputs if name not in self.dims]
+        if shape.constants:
+            whole.append("")
+        if any(d not in broadcast.get(name, ()) for name in whole):
+            self.refuse(op.id, "it reads a tensor that is not split as its input is")
+            return
+        self.dims[op.id] = d
+
     def reshape(self, op: TensorOp, shape: OpShape, line: int | None) -> None:
         d = self.dims.get(op.inputs[0])
         if d is None:
             self.refuse(op.id, "its input's split is not known")
             return
-        if line is None:
+        if line is None and shape.cut_dim == d:
             self.refuse(op.id, "its source is not in the model file")
             return
-        if shape.cut_dim == d:  # a fused weight's chunks (q, k, v): each chunk split
+        if shape.cut_dim == d and line is not None:  # a fused weight's chunks: each split
             root = self.root_linear(op.inputs[0])
             if root is None:
                 self.refuse(op.id, "it cuts a split value that no column-split linear made alone")
@@ -270,9 +288,13 @@ class _Checker:
             self.refuse(op.id, f"the split of dimension {d} does not survive {shape.function}")
             return
         self.dims[op.id] = moves[d]
-        if shape.function in ("view", "reshape"):
+        if shape.function in _NO_SIZES or moves[d] in shape.inferred:
+            return  # no size to divide: the call fits each rank's slice as written
+        if line is None:
+            self.refuse(op.id, "its source is not in the model file")
+        elif shape.function in ("view", "reshape"):
             self.divide(op, line, moves[d])
-        elif shape.function not in _NO_SIZES:
+        else:
             self.refuse(op.id, f"{shape.function} of a split value is not rewritten")
 
     def divide(self, op: TensorOp, line: int, position: int) -> None:

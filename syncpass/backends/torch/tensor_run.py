@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import importlib.util
+import sys
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -57,7 +58,13 @@ def _written(file: str) -> WrittenForm:
     if spec is None or spec.loader is None:  # pragma: no cover - a .py path
         raise SyncpassError("cannot import this file", file)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    # Registered while it runs, as an import would: code that looks its own module up
+    # (Hugging Face's docstring decorators, dataclasses) finds it.
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
     layouts = getattr(module, "TENSOR_PARALLEL_LAYOUT", None)
     styles = getattr(module, "TENSOR_PARALLEL_PLAN", None)
     counts = getattr(module, "TENSOR_PARALLEL_COLLECTIVES", None)
@@ -224,13 +231,16 @@ def _dtensor_step(
     mesh = init_device_mesh("cpu", (world,))
     parallelize_module(model, mesh, styles)
     start = time.perf_counter()
-    with CommDebugMode() as forward:  # type: ignore[no-untyped-call]
-        loss = example.loss_fn(model(*example.args), example.target)
-    with CommDebugMode() as backward, warnings.catch_warnings():  # type: ignore[no-untyped-call]
+    with warnings.catch_warnings():
         # CommDebugMode's module tracker hooks every module's backward, which warns for
-        # modules whose inputs need no gradient (the embedding's indices).
+        # modules whose inputs need no gradient (the embedding's indices) and for those
+        # that return other than tensors (Hugging Face's output dataclasses).
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
-        loss.backward()
+        warnings.filterwarnings("ignore", message="For backward hooks to be called")
+        with CommDebugMode() as forward:  # type: ignore[no-untyped-call]
+            loss = example.loss_fn(model(*example.args), example.target)
+        with CommDebugMode() as backward:  # type: ignore[no-untyped-call]
+            loss.backward()
     step_s = time.perf_counter() - start
     counts = _counted(forward, "forward")
     for key, count in _counted(backward, "backward").items():

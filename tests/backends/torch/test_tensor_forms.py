@@ -66,3 +66,23 @@ def test_a_long_runtime_import_is_laid_out_as_a_formatter_lays_it_out() -> None:
     )
     short = f"from {module} import tp_size\n"
     assert _imports_laid_out(short, [module]) == short
+
+
+def test_the_recorder_says_which_sizes_a_view_infers_and_what_an_operand_broadcasts() -> None:
+    import torch
+
+    from syncpass.backends.torch.tensor_record import _broadcast, _inferred
+
+    x = torch.zeros(2, 3, 8)
+    assert _inferred("view", (x, 2, 3, -1, 2), {}) == (2,)
+    assert _inferred("reshape", (x, (2, 3, 4, -1)), {}) == (3,)
+    assert _inferred("view", (x, torch.Size([2, 24])), {}) == ()
+    assert _inferred("view", (x, torch.float32), {}) == ()  # a dtype view has no sizes
+    assert _inferred("transpose", (x, 0, 1), {}) == ()
+
+    heads = torch.zeros(2, 4, 3, 8)  # (batch, heads, sequence, head width)
+    table = torch.zeros(3, 8)
+    out = heads * table
+    made = {id(heads): "q"}
+    found = dict(_broadcast(made, (heads, table), {}, out))
+    assert found == {"q": (), "": (0, 1)}  # the table is broadcast over batch and heads
