@@ -283,32 +283,64 @@ def test_hf_llama_recomputes_to_fit_verifies_and_its_peak_memory_is_as_predicted
         assert figures["measured_bytes"] <= limit, (rank, figures)
 
 
+#: Corpus models split by tensor parallelism at 2 ranks: the form, lines of the layout the
+#: rewrite must write, and the parameters the verification compares.
+TENSOR_CASES = [
+    (
+        "hf_llama",
+        "eager",
+        ('"model.layers.*.mlp.gate_proj": "column",', '"model.layers.*.mlp.down_proj": "row",'),
+        57,  # 6 layers of 9, the embedding, the final norm, the head
+    ),
+    (
+        "hf_llama",
+        "dtensor",
+        (
+            '"model.layers.*.mlp.gate_proj": ColwiseParallel(),',
+            '"model.layers.*.mlp.down_proj": RowwiseParallel(),',
+        ),
+        57,
+    ),
+    # GPT-2's Conv1D weights are stored (in, out); its head is tied to the embedding.
+    ("hf_gpt2", "eager", ('"transformer.h.*.mlp.c_fc": "column transposed",',), 76),
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("style", ["eager", "dtensor"])
-def test_hf_llama_splits_by_tensor_parallelism_and_verifies(
-    style: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("name", "style", "layouts", "parameters"),
+    TENSOR_CASES,
+    ids=[f"{name}-{style}" for name, style, _, _ in TENSOR_CASES],
+)
+def test_real_model_splits_by_tensor_parallelism_and_verifies(
+    name: str,
+    style: str,
+    layouts: tuple[str, ...],
+    parameters: int,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Hugging Face's Llama (grouped-query attention, rotary tables, ``view(hidden_shape)``
-    with ``-1`` heads) rewritten for 2 tensor-parallel ranks, in each form, on the fast-link
-    profile (where the plan splits what the source lets it): its MLP is split as
-    Megatron's (gate and up by columns, down by rows), and the split run matches the
-    unsplit model, loss and every gradient, with the plan's collectives."""
-    model = next(model for model in CORPUS.MODELS if model.name == "hf_llama")
+    with ``-1`` heads) and GPT-2 (``Conv1D``, a fused qkv, a tied head) rewritten for 2
+    tensor-parallel ranks, on the fast-link profile (where the plan splits what the source
+    lets it): the MLP is split as Megatron's, the tied head stays whole and says why, and
+    the split run matches the unsplit model, loss and every gradient, with the plan's
+    collectives."""
+    model = next(model for model in CORPUS.MODELS if model.name == name)
     source = prepared(model, tmp_path)
-    out = tmp_path / f"llama_tp_{style}.py"
+    out = tmp_path / f"{name}_tp_{style}.py"
     argv = ["rewrite", str(source), "--example", f"{source}:example", "--strategy", "tensor"]
     argv += ["--tp", "2", "--hardware", str(REPO / "tests" / "data" / "fast_link.toml")]
-    assert main([*argv, "--tp-style", style, "-o", str(out)]) == 0, capsys.readouterr().err
+    status = main([*argv, "--tp-style", style, "-o", str(out)])
+    err = capsys.readouterr().err
+    assert status == 0, err
     written = out.read_text()
-    if style == "dtensor":
-        assert '"model.layers.*.mlp.gate_proj": ColwiseParallel(),' in written
-        assert '"model.layers.*.mlp.down_proj": RowwiseParallel(),' in written
-    else:
-        assert '"model.layers.*.mlp.gate_proj": "column",' in written
-        assert '"model.layers.*.mlp.down_proj": "row",' in written
-    capsys.readouterr()
+    for line in layouts:
+        assert line in written
+    if name == "hf_gpt2":
+        assert "lm_head not column: its weight is tied to another module's" in err
     status = main(["run", str(out), "--example", f"{out}:example", "--tp", "2", "--verify"])
     ran = capsys.readouterr()
     assert status == 0, ran.out + ran.err
     assert "collectives: match" in ran.out
-    assert "verify: ok: 57 parameter(s)" in ran.out  # 6 layers of 9, embedding, norm, head
+    assert f"verify: ok: {parameters} parameter(s)" in ran.out

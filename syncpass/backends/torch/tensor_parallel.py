@@ -208,19 +208,24 @@ def scatter_to_tensor_parallel_region(tensor: torch.Tensor, dim: int = -1) -> to
 #: features (``nn.Linear`` weight rows and bias), ``row`` of the input features (weight
 #: columns; the bias stays on rank 0 only, so the all-reduce adds it once), ``width`` an
 #: embedding's columns. ``column:K`` is a fused weight of ``K`` equal chunks (q, k, v in
-#: one linear), each sliced.
+#: one linear), each sliced. A trailing ``transposed`` says the weight is stored
+#: ``(in, out)`` (Hugging Face's ``Conv1D``, GPT-2's linear): its other dimension is sliced.
 LAYOUTS = ("column", "row", "width")
+TRANSPOSED = " transposed"
 
 
-def parse_layout(text: str) -> tuple[str, int]:
-    """``"column:3"`` -> ``("column", 3)``; ``"row"`` -> ``("row", 1)``."""
-    kind, _, chunks = text.partition(":")
+def parse_layout(text: str) -> tuple[str, int, bool]:
+    """``"column:3"`` -> ``("column", 3, False)``; ``"row transposed"`` -> ``("row", 1,
+    True)``."""
+    transposed = text.endswith(TRANSPOSED)
+    kind, _, chunks = text.removesuffix(TRANSPOSED).partition(":")
     if kind not in LAYOUTS or (chunks and not chunks.isdigit()) or chunks == "0":
         raise ValueError(
             f"unknown tensor-parallel layout {text!r}: use one of {', '.join(LAYOUTS)} "
-            "(column:K for K fused chunks)"
+            f"(column:K for K fused chunks; '{TRANSPOSED.strip()}' after it for a weight "
+            "stored (in, out))"
         )
-    return kind, int(chunks or 1)
+    return kind, int(chunks or 1), transposed
 
 
 def _slice(tensor: torch.Tensor, dim: int, chunks: int, rank: int, world: int) -> torch.Tensor:
@@ -247,13 +252,14 @@ def split_parameters(
         )
         if layout is None:
             continue
-        kind, chunks = parse_layout(layout)
+        kind, chunks, transposed = parse_layout(layout)
         for pname, _ in module.named_parameters(recurse=False):
             full = f"{name}.{pname}" if name else pname
+            weight = pname == "weight"
             if kind == "column":
-                found[full] = (kind, 0, chunks)
-            elif kind == "width" or pname == "weight":
-                found[full] = (kind, 1, chunks)
+                found[full] = (kind, 1 if transposed and weight else 0, chunks)
+            elif kind == "width" or weight:
+                found[full] = (kind, 0 if transposed and kind == "row" else 1, chunks)
             else:  # a row-split layer's bias: whole, on rank 0 only
                 found[full] = (kind, -1, chunks)
     return found
@@ -268,7 +274,8 @@ def shard_module(
 
     ``layouts`` maps module names (or ``fnmatch`` patterns) to ``column``, ``column:K``,
     ``row`` or ``width`` (see :data:`LAYOUTS`); the rewritten file defines it as
-    ``TENSOR_PARALLEL_LAYOUT``.
+    ``TENSOR_PARALLEL_LAYOUT``. A column-split layer's output-features attribute
+    (:data:`OUTPUT_FEATURES`) is divided with its weight.
     """
     rank = tp_rank() if rank is None else rank
     world = tp_size() if world is None else world
@@ -276,7 +283,7 @@ def shard_module(
         return model
     split = split_parameters(layouts, model)
     modules = dict(model.named_modules())
-    for full, (_, dim, chunks) in split.items():
+    for full, (kind, dim, chunks) in split.items():
         owner_name, _, pname = full.rpartition(".")
         owner = modules[owner_name]
         parameter = getattr(owner, pname)
@@ -287,7 +294,21 @@ def shard_module(
         with torch.no_grad():
             local = _slice(parameter.detach(), dim, chunks, rank, world)
         setattr(owner, pname, nn.Parameter(local, requires_grad=parameter.requires_grad))
+        if kind == "column" and pname == "weight":
+            _output_features_divided(owner, parameter.shape[dim], world)
     return model
+
+
+#: Attributes that hold a layer's output features: ``nn.Linear``'s, and Hugging Face's
+#: ``Conv1D``'s ``nf``, which its forward reshapes its output with.
+OUTPUT_FEATURES = ("out_features", "nf")
+
+
+def _output_features_divided(module: nn.Module, whole: int, world: int) -> None:
+    """A column-split layer's attributes of its output features, as its slice has them."""
+    for name in OUTPUT_FEATURES:
+        if getattr(module, name, None) == whole:
+            setattr(module, name, whole // world)
 
 
 def gather_parameter_grad(grad: torch.Tensor, dim: int, chunks: int, world: int) -> torch.Tensor:

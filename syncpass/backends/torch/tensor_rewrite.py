@@ -45,6 +45,7 @@ from pathlib import Path
 import libcst as cst
 
 from syncpass.backends.spec import TensorRewriteRequest, TensorRewriteResult
+from syncpass.backends.torch.tensor_parallel import TRANSPOSED
 from syncpass.backends.torch.tensor_record import OpShape
 from syncpass.contracts.tensor import TensorGraph, TensorOp
 from syncpass.core.errors import SyncpassError
@@ -85,6 +86,11 @@ _DTENSOR_STYLES = {
     "row": "RowwiseParallel()",
 }
 _DTENSOR_MODULE = "torch.distributed.tensor.parallel"
+#: The modules whose weight each form slices, by the recorded class name: ``nn.Linear``'s
+#: ``(out, in)``; the eager form also Hugging Face's ``Conv1D`` (GPT-2's), ``(in, out)``,
+#: written ``column transposed`` (DTensor's styles slice ``nn.Linear`` only).
+_WEIGHTS = {"eager": ("Linear", "Conv1D"), "dtensor": ("Linear",)}
+_TRANSPOSED = {"Conv1D"}
 
 
 @dataclass(frozen=True)
@@ -162,8 +168,10 @@ class _Checker:
         source: _Source,
         plan: TensorPlan,
         style: str = "eager",
+        tied: frozenset[str] = frozenset(),
     ) -> None:
         self.graph = graph
+        self.tied = tied
         self.shapes = shapes
         self.source = source
         self.plan = plan
@@ -216,12 +224,10 @@ class _Checker:
                 continue
             line = self.source.line(op)
             if op.kind == "linear" and item.layout == "column":
-                if shape.function != "Linear" or op.module is None:
-                    self.refuse(op.id, "only an nn.Linear submodule's weight is sliced")
+                self.sliced(op, shape)
                 self.dims[op.id] = shape.out_ndim - 1
             elif op.kind == "linear" and item.layout == "row":
-                if shape.function != "Linear" or op.module is None:
-                    self.refuse(op.id, "only an nn.Linear submodule's weight is sliced")
+                self.sliced(op, shape)
                 x = op.inputs[0]
                 if self.dims.get(x) != (self.ndim(x) or 0) - 1:
                     self.refuse(op.id, "its input is not split on its features")
@@ -235,6 +241,19 @@ class _Checker:
                 if dims != {heads}:
                     self.refuse(op.id, "q, k and v do not reach it split on their heads")
                 self.dims[op.id] = heads
+
+    def sliced(self, op: TensorOp, shape: OpShape) -> None:
+        """A split linear's weight is a submodule's that the form slices: ``nn.Linear``'s,
+        and in the eager form a weight stored ``(in, out)`` (Hugging Face's ``Conv1D``)."""
+        if op.module is None or shape.function not in _WEIGHTS[self.style]:
+            what = " or ".join(_WEIGHTS[self.style])
+            self.refuse(op.id, f"only a submodule's weight ({what}) is sliced in this form")
+        elif op.module in self.tied:
+            self.refuse(
+                op.id,
+                "its weight is tied to another module's (an embedding's): slicing it would "
+                "untie them",
+            )
 
     def elementwise(self, op: TensorOp, shape: OpShape) -> None:
         """A split element-wise op: its split inputs split on one dimension (of its output),
@@ -484,10 +503,11 @@ def check_plan(
     source: _Source,
     plan: TensorPlan,
     style: str = "eager",
+    tied: frozenset[str] = frozenset(),
 ) -> tuple[list[Refusal], _Checker]:
-    """What the source cannot carry of ``plan`` in ``style``; the checker holds the edits
-    when nothing."""
-    checker = _Checker(graph, shapes, source, plan, style)
+    """What the source cannot carry of ``plan`` in ``style`` (``tied``: the modules whose
+    weight another module shares); the checker holds the edits when nothing."""
+    checker = _Checker(graph, shapes, source, plan, style, tied)
     checker.sites()
     if not checker.refusals:
         checker.splits()
@@ -504,6 +524,7 @@ def written_plan(
     plan_with: TensorRequest,
     plan: dict[str, object],
     style: str = "eager",
+    tied: frozenset[str] = frozenset(),
 ) -> WrittenPlan:
     """Plan ``graph`` as ``plan_with`` asks, within what the source of ``path`` carries
     written in ``style`` (:data:`STYLES`)."""
@@ -518,7 +539,7 @@ def written_plan(
             plan_with, allowed=tuple(allowed.items()), sequence_parallel=False, explain=False
         )
         made = plan_tensor(graph, request=request, **plan)  # type: ignore[arg-type]
-        found, checker = check_plan(graph, shapes, source, made, style)
+        found, checker = check_plan(graph, shapes, source, made, style, tied)
         if not found:
             break
         for refusal in found:
@@ -532,6 +553,9 @@ def written_plan(
         if op.kind == "linear" and item.layout in ("column", "row") and op.module is not None:
             chunks = checker.fused.get(op.id, 1)
             layouts[op.module] = item.layout + (f":{chunks}" if chunks > 1 else "")
+            shape = shapes.get(op.id)
+            if shape is not None and shape.function in _TRANSPOSED:
+                layouts[op.module] += TRANSPOSED
             if op.id in checker.gathered:
                 layouts[op.module] = "column-gathered"
     if style == "dtensor":
@@ -635,7 +659,8 @@ def _footer(model: str, tp: int, written: WrittenPlan, style: str) -> str:
         f"# syncpass tensor: {model} planned for {tp} ranks; run it with syncpass run --tp N.",
         "# shard_module(model, TENSOR_PARALLEL_LAYOUT) slices these weights after the model is",
         "# built or a checkpoint loaded (column: 1/tp of the output features, column:K of each",
-        "# of K fused chunks; row: of the input features, the bias on rank 0).",
+        "# of K fused chunks; row: of the input features, the bias on rank 0; transposed: of",
+        "# a weight stored (in, out)).",
         "TENSOR_PARALLEL_LAYOUT = {",
         *(f"    {json.dumps(name)}: {json.dumps(layout)}," for name, layout in written.layouts),
         "}",
@@ -699,10 +724,24 @@ def _imports(written: WrittenPlan, style: str) -> list[tuple[str, str]]:
     return found
 
 
+def _tied_modules(model: object) -> frozenset[str]:
+    """The modules of ``model`` that share a parameter with another module (a head tied to
+    the embedding): slicing one's weight would untie them."""
+    from torch import nn
+
+    assert isinstance(model, nn.Module)
+    owners: dict[int, set[str]] = collections.defaultdict(set)
+    for name, module in model.named_modules():
+        for parameter in module.parameters(recurse=False):
+            owners[id(parameter)].add(name)
+    return frozenset(name for names in owners.values() if len(names) > 1 for name in names)
+
+
 def _record_example(
     request: tuple[str, int, float | None],
-) -> tuple[TensorGraph, dict[str, OpShape], str]:
-    """In the guarded child: the example's tensor graph and shapes, and its model's class."""
+) -> tuple[TensorGraph, dict[str, OpShape], str, frozenset[str]]:
+    """In the guarded child: the example's tensor graph and shapes, its model's class and
+    its modules that share a weight."""
     from syncpass.backends.torch.example import load_example
     from syncpass.backends.torch.tensor_record import record_tensor_shapes
 
@@ -716,7 +755,7 @@ def _record_example(
         targets=example.target,
         flops_per_s=flops,
     )
-    return graph, shapes, type(example.model).__name__
+    return graph, shapes, type(example.model).__name__, _tied_modules(example.model)
 
 
 def rewrite_tensor(request: TensorRewriteRequest) -> TensorRewriteResult:
@@ -736,7 +775,7 @@ def rewrite_tensor(request: TensorRewriteRequest) -> TensorRewriteResult:
             f"{hardware.devices}; name other hardware with --hardware (e.g. nvlink-8xh100)"
         )
     cst.parse_module(request.text)  # a syntax error is reported before any user code runs
-    graph, shapes, model = call_guarded(
+    graph, shapes, model, tied = call_guarded(
         _record_example,
         (example_for_file(path, request.example), request.tp, hardware.flops_per_s),
         what="the example",
@@ -752,6 +791,7 @@ def rewrite_tensor(request: TensorRewriteRequest) -> TensorRewriteResult:
         TensorRequest(request.tp),
         {"link": link_for(hardware), "hardware": hardware.name, "model": model},
         request.style,
+        tied,
     )
     imports = _imports(written, request.style)
     module = cst.parse_module(request.text)

@@ -4,6 +4,8 @@ where the eager form sums the readers' gradients first (one)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 
 from syncpass.backends.torch.tensor_rewrite import dtensor_collectives
@@ -86,3 +88,62 @@ def test_the_recorder_says_which_sizes_a_view_infers_and_what_an_operand_broadca
     made = {id(heads): "q"}
     found = dict(_broadcast(made, (heads, table), {}, out))
     assert found == {"q": (), "": (0, 1)}  # the table is broadcast over batch and heads
+
+
+def _conv1d(inputs: int, outputs: int) -> object:
+    import torch
+    from torch import nn
+
+    class Conv1D(nn.Module):
+        """``y = x @ W + b`` with ``W`` of ``(in, out)``, reshaped by ``nf``."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.nf = outputs
+            self.weight = nn.Parameter(torch.randn(inputs, outputs))
+            self.bias = nn.Parameter(torch.randn(outputs))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+            return out.view(*x.shape[:-1], self.nf)
+
+    return Conv1D()
+
+
+def test_a_weight_stored_in_out_is_sliced_on_its_other_dimension() -> None:
+    import torch
+    from torch import nn
+
+    from syncpass.backends.torch.tensor_parallel import shard_module, split_parameters
+
+    model = nn.ModuleDict({"up": _conv1d(8, 12), "down": _conv1d(12, 8)})  # type: ignore[dict-item]
+    layouts = {"up": "column transposed", "down": "row transposed"}
+    assert split_parameters(layouts, model) == {
+        "up.weight": ("column", 1, 1),
+        "up.bias": ("column", 0, 1),
+        "down.weight": ("row", 0, 1),
+        "down.bias": ("row", -1, 1),
+    }
+    x = torch.randn(3, 8)
+    whole = model["down"](model["up"](x))
+    parts = []
+    for rank in range(2):
+        local = shard_module(copy.deepcopy(model), layouts, rank, 2)
+        assert local["up"].nf == 6  # the forward reshapes with it
+        hidden = local["up"](x)
+        assert hidden.shape == (3, 6)
+        parts.append(torch.addmm(torch.zeros(8), hidden, local["down"].weight))
+    bias = model["down"].bias
+    torch.testing.assert_close(parts[0] + parts[1] + bias, whole)
+
+
+def test_modules_that_share_a_weight_are_found() -> None:
+    from torch import nn
+
+    from syncpass.backends.torch.tensor_rewrite import _tied_modules
+
+    model = nn.ModuleDict(
+        {"embed": nn.Embedding(10, 4), "head": nn.Linear(4, 10), "mid": nn.Linear(4, 4)}
+    )
+    model["head"].weight = model["embed"].weight
+    assert _tied_modules(model) == {"embed", "head"}
