@@ -343,6 +343,7 @@ def _last_op(
     path: str,
 ) -> str:
     """The id of the last op ``statement`` (a stage's last before its ``return``) runs."""
+    statement = _unannotated(statement)
     loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
     sequential = match_sequential_call(statement)
     ranged = loop or sequential
@@ -371,6 +372,22 @@ def _last_op(
             path,
         )
     return ops[-1].id
+
+
+def _unannotated(statement: cst.BaseStatement) -> cst.BaseStatement:
+    """``x: torch.Tensor = value`` as the forward wrote it, ``x = value``: a typed stage
+    declares the one value it sends where it first names it."""
+    if (
+        isinstance(statement, cst.SimpleStatementLine)
+        and len(statement.body) == 1
+        and isinstance(statement.body[0], cst.AnnAssign)
+        and statement.body[0].value is not None
+    ):
+        annotated = statement.body[0]
+        assert annotated.value is not None
+        plain = cst.Assign(targets=[cst.AssignTarget(annotated.target)], value=annotated.value)
+        return statement.with_changes(body=[plain])
+    return statement
 
 
 def _without_stages(text: str, path: str) -> tuple[str, cst.Module | None]:
