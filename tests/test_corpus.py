@@ -303,6 +303,8 @@ TENSOR_CASES = [
     ),
     # GPT-2's Conv1D weights are stored (in, out); its head is tied to the embedding.
     ("hf_gpt2", "eager", ('"transformer.h.*.mlp.c_fc": "column transposed",',), 76),
+    # litgpt's Llama 3.2: grouped-query attention's fused q, k, v of unequal sizes.
+    ("litgpt_llama", "eager", ('"transformer.h.*.attn.qkv": "column:32+16+16",',), 45),
 ]
 
 
@@ -321,16 +323,18 @@ def test_real_model_splits_by_tensor_parallelism_and_verifies(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Hugging Face's Llama (grouped-query attention, rotary tables, ``view(hidden_shape)``
-    with ``-1`` heads) and GPT-2 (``Conv1D``, a fused qkv, a tied head) rewritten for 2
+    with ``-1`` heads), GPT-2 (``Conv1D``, a fused qkv, a tied head) and litgpt's Llama
+    (a fused q, k, v of unequal sizes, sliced by ``x[..., :n]``) rewritten for 2
     tensor-parallel ranks, on the fast-link profile (where the plan splits what the source
     lets it): the MLP is split as Megatron's, the tied head stays whole and says why, and
     the split run matches the unsplit model, loss and every gradient, with the plan's
     collectives."""
-    model = next(model for model in CORPUS.MODELS if model.name == name)
+    model = next(model for model in (*CORPUS.MODELS, *CORPUS.HELD_OUT) if model.name == name)
     source = prepared(model, tmp_path)
     out = tmp_path / f"{name}_tp_{style}.py"
     argv = ["rewrite", str(source), "--example", f"{source}:example", "--strategy", "tensor"]
     argv += ["--tp", "2", "--hardware", str(REPO / "tests" / "data" / "fast_link.toml")]
+    argv += ["--model", model.model] if model.model else []
     status = main([*argv, "--tp-style", style, "-o", str(out)])
     err = capsys.readouterr().err
     assert status == 0, err

@@ -220,17 +220,14 @@ class InsertTensorCollectivesCommand(VisitorBasedCodemodCommand):
                 continue
             index = positional[edit.position]
             value = args[index].value
-            wrapped = (
-                value
-                if isinstance(value, cst.Name | cst.Attribute | cst.Integer | cst.Subscript)
-                else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-            )
-            divided = cst.BinaryOperation(
-                left=wrapped,
-                operator=cst.FloorDivide(),
-                right=cst.Call(func=cst.Name("tp_size")),
-            )
-            args[index] = args[index].with_changes(value=divided)
+            if isinstance(value, cst.Tuple | cst.List):  # split((q, k, v), ...): each size
+                elements = [
+                    element.with_changes(value=_divided(element.value))
+                    for element in value.elements
+                ]
+                args[index] = args[index].with_changes(value=value.with_changes(elements=elements))
+            else:
+                args[index] = args[index].with_changes(value=_divided(value))
             self.done.add(edit)
         return updated_node.with_changes(args=args)
 
@@ -244,6 +241,18 @@ class InsertTensorCollectivesCommand(VisitorBasedCodemodCommand):
         if body:  # the footer's leading comments belong to its first statement
             body[0] = body[0].with_changes(leading_lines=(*footer.header, *body[0].leading_lines))
         return updated_node.with_changes(body=(*updated_node.body, *body))
+
+
+def _divided(value: cst.BaseExpression) -> cst.BinaryOperation:
+    """``value // tp_size()``, parenthesised where its precedence asks."""
+    wrapped = (
+        value
+        if isinstance(value, cst.Name | cst.Attribute | cst.Integer | cst.Subscript)
+        else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    )
+    return cst.BinaryOperation(
+        left=wrapped, operator=cst.FloorDivide(), right=cst.Call(func=cst.Name("tp_size"))
+    )
 
 
 def insert_tensor_collectives(

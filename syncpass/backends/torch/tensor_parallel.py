@@ -208,30 +208,44 @@ def scatter_to_tensor_parallel_region(tensor: torch.Tensor, dim: int = -1) -> to
 #: features (``nn.Linear`` weight rows and bias), ``row`` of the input features (weight
 #: columns; the bias stays on rank 0 only, so the all-reduce adds it once), ``width`` an
 #: embedding's columns. ``column:K`` is a fused weight of ``K`` equal chunks (q, k, v in
-#: one linear), each sliced. A trailing ``transposed`` says the weight is stored
+#: one linear), each sliced; ``column:A+B+C`` one of chunks of those sizes (grouped-query
+#: attention's q, k, v). A trailing ``transposed`` says the weight is stored
 #: ``(in, out)`` (Hugging Face's ``Conv1D``, GPT-2's linear): its other dimension is sliced.
 LAYOUTS = ("column", "row", "width")
 TRANSPOSED = " transposed"
 
 
-def parse_layout(text: str) -> tuple[str, int, bool]:
-    """``"column:3"`` -> ``("column", 3, False)``; ``"row transposed"`` -> ``("row", 1,
-    True)``."""
+#: A fused weight's chunks: how many equal ones, or their sizes.
+Chunks = int | tuple[int, ...]
+
+
+def parse_layout(text: str) -> tuple[str, Chunks, bool]:
+    """``"column:3"`` -> ``("column", 3, False)``; ``"column:32+16+16"`` -> ``("column",
+    (32, 16, 16), False)``; ``"row transposed"`` -> ``("row", 1, True)``."""
     transposed = text.endswith(TRANSPOSED)
     kind, _, chunks = text.removesuffix(TRANSPOSED).partition(":")
-    if kind not in LAYOUTS or (chunks and not chunks.isdigit()) or chunks == "0":
+    sizes = chunks.split("+") if chunks else ["1"]
+    if kind not in LAYOUTS or not all(size.isdigit() and int(size) > 0 for size in sizes):
         raise ValueError(
             f"unknown tensor-parallel layout {text!r}: use one of {', '.join(LAYOUTS)} "
-            f"(column:K for K fused chunks; '{TRANSPOSED.strip()}' after it for a weight "
-            "stored (in, out))"
+            f"(column:K for K equal fused chunks, column:A+B+C for chunks of those sizes; "
+            f"'{TRANSPOSED.strip()}' after it for a weight stored (in, out))"
         )
-    return kind, int(chunks or 1), transposed
+    if len(sizes) > 1:
+        return kind, tuple(int(size) for size in sizes), transposed
+    return kind, int(sizes[0]), transposed
 
 
-def _slice(tensor: torch.Tensor, dim: int, chunks: int, rank: int, world: int) -> torch.Tensor:
-    """This rank's part of ``tensor`` on ``dim``: of each of ``chunks`` equal chunks, its
-    ``1/world`` slice, concatenated."""
-    parts = tensor.chunk(chunks, dim=dim)
+def _chunked(tensor: torch.Tensor, chunks: Chunks, dim: int) -> tuple[torch.Tensor, ...]:
+    if isinstance(chunks, tuple):
+        return tuple(torch.split(tensor, list(chunks), dim=dim))
+    return tuple(tensor.chunk(chunks, dim=dim))
+
+
+def _slice(tensor: torch.Tensor, dim: int, chunks: Chunks, rank: int, world: int) -> torch.Tensor:
+    """This rank's part of ``tensor`` on ``dim``: of each of ``chunks`` (equal ones, or of
+    the sizes given), its ``1/world`` slice, concatenated."""
+    parts = _chunked(tensor, chunks, dim)
     for part in parts:
         if part.shape[dim] % world:
             raise ValueError(
@@ -242,10 +256,10 @@ def _slice(tensor: torch.Tensor, dim: int, chunks: int, rank: int, world: int) -
 
 def split_parameters(
     layouts: Mapping[str, str], model: nn.Module
-) -> dict[str, tuple[str, int, int]]:
+) -> dict[str, tuple[str, int, Chunks]]:
     """Each split parameter of ``model`` by name: ``(layout, dim, chunks)``, from
     ``layouts`` (module names or ``fnmatch`` patterns such as ``blocks.*.mlp.fc``)."""
-    found: dict[str, tuple[str, int, int]] = {}
+    found: dict[str, tuple[str, int, Chunks]] = {}
     for name, module in model.named_modules():
         layout = next(
             (value for key, value in layouts.items() if fnmatch.fnmatchcase(name, key)), None
@@ -311,13 +325,15 @@ def _output_features_divided(module: nn.Module, whole: int, world: int) -> None:
             setattr(module, name, whole // world)
 
 
-def gather_parameter_grad(grad: torch.Tensor, dim: int, chunks: int, world: int) -> torch.Tensor:
+def gather_parameter_grad(grad: torch.Tensor, dim: int, chunks: Chunks, world: int) -> torch.Tensor:
     """The whole gradient of a split parameter from every rank's part (every rank calls it):
     the inverse of :func:`shard_module`'s slicing."""
     local = grad.contiguous()
     parts = [torch.empty_like(local) for _ in range(world)]
     dist.all_gather(parts, local, group=_group)
-    pieces = [part.chunk(chunks, dim=dim) for part in parts]
+    local_chunks = tuple(size // world for size in chunks) if isinstance(chunks, tuple) else chunks
+    pieces = [_chunked(part, local_chunks, dim) for part in parts]
+    count = len(chunks) if isinstance(chunks, tuple) else chunks
     return torch.cat(
-        [torch.cat([pieces[r][c] for r in range(world)], dim=dim) for c in range(chunks)], dim=dim
+        [torch.cat([pieces[r][c] for r in range(world)], dim=dim) for c in range(count)], dim=dim
     )

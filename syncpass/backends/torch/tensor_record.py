@@ -108,7 +108,8 @@ class OpShape:
     ``inferred`` are the output dimensions a ``view``/``reshape`` asked as ``-1`` (a split
     there needs no size divided); ``broadcast`` gives, by what made it (``""``: a tensor no
     op made), the output dimensions along which an input is broadcast (size 1 there, or
-    fewer dimensions): a split of such a dimension needs no slice of that input."""
+    fewer dimensions): a split of such a dimension needs no slice of that input.
+    ``chunk_sizes`` are a ``split``/``chunk``'s outputs' sizes on the dimension it cuts."""
 
     op: str
     function: str
@@ -119,6 +120,7 @@ class OpShape:
     constants: bool = False
     inferred: tuple[int, ...] = ()
     broadcast: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    chunk_sizes: tuple[int, ...] = ()  # a split/chunk's outputs' sizes on ``cut_dim``
 
 
 def _blocks_along(tensor: torch.Tensor, dim: int, tp: int) -> bool:
@@ -154,8 +156,45 @@ def _moves(
             next((axis for axis in range(o.dim()) if _blocks_along(o, axis, tp)), None) for o in out
         ]
         if lands[0] is not None and all(axis == lands[0] for axis in lands):
+            if _func_name(func) in _INDEXING and not _runs_on_slices(
+                func, args, kwargs, dim, lands[0], tp
+            ):
+                continue
             found.append((dim, lands[0]))
     return tuple(found)
+
+
+#: Reshapes whose arguments are indices, not sizes: where a split survives one, each rank's
+#: slice indexed as written must give its slice of the whole result.
+_INDEXING = {"__getitem__", "narrow"}
+
+
+def _func_name(func: Callable[..., Any]) -> str:
+    return getattr(func, "__name__", "")
+
+
+def _runs_on_slices(
+    func: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    dim: int,
+    lands: int,
+    tp: int,
+) -> bool:
+    """Whether ``func`` run on each rank's slice of its first argument (``tp`` blocks of
+    ``dim``) gives that rank's block (on ``lands``) of its result on the whole: an index
+    that leaves the split dimension whole (``x[..., :half]`` over heads) does, one that
+    cuts it (``x[:, 2:6]``) does not."""
+    try:
+        whole = func(*args, **kwargs)
+        blocks = whole.chunk(tp, dim=lands)
+        parts = args[0].chunk(tp, dim=dim)
+        return all(
+            torch.equal(func(part, *args[1:], **kwargs), block)
+            for part, block in zip(parts, blocks, strict=True)
+        )
+    except Exception:  # an index that does not apply to a slice
+        return False
 
 
 def _inferred(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> tuple[int, ...]:
@@ -186,6 +225,15 @@ def _broadcast(
         key = made.get(id(tensor), "")
         found[key] = found[key] & dims if key in found else dims
     return tuple((key, tuple(sorted(dims))) for key, dims in found.items())
+
+
+def _chunk_sizes(
+    name: str, args: Sequence[Any], kwargs: Mapping[str, Any], outputs: Sequence[torch.Tensor]
+) -> tuple[int, ...]:
+    dim = _cut_dim(name, args, kwargs)
+    if dim is None:
+        return ()
+    return tuple(int(out.shape[dim]) for out in outputs if out.dim() > dim)
 
 
 def _cut_dim(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
@@ -345,7 +393,7 @@ class _Recorder(TorchFunctionMode):
         name = getattr(func, "__name__", "")
         outputs = list(_tensors(result))
         sources = self.sources(args, kwargs)
-        if not outputs or not sources or name.startswith("__get"):
+        if not outputs or not sources or name == "__get__":
             return result
         kind, extra = self.classify(name, args, kwargs, outputs)
         if kind == "add" and sum(isinstance(arg, torch.Tensor) for arg in args) < 2:
@@ -383,6 +431,7 @@ class _Recorder(TorchFunctionMode):
                 constants,
                 _inferred(name, args, kwargs) if kind == "reshape" else (),
                 broadcast,
+                _chunk_sizes(name, args, kwargs, outputs),
             )
         return result
 

@@ -71,6 +71,9 @@ WRITABLE: Mapping[str, tuple[str, ...]] = {
 }
 #: Reshapes that need no size argument changed when the split moves through them.
 _NO_SIZES = {"transpose", "permute", "contiguous", "chunk", "flatten", "unsqueeze", "squeeze"}
+#: Reshapes by index, which the recorder keeps split only where each rank's slice indexed
+#: as written gives its slice of the whole (``x[..., :half]``).
+_INDEXED = {"getitem", "narrow"}
 _SIZED = {"view", "reshape", "split"}
 _COPY = "copy_to_tensor_parallel_region"
 _REDUCE = "reduce_from_tensor_parallel_region"
@@ -178,7 +181,7 @@ class _Checker:
         self.style = style
         self.layout = {item.op: item for item in plan.layouts}
         self.dims: dict[str, int] = {}
-        self.fused: dict[str, int] = {}
+        self.fused: dict[str, tuple[int, ...]] = {}  # a column-split linear's chunk sizes
         self.gathered: set[str] = set()  # column-split layers whose output is gathered
         self.refusals: list[Refusal] = []
         self.edits: dict[tuple[str, int, str, int], TensorEdit] = {}
@@ -297,7 +300,12 @@ class _Checker:
                     "ColwiseParallel slices a weight in one block (--tp-style eager writes it)",
                 )
                 return
-            self.fused[root] = shape.outputs
+            sizes = shape.chunk_sizes or (0,) * shape.outputs
+            tp = self.plan.tp
+            if any(size % tp for size in sizes):
+                self.refuse(root, f"its fused chunks {sizes} do not each split over {tp} ranks")
+                return
+            self.fused[root] = sizes
             self.dims[op.id] = d
             if shape.function == "split":
                 self.divide(op, line, 0)
@@ -307,7 +315,7 @@ class _Checker:
             self.refuse(op.id, f"the split of dimension {d} does not survive {shape.function}")
             return
         self.dims[op.id] = moves[d]
-        if shape.function in _NO_SIZES or moves[d] in shape.inferred:
+        if shape.function in _NO_SIZES | _INDEXED or moves[d] in shape.inferred:
             return  # no size to divide: the call fits each rank's slice as written
         if line is None:
             self.refuse(op.id, "its source is not in the model file")
@@ -330,6 +338,9 @@ class _Checker:
             return
         text = call.args[position]
         if text.strip() == "-1":
+            return
+        if text.strip().startswith("(") and text.strip().endswith(")") and "*" in text:
+            self.refuse(op.id, f"{name}'s sizes {text} are not separate items")
             return
         if ".shape" in text or ".size(" in text or "[" in text:
             self.refuse(op.id, f"its size {text} may be read from a split tensor")
@@ -551,8 +562,7 @@ def written_plan(
     for item in made.layouts:
         op = graph.op(item.op)
         if op.kind == "linear" and item.layout in ("column", "row") and op.module is not None:
-            chunks = checker.fused.get(op.id, 1)
-            layouts[op.module] = item.layout + (f":{chunks}" if chunks > 1 else "")
+            layouts[op.module] = item.layout + _chunks_code(checker.fused.get(op.id, ()))
             shape = shapes.get(op.id)
             if shape is not None and shape.function in _TRANSPOSED:
                 layouts[op.module] += TRANSPOSED
@@ -570,6 +580,16 @@ def written_plan(
         tuple(sorted(counts.items())),
         tuple(refusals),
     )
+
+
+def _chunks_code(sizes: tuple[int, ...]) -> str:
+    """A fused weight's chunks in its layout: ``:3`` for three equal ones, ``:32+16+16``
+    for chunks of unequal sizes (grouped-query q, k, v), nothing for one."""
+    if len(sizes) < 2:
+        return ""
+    if len(set(sizes)) == 1:
+        return f":{len(sizes)}"
+    return ":" + "+".join(str(size) for size in sizes)
 
 
 def dtensor_collectives(graph: TensorGraph, plan: TensorPlan) -> TensorPlan:
@@ -659,8 +679,8 @@ def _footer(model: str, tp: int, written: WrittenPlan, style: str) -> str:
         f"# syncpass tensor: {model} planned for {tp} ranks; run it with syncpass run --tp N.",
         "# shard_module(model, TENSOR_PARALLEL_LAYOUT) slices these weights after the model is",
         "# built or a checkpoint loaded (column: 1/tp of the output features, column:K of each",
-        "# of K fused chunks; row: of the input features, the bias on rank 0; transposed: of",
-        "# a weight stored (in, out)).",
+        "# of K fused chunks, column:A+B+C of chunks of those sizes; row: of the input",
+        "# features, the bias on rank 0; transposed: of a weight stored (in, out)).",
         "TENSOR_PARALLEL_LAYOUT = {",
         *(f"    {json.dumps(name)}: {json.dumps(layout)}," for name, layout in written.layouts),
         "}",

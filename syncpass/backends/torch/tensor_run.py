@@ -153,7 +153,7 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
     reference = copy.deepcopy(model) if request.verify else None
     if form.styles is not None:
         loss, step_s, counts = _dtensor_step(model, example, form.styles, request.tp)
-        split: dict[str, tuple[str, int, int]] = {}
+        split: dict[str, tuple[str, int, tp.Chunks]] = {}
     else:
         assert form.layouts is not None
         split = tp.split_parameters(form.layouts, model)

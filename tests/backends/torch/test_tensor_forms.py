@@ -147,3 +147,17 @@ def test_modules_that_share_a_weight_are_found() -> None:
     )
     model["head"].weight = model["embed"].weight
     assert _tied_modules(model) == {"embed", "head"}
+
+
+def test_a_fused_weight_of_unequal_chunks_is_sliced_chunk_by_chunk_and_gathered_back() -> None:
+    import torch
+
+    from syncpass.backends.torch.tensor_parallel import _slice, parse_layout
+
+    assert parse_layout("column:32+16+16") == ("column", (32, 16, 16), False)
+    assert parse_layout("column:3 transposed") == ("column", 3, True)
+    with pytest.raises(ValueError, match="unknown tensor-parallel layout"):
+        parse_layout("column:4+0")
+    weight = torch.arange(8.0)[:, None].expand(8, 2)  # rows q0..q3, k0, k1, v0, v1
+    parts = [_slice(weight, 0, (4, 2, 2), rank, 2)[:, 0].tolist() for rank in range(2)]
+    assert parts == [[0.0, 1.0, 4.0, 6.0], [2.0, 3.0, 5.0, 7.0]]
