@@ -305,6 +305,18 @@ TENSOR_CASES = [
     ("hf_gpt2", "eager", ('"transformer.h.*.mlp.c_fc": "column transposed",',), 76),
     # litgpt's Llama 3.2: grouped-query attention's fused q, k, v of unequal sizes.
     ("litgpt_llama", "eager", ('"transformer.h.*.attn.qkv": "column:32+16+16",',), 45),
+    # torchtitan's Llama 3: its layers' code is in torchtitan's package, not in the model
+    # file, so only the DTensor form (no line of source to change) splits them.
+    (
+        "titan_llama3",
+        "dtensor",
+        (
+            '"layers.*.feed_forward.w1": ColwiseParallel(),',
+            '"layers.*.feed_forward.w3": ColwiseParallel(),',
+            '"layers.*.feed_forward.w2": RowwiseParallel(),',
+        ),
+        45,
+    ),
 ]
 
 
@@ -323,13 +335,15 @@ def test_real_model_splits_by_tensor_parallelism_and_verifies(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """Hugging Face's Llama (grouped-query attention, rotary tables, ``view(hidden_shape)``
-    with ``-1`` heads), GPT-2 (``Conv1D``, a fused qkv, a tied head) and litgpt's Llama
-    (a fused q, k, v of unequal sizes, sliced by ``x[..., :n]``) rewritten for 2
+    with ``-1`` heads), GPT-2 (``Conv1D``, a fused qkv, a tied head), litgpt's Llama (a
+    fused q, k, v of unequal sizes, sliced by ``x[..., :n]``) and torchtitan's Llama 3
+    (layers built by its registry from its package's code) rewritten for 2
     tensor-parallel ranks, on the fast-link profile (where the plan splits what the source
     lets it): the MLP is split as Megatron's, the tied head stays whole and says why, and
     the split run matches the unsplit model, loss and every gradient, with the plan's
     collectives."""
-    model = next(model for model in (*CORPUS.MODELS, *CORPUS.HELD_OUT) if model.name == name)
+    every = (*CORPUS.MODELS, *CORPUS.HELD_OUT, *CORPUS.FOURTH_BATCH)
+    model = next(model for model in every if model.name == name)
     source = prepared(model, tmp_path)
     out = tmp_path / f"{name}_tp_{style}.py"
     argv = ["rewrite", str(source), "--example", f"{source}:example", "--strategy", "tensor"]
