@@ -283,17 +283,19 @@ def test_hf_llama_recomputes_to_fit_verifies_and_its_peak_memory_is_as_predicted
         assert figures["measured_bytes"] <= limit, (rank, figures)
 
 
-#: Corpus models split by tensor parallelism at 2 ranks: the form, lines of the layout the
+#: Corpus models split by tensor parallelism: the ranks, the form, lines of the layout the
 #: rewrite must write, and the parameters the verification compares.
 TENSOR_CASES = [
     (
         "hf_llama",
+        4,
         "eager",
         ('"model.layers.*.mlp.gate_proj": "column",', '"model.layers.*.mlp.down_proj": "row",'),
         57,  # 6 layers of 9, the embedding, the final norm, the head
     ),
     (
         "hf_llama",
+        2,
         "dtensor",
         (
             '"model.layers.*.mlp.gate_proj": ColwiseParallel(),',
@@ -302,13 +304,14 @@ TENSOR_CASES = [
         57,
     ),
     # GPT-2's Conv1D weights are stored (in, out); its head is tied to the embedding.
-    ("hf_gpt2", "eager", ('"transformer.h.*.mlp.c_fc": "column transposed",',), 76),
+    ("hf_gpt2", 2, "eager", ('"transformer.h.*.mlp.c_fc": "column transposed",',), 76),
     # litgpt's Llama 3.2: grouped-query attention's fused q, k, v of unequal sizes.
-    ("litgpt_llama", "eager", ('"transformer.h.*.attn.qkv": "column:32+16+16",',), 45),
+    ("litgpt_llama", 2, "eager", ('"transformer.h.*.attn.qkv": "column:32+16+16",',), 45),
     # torchtitan's Llama 3: its layers' code is in torchtitan's package, not in the model
     # file, so only the DTensor form (no line of source to change) splits them.
     (
         "titan_llama3",
+        2,
         "dtensor",
         (
             '"layers.*.feed_forward.w1": ColwiseParallel(),',
@@ -322,12 +325,13 @@ TENSOR_CASES = [
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("name", "style", "layouts", "parameters"),
+    ("name", "tp", "style", "layouts", "parameters"),
     TENSOR_CASES,
-    ids=[f"{name}-{style}" for name, style, _, _ in TENSOR_CASES],
+    ids=[f"{name}-{tp}-{style}" for name, tp, style, _, _ in TENSOR_CASES],
 )
 def test_real_model_splits_by_tensor_parallelism_and_verifies(
     name: str,
+    tp: int,
     style: str,
     layouts: tuple[str, ...],
     parameters: int,
@@ -337,7 +341,7 @@ def test_real_model_splits_by_tensor_parallelism_and_verifies(
     """Hugging Face's Llama (grouped-query attention, rotary tables, ``view(hidden_shape)``
     with ``-1`` heads), GPT-2 (``Conv1D``, a fused qkv, a tied head), litgpt's Llama (a
     fused q, k, v of unequal sizes, sliced by ``x[..., :n]``) and torchtitan's Llama 3
-    (layers built by its registry from its package's code) rewritten for 2
+    (layers built by its registry from its package's code) rewritten for 2 or 4
     tensor-parallel ranks, on the fast-link profile (where the plan splits what the source
     lets it): the MLP is split as Megatron's, the tied head stays whole and says why, and
     the split run matches the unsplit model, loss and every gradient, with the plan's
@@ -345,9 +349,9 @@ def test_real_model_splits_by_tensor_parallelism_and_verifies(
     every = (*CORPUS.MODELS, *CORPUS.HELD_OUT, *CORPUS.FOURTH_BATCH)
     model = next(model for model in every if model.name == name)
     source = prepared(model, tmp_path)
-    out = tmp_path / f"{name}_tp_{style}.py"
+    out = tmp_path / f"{name}_tp{tp}_{style}.py"
     argv = ["rewrite", str(source), "--example", f"{source}:example", "--strategy", "tensor"]
-    argv += ["--tp", "2", "--hardware", str(REPO / "tests" / "data" / "fast_link.toml")]
+    argv += ["--tp", str(tp), "--hardware", str(REPO / "tests" / "data" / "fast_link.toml")]
     argv += ["--model", model.model] if model.model else []
     status = main([*argv, "--tp-style", style, "-o", str(out)])
     err = capsys.readouterr().err
@@ -357,7 +361,7 @@ def test_real_model_splits_by_tensor_parallelism_and_verifies(
         assert line in written
     if name == "hf_gpt2":
         assert "lm_head not column: its weight is tied to another module's" in err
-    status = main(["run", str(out), "--example", f"{out}:example", "--tp", "2", "--verify"])
+    status = main(["run", str(out), "--example", f"{out}:example", "--tp", str(tp), "--verify"])
     ran = capsys.readouterr()
     assert status == 0, ran.out + ran.err
     assert "collectives: match" in ran.out
