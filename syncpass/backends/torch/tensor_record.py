@@ -86,7 +86,12 @@ _ELEMENTWISE = {
     "sqrt",
     "masked_fill",
     "where",
+    # Joins: element-wise to a split on another dimension (OpShape.joined_dim says which).
+    "cat",
+    "concat",
+    "concatenate",
 }
+_JOINS = {"cat", "concat", "concatenate"}
 _NORM = {"layer_norm", "rms_norm", "group_norm"}
 _LINEAR = {"linear", "matmul", "__matmul__", "einsum", "mm", "bmm"}
 _LOSS = {"cross_entropy", "nll_loss"}
@@ -109,7 +114,8 @@ class OpShape:
     there needs no size divided); ``broadcast`` gives, by what made it (``""``: a tensor no
     op made), the output dimensions along which an input is broadcast (size 1 there, or
     fewer dimensions): a split of such a dimension needs no slice of that input.
-    ``chunk_sizes`` are a ``split``/``chunk``'s outputs' sizes on the dimension it cuts."""
+    ``chunk_sizes`` are a ``split``/``chunk``'s outputs' sizes on the dimension it cuts;
+    ``joined_dim`` the dimension a ``cat`` joins on (a split there is not element-wise)."""
 
     op: str
     function: str
@@ -121,6 +127,7 @@ class OpShape:
     inferred: tuple[int, ...] = ()
     broadcast: tuple[tuple[str, tuple[int, ...]], ...] = ()
     chunk_sizes: tuple[int, ...] = ()  # a split/chunk's outputs' sizes on ``cut_dim``
+    joined_dim: int | None = None  # the dimension a ``cat`` joins its inputs on
 
 
 def _blocks_along(tensor: torch.Tensor, dim: int, tp: int) -> bool:
@@ -234,6 +241,15 @@ def _chunk_sizes(
     if dim is None:
         return ()
     return tuple(int(out.shape[dim]) for out in outputs if out.dim() > dim)
+
+
+def _joined_dim(
+    name: str, args: Sequence[Any], kwargs: Mapping[str, Any], out: torch.Tensor
+) -> int | None:
+    if name not in _JOINS:
+        return None
+    dim = kwargs.get("dim", kwargs.get("axis", args[1] if len(args) > 1 else 0))
+    return int(dim) % out.dim() if isinstance(dim, int) and out.dim() else None
 
 
 def _cut_dim(name: str, args: Sequence[Any], kwargs: Mapping[str, Any]) -> int | None:
@@ -432,6 +448,7 @@ class _Recorder(TorchFunctionMode):
                 _inferred(name, args, kwargs) if kind == "reshape" else (),
                 broadcast,
                 _chunk_sizes(name, args, kwargs, outputs),
+                _joined_dim(name, args, kwargs, outputs[0]),
             )
         return result
 

@@ -271,6 +271,9 @@ class _Checker:
             self.refuse(op.id, "its inputs are not split on one dimension")
             return
         d = split.pop()
+        if shape.joined_dim == d:
+            self.refuse(op.id, "it joins its inputs along their split dimension")
+            return
         broadcast = dict(shape.broadcast)
         whole = [name for name in op.inputs if name not in self.dims]
         if shape.constants:

@@ -161,3 +161,15 @@ def test_a_fused_weight_of_unequal_chunks_is_sliced_chunk_by_chunk_and_gathered_
     weight = torch.arange(8.0)[:, None].expand(8, 2)  # rows q0..q3, k0, k1, v0, v1
     parts = [_slice(weight, 0, (4, 2, 2), rank, 2)[:, 0].tolist() for rank in range(2)]
     assert parts == [[0.0, 1.0, 4.0, 6.0], [2.0, 3.0, 5.0, 7.0]]
+
+
+def test_the_recorder_says_which_dimension_a_join_joins_on() -> None:
+    import torch
+
+    from syncpass.backends.torch.tensor_record import _joined_dim
+
+    a = torch.zeros(2, 4, 3, 8)
+    out = torch.cat((a, a), dim=-1)
+    assert _joined_dim("cat", ((a, a),), {"dim": -1}, out) == 3
+    assert _joined_dim("cat", ((a, a), 1), {}, torch.cat((a, a), 1)) == 1
+    assert _joined_dim("mul", (a, a), {}, a) is None
