@@ -20,8 +20,10 @@ from syncpass.plan.tensor_plan import tensor_plan_to_json
 from syncpass.plan.tensor_planner import (
     TensorRequest,
     check_tensor_request,
+    choose_tp,
     link_for,
     plan_tensor,
+    render_degrees,
     tensor_graph_of,
 )
 from syncpass.plan.tensor_report import render_tensor_plan
@@ -44,12 +46,19 @@ _PIPELINE_ONLY = (
 )
 
 
-def tp_count(text: str) -> int:
-    """An argparse type for ``--tp``: any whole number (the planner says what it must be)."""
+#: ``--tp auto``: the planner chooses the degree (``syncpass plan`` only).
+AUTO = "auto"
+
+
+def tp_count(text: str) -> int | str:
+    """An argparse type for ``--tp``: any whole number (the planner says what it must be),
+    or ``auto``."""
+    if text == AUTO:
+        return AUTO
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        raise argparse.ArgumentTypeError(f"not a whole number or auto: {text!r}") from None
 
 
 def add_tensor_options(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +68,8 @@ def add_tensor_options(parser: argparse.ArgumentParser) -> None:
         type=tp_count,
         metavar="N",
         help="with --strategy tensor: the tensor-parallel devices (it must divide every "
-        "attention's heads)",
+        "attention's heads); plan: auto chooses the degree that trains the most sequences "
+        "a second on the hardware's devices, data-parallel over the groups",
     )
     parser.add_argument(
         "--no-sequence-parallel",
@@ -111,21 +121,33 @@ def run_tensor_plan(args: argparse.Namespace, overrides: Overrides) -> int:
     measured = load_costs(args.costs)
     costs = settings.retarget(measured)
     graph = tensor_graph_of(costs, measured)
-    check_tensor_request(graph, args.tp, costs.hardware.devices)
-    plan = plan_tensor(
-        graph,
-        link_for(costs.hardware),
-        TensorRequest(
-            tp=args.tp,
-            sequence_parallel=not args.no_sequence_parallel,
-            baselines=not args.no_baselines,
-        ),
-        training=costs.training,
-        memory_multiplier=costs.memory_multiplier,
-        hardware=costs.hardware.name,
-        model=costs.model,
-        notes=costs.notes,
+    request = TensorRequest(
+        tp=1 if args.tp == AUTO else args.tp,
+        sequence_parallel=not args.no_sequence_parallel,
+        baselines=not args.no_baselines,
     )
+    settings_of_plan = {
+        "training": costs.training,
+        "memory_multiplier": costs.memory_multiplier,
+        "hardware": costs.hardware.name,
+        "model": costs.model,
+        "notes": costs.notes,
+    }
+    if args.tp == AUTO:
+        devices = costs.hardware.devices
+        if devices is None:
+            raise SyncpassError(
+                "--tp auto chooses among the hardware's devices, and this hardware does not "
+                "say how many it has: give --tp N, or --hardware with devices",
+                args.costs,
+            )
+        plan, options = choose_tp(
+            graph, link_for(costs.hardware), devices, request, **settings_of_plan
+        )
+        print(render_degrees(options, plan.tp), file=sys.stderr)
+    else:
+        check_tensor_request(graph, args.tp, costs.hardware.devices)
+        plan = plan_tensor(graph, link_for(costs.hardware), request, **settings_of_plan)  # type: ignore[arg-type]
     document = json.dumps(tensor_plan_to_json(plan), indent=2) + "\n"
     if args.output is not None and str(args.output) == "-":
         args.json = True
@@ -147,6 +169,11 @@ def run_tensor_rewrite(args: argparse.Namespace) -> int:
     from syncpass.frontend.source import read_model_text
 
     check_tensor_flags(args)
+    if args.tp == AUTO:
+        raise SyncpassError(
+            "--tp auto is a plan's choice: run syncpass plan --costs FILE --strategy tensor "
+            "--tp auto, then rewrite with the degree it chose"
+        )
     if args.example is None or args.file == "-":
         raise SyncpassError(
             "rewrite --strategy tensor records the model's tensor graph from its example: "

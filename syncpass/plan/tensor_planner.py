@@ -7,15 +7,17 @@ This module imports neither libcst nor torch.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from syncpass.contracts.costs import Costs, Hardware
 from syncpass.contracts.tensor import TensorGraph
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import seconds
-from syncpass.plan.collectives import ALL_REDUCE
+from syncpass.plan.collectives import ALL_REDUCE, collective_s
 from syncpass.plan.tensor_baselines import megatron_layouts
 from syncpass.plan.tensor_optimizer import (
     Evaluation,
@@ -371,3 +373,77 @@ class _Explainer:
         around = [item.value, *[r for r in item.readers if r in self.graph.index]]
         details = "; ".join(self.describe(op) for op in dict.fromkeys(around))
         return f"{text}. {details}"
+
+
+@dataclass(frozen=True)
+class DegreeOption:
+    """One tensor-parallel degree of :func:`choose_tp`: ``replicas`` data-parallel copies of
+    a ``tp``-device group over the hardware's devices, the group's step, the replicas'
+    gradient all-reduce (``data_parallel_s``), and the sequences a second they train;
+    ``refused`` says why the degree has no plan (no layout fits, heads do not divide)."""
+
+    tp: int
+    replicas: int
+    step_s: float = math.inf
+    data_parallel_s: float = 0.0
+    sequences_per_s: float = 0.0
+    refused: str = ""
+
+
+def choose_tp(
+    graph: TensorGraph,
+    link: Link,
+    devices: int,
+    request: TensorRequest,
+    **plan: Any,
+) -> tuple[TensorPlan, tuple[DegreeOption, ...]]:
+    """``--tp auto``: of the degrees that divide ``devices`` (each group a tensor-parallel
+    split, the groups data-parallel replicas of it), the one that trains the most sequences
+    a second: ``replicas * batch / (step + gradient all-reduce)``. The gradient all-reduce
+    runs over the replicas, of each device's weights, on the same link (not overlapped with
+    the backward: the figure is the step's upper bound); the least degree wins a tie."""
+    options: list[DegreeOption] = []
+    best: tuple[float, TensorPlan] | None = None
+    for tp in (n for n in range(1, devices + 1) if devices % n == 0):
+        replicas = devices // tp
+        try:
+            made = plan_tensor(graph, link, dataclasses.replace(request, tp=tp), **plan)
+        except SyncpassError as error:
+            options.append(DegreeOption(tp, replicas, refused=error.message))
+            continue
+        weights = sum(layout.param_bytes for layout in made.layouts)
+        reduce_s = (
+            collective_s(ALL_REDUCE, weights, replicas, link.alpha_s, link.beta_bytes_per_s)
+            if made.training
+            else 0.0
+        )
+        rate = replicas * made.batch_size / (made.cost.step_s + reduce_s)
+        options.append(DegreeOption(tp, replicas, made.cost.step_s, reduce_s, rate))
+        if best is None or rate > best[0] * (1 + 1e-9):
+            best = (rate, made)
+    if best is None:
+        raise SyncpassError(
+            f"--tp auto: no degree dividing the {devices} devices has a plan: "
+            + "; ".join(f"tp {o.tp}: {o.refused}" for o in options)
+        )
+    return best[1], tuple(options)
+
+
+def render_degrees(options: tuple[DegreeOption, ...], chosen: int) -> str:
+    """The ``--tp auto`` table: each degree's step, gradient all-reduce and throughput."""
+    lines = [
+        f"--tp auto: tp {chosen} trains the most sequences a second on "
+        f"{options[0].tp * options[0].replicas} device(s) (tensor-parallel groups of tp, "
+        "data-parallel over the groups):",
+        "    tp  replicas       step  grad all-reduce  sequences/s",
+    ]
+    for option in options:
+        if option.refused:
+            lines.append(f"  {option.tp:4d}  {option.replicas:8d}  {option.refused}")
+            continue
+        mark = "  <- chosen" if option.tp == chosen else ""
+        lines.append(
+            f"  {option.tp:4d}  {option.replicas:8d}  {seconds(option.step_s):>9}  "
+            f"{seconds(option.data_parallel_s):>15}  {option.sequences_per_s:11.4g}{mark}"
+        )
+    return "\n".join(lines)

@@ -99,3 +99,57 @@ def test_tp_style_without_the_tensor_strategy_is_an_error(
         capsys.readouterr().err
     )
     assert not out.exists()
+
+
+@pytest.mark.slow  # plans four degrees twice, with their explanations: ~8 s
+def test_tp_auto_chooses_the_degree_that_trains_the_most_sequences_a_second(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from syncpass.contracts.costs import load_costs
+    from syncpass.plan.collectives import ALL_REDUCE, collective_s
+    from syncpass.plan.tensor_planner import TensorRequest, link_for, plan_tensor, tensor_graph_of
+
+    assert main(_plan("--tp", "auto", "--json")) == 0
+    captured = capsys.readouterr()
+    chosen = json.loads(captured.out)["tp"]
+    assert f"--tp auto: tp {chosen} trains the most sequences a second" in captured.err
+    # Each degree planned on its own, its throughput as data-parallel groups of it.
+    costs = load_costs(TENSOR_COSTS)
+    graph = tensor_graph_of(costs, costs)
+    link = link_for(costs.hardware)
+    devices = costs.hardware.devices
+    assert devices is not None
+    rates = {}
+    for tp in (1, 2, 4, 8):
+        plan = plan_tensor(graph, link, TensorRequest(tp, explain=False))
+        weights = sum(layout.param_bytes for layout in plan.layouts)
+        reduce_s = collective_s(
+            ALL_REDUCE, weights, devices // tp, link.alpha_s, link.beta_bytes_per_s
+        )
+        rates[tp] = devices // tp * plan.batch_size / (plan.cost.step_s + reduce_s)
+    assert chosen == max(rates, key=lambda tp: (rates[tp], -tp))
+
+
+def test_tp_auto_leaves_out_the_degrees_no_layout_fits() -> None:
+    from syncpass.contracts.hardware import load_profile
+    from syncpass.contracts.tensor import TransformerShape, transformer_graph
+    from syncpass.plan.tensor_planner import TensorRequest, choose_tp, link_for
+
+    pcie = load_profile("pcie4-gpus").hardware  # 8 devices of 24 GB
+    assert pcie.flops_per_s is not None and pcie.devices == 8
+    shape = TransformerShape(layers=8, width=4096, heads=32, sequence=2048)
+    graph = transformer_graph(shape, flops_per_s=pcie.flops_per_s)
+    request = TensorRequest(1, explain=False, baselines=False, sequence_parallel=False)
+    plan, options = choose_tp(graph, link_for(pcie), 8, request, memory_multiplier=16.0)
+    refused = {option.tp for option in options if option.refused}
+    assert 1 in refused  # the whole model's weights and optimizer state do not fit
+    assert plan.tp not in refused and plan.tp > 1
+    best = max((o for o in options if not o.refused), key=lambda o: o.sequences_per_s)
+    assert plan.tp == best.tp
+
+
+def test_rewrite_with_tp_auto_says_to_plan_first(capsys: pytest.CaptureFixture[str]) -> None:
+    model = REPO / "examples" / "transformer_lm.py"
+    argv = ["rewrite", str(model), "--example", f"{model}:example", "--strategy", "tensor"]
+    assert main([*argv, "--tp", "auto"]) == 2
+    assert "--tp auto is a plan's choice" in capsys.readouterr().err
