@@ -345,6 +345,7 @@ def _run_tensor(args: argparse.Namespace, backend: Any) -> int:
             atol=args.atol,
             timeout_s=args.timeout,
             threads=args.threads,
+            steps=args.steps,
         )
     )
     from syncpass.backends.torch.tensor_run import render_tensor_run

@@ -317,12 +317,14 @@ class TensorRunRequest:
     timeout_s: float = 300.0
     port: int = 0
     threads: int = 1
+    steps: int = 0  # timed training steps after the checked one (its warm-up)
 
 
 @dataclass(frozen=True)
 class TensorRankDone:
     """What one rank of a tensor-parallel run measured and checked: its loss (and the
-    unsplit model's), its step's forward and backward time, the collectives it issued by
+    unsplit model's), its step's forward and backward time (the median of ``timed_steps``
+    after the checked one, or the checked one's), the collectives it issued by
     ``"direction kind"``, and with ``verify`` each parameter's check (rank 0 checks the
     gathered split weights; every rank its replicated ones)."""
 
@@ -333,6 +335,7 @@ class TensorRankDone:
     counts: tuple[tuple[str, int], ...]
     checks: tuple[ParamCheck, ...] = ()
     split: int = 0  # parameters this rank holds a slice of
+    timed_steps: int = 0  # how many steps ``step_s`` is the median of (0: the checked one)
 
 
 @dataclass(frozen=True)

@@ -207,6 +207,8 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
         held = sum(_is_split(parameter) for parameter in model.parameters())
     else:
         held = sum(1 for _, dim, _ in split.values() if dim >= 0)
+    if request.steps:
+        step_s = _timed_steps(model, example, request.steps)
     return TensorRankDone(
         rank,
         float(loss.detach()),
@@ -215,7 +217,23 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
         tuple(sorted(counts.items())),
         tuple(replace(check, stage=rank) for check in checks),
         held,
+        request.steps,
     )
+
+
+def _timed_steps(model: Any, example: Any, steps: int) -> float:
+    """The median time of ``steps`` training steps (forward, loss, backward) of ``model``,
+    its gradients cleared before each."""
+    import statistics
+
+    times = []
+    for _ in range(steps):
+        model.zero_grad(set_to_none=True)
+        start = time.perf_counter()
+        loss = example.loss_fn(model(*example.args), example.target)
+        loss.backward()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def _dtensor_step(
@@ -309,8 +327,9 @@ def render_tensor_run(result: TensorRunResult) -> str:
     expected = ", ".join(f"{count} {kind}" for kind, count in result.expected) or "none"
     for rank in result.ranks:
         ran = ", ".join(f"{count} {kind}" for kind, count in rank.counts) or "none"
+        timed = f" (median of {rank.timed_steps})" if rank.timed_steps else " (one step)"
         lines.append(
-            f"  rank {rank.rank}: loss {rank.loss:.6g}, step {seconds(rank.step_s)}, "
+            f"  rank {rank.rank}: loss {rank.loss:.6g}, step {seconds(rank.step_s)}{timed}, "
             f"{rank.split} split weight(s); collectives: {ran}"
         )
     verdict = "match" if result.collectives_match else "MISMATCH"

@@ -116,6 +116,7 @@ def test_each_rank_ran_the_plans_collectives_and_some_weights_are_split(case: tu
     for line in rank_lines:
         for kind, count in counts.items():
             assert f"{count} {kind}" in line
+        assert "(median of 3)" in line  # run's default --steps, after the checked step
     assert namespace.get("TENSOR_PARALLEL_LAYOUT") or namespace.get("TENSOR_PARALLEL_PLAN")
     assert all(" 0 split weight" not in line for line in rank_lines)
 
