@@ -26,7 +26,7 @@ from typing import Any
 from syncpass.contracts.hardware import load_profile
 from syncpass.contracts.tensor import TransformerShape, transformer_graph
 from syncpass.core.errors import SyncpassError
-from syncpass.plan.tensor_plan import PlanCost
+from syncpass.plan.tensor_plan import PlanCost, plan_cost_to_json
 from syncpass.plan.tensor_planner import TensorRequest, link_for, plan_tensor
 
 
@@ -67,23 +67,13 @@ class Row:
     replicated: PlanCost
 
     def to_json(self) -> dict[str, Any]:
-        def cost(c: PlanCost) -> dict[str, Any]:
-            return {
-                "step_s": c.step_s,
-                "comm_s": c.comm_s,
-                "memory_bytes": c.memory_bytes,
-                "fits": c.fits,
-                "forward_collectives": c.forward_collectives,
-                "backward_collectives": c.backward_collectives,
-            }
-
         return {
             "size": self.size,
             "hardware": self.hardware,
             "tp": self.tp,
-            "syncpass": cost(self.syncpass),
-            "megatron": cost(self.megatron),
-            "replicated": cost(self.replicated),
+            "syncpass": plan_cost_to_json(self.syncpass),
+            "megatron": plan_cost_to_json(self.megatron),
+            "replicated": plan_cost_to_json(self.replicated),
         }
 
 

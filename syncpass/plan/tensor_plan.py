@@ -112,8 +112,8 @@ def tensor_plan_to_json(plan: TensorPlan) -> dict[str, Any]:
         hardware=plan.hardware,
         memory_limit_bytes=plan.memory_limit_bytes,
         sequence_parallel={"allowed": plan.sequence_parallel, "used": plan.uses_sequence_parallel},
-        predicted=_cost_to_json(plan.cost),
-        baselines=[_cost_to_json(cost) for cost in plan.baselines],
+        predicted=plan_cost_to_json(plan.cost),
+        baselines=[plan_cost_to_json(cost) for cost in plan.baselines],
         layouts=[
             {
                 "op": layout.op,
@@ -149,7 +149,8 @@ def tensor_plan_to_json(plan: TensorPlan) -> dict[str, Any]:
     return data
 
 
-def _cost_to_json(cost: PlanCost) -> dict[str, Any]:
+def plan_cost_to_json(cost: PlanCost) -> dict[str, Any]:
+    """A placement's cost as JSON (the plan's ``predicted`` and each of its ``baselines``)."""
     return {
         "name": cost.name,
         "step_s": cost.step_s,
