@@ -50,6 +50,7 @@ MODELS = [
             "stage_named",
             "submodule_method",
             "tied_object_head",
+            "typed_sends",
             "zipped_layers",
         )
     ),

@@ -343,7 +343,8 @@ def _last_op(
     path: str,
 ) -> str:
     """The id of the last op ``statement`` (a stage's last before its ``return``) runs."""
-    statement = _unannotated(statement)
+    if module.code_for_node(statement).strip() not in by_code:
+        statement = _unannotated(statement)
     loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
     sequential = match_sequential_call(statement)
     ranged = loop or sequential
@@ -375,8 +376,8 @@ def _last_op(
 
 
 def _unannotated(statement: cst.BaseStatement) -> cst.BaseStatement:
-    """``x: torch.Tensor = value`` as the forward wrote it, ``x = value``: a typed stage
-    declares the one value it sends where it first names it."""
+    """``x: torch.Tensor = value`` as ``x = value``, the forward's line a typed stage
+    declares the one value it sends on (where the forward's own line is not annotated)."""
     if (
         isinstance(statement, cst.SimpleStatementLine)
         and len(statement.body) == 1
