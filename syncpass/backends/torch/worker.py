@@ -709,10 +709,14 @@ def eager_stages(model: torch.nn.Module, request: RunRequest) -> tuple[torch.nn.
     if not classes:
         return ()
     if len(classes) != request.total_stages:
+        written = (
+            f"1 stage class ({name}Stage0)"
+            if len(classes) == 1
+            else f"{len(classes)} stage classes ({name}Stage0 .. {name}Stage{len(classes) - 1})"
+        )
         raise SyncpassError(
-            f"the file has {len(classes)} stage classes ({name}Stage0 .. {name}Stage"
-            f"{len(classes) - 1}); {stage_count_text(request)} asks for {request.total_stages}"
-            + _rewrite_hint(len(classes), request),
+            f"the file has {written}; {stage_count_text(request)} asks for "
+            f"{request.total_stages}" + _rewrite_hint(len(classes), request),
             _class_line(classes[-1]) or request.file,
         )
     stages = own_parameters([stage_class.of(model) for stage_class in classes], request.placement)
