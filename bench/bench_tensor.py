@@ -13,6 +13,7 @@ forward and two backward, the embedding by vocabulary and the head by columns
 predicts for the profiles, to be read beside a measured run on such a machine.
 
     PYTHONPATH=. python bench/bench_tensor.py [--hardware nvlink-8xh100,pcie4-gpus] [--json]
+        [--sizes 125M,6.7B] [--no-sequence-parallel]
 """
 
 from __future__ import annotations
@@ -77,14 +78,15 @@ class Row:
         }
 
 
-def planned(size: Size, hardware: str, tp: int) -> Row | str:
+def planned(size: Size, hardware: str, tp: int, sequence_parallel: bool = True) -> Row | str:
     """``size`` planned for ``tp`` devices of ``hardware``, beside the two hand placements;
     or why no plan is made (no layout fits the device's memory)."""
     profile = load_profile(hardware).hardware
     assert profile.flops_per_s is not None
     graph = transformer_graph(size.shape, flops_per_s=profile.flops_per_s)
     try:
-        plan = plan_tensor(graph, link_for(profile), TensorRequest(tp, explain=False))
+        request = TensorRequest(tp, sequence_parallel=sequence_parallel, explain=False)
+        plan = plan_tensor(graph, link_for(profile), request)
     except SyncpassError as error:
         return f"{size.name} on {hardware} at tp {tp}: {error.message}"
     baselines = {cost.name: cost for cost in plan.baselines}
@@ -122,10 +124,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hardware", default=",".join(HARDWARE))
     parser.add_argument("--sizes", default=",".join(size.name for size in SIZES))
     parser.add_argument("--json", action="store_true", help="the rows as JSON")
+    parser.add_argument(
+        "--no-sequence-parallel",
+        action="store_true",
+        help="plan without splitting the values between the layers by sequence",
+    )
     args = parser.parse_args(argv)
     wanted = args.sizes.split(",")
     made = [
-        planned(size, hardware, tp)
+        planned(size, hardware, tp, not args.no_sequence_parallel)
         for hardware in args.hardware.split(",")
         for size in SIZES
         if size.name in wanted
