@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import re
 import subprocess
 import sys
@@ -316,6 +317,13 @@ class CorpusModel:
         the 4.x variants') would meet the 5.x that an earlier torch model imported into
         this one."""
         return self.backend == "jax" or self.packages[0].startswith("transformers==4.")
+
+    @property
+    def environment(self) -> dict[str, str]:
+        """What its commands' fresh processes add to the environment: a JAX model's tell
+        transformers not to import torch (``USE_TORCH=0``), as an install without torch runs
+        them (torch is here for the other models; importing it costs 4-5 s a process)."""
+        return {"USE_TORCH": "0"} if self.backend == "jax" else {}
 
     def model_arguments(self) -> list[str]:
         """The backend and ``--model`` arguments of every command run on this model."""
@@ -1814,9 +1822,15 @@ def absolute_imports(text: str, package: str) -> str:
     return re.sub(r"^([ \t]*)from (\.+)(\S*) import", absolute, text, flags=re.MULTILINE)
 
 
-def _quiet(argv: list[str], isolated: bool = False, cwd: Path | None = None) -> tuple[int, str]:
+def _quiet(
+    argv: list[str],
+    isolated: bool = False,
+    cwd: Path | None = None,
+    environment: dict[str, str] | None = None,
+) -> tuple[int, str]:
     """``syncpass ARGV``'s exit status and error output (in a fresh process in ``cwd``, the
-    model's project, if ``isolated``: ``python -m`` puts its folder first on the path)."""
+    model's project, with ``environment`` added, if ``isolated``: ``python -m`` puts its
+    folder first on the path)."""
     if isolated:
         done = subprocess.run(
             [sys.executable, "-m", "syncpass", *argv],
@@ -1824,6 +1838,7 @@ def _quiet(argv: list[str], isolated: bool = False, cwd: Path | None = None) -> 
             text=True,
             check=False,
             cwd=cwd,
+            env={**os.environ, **(environment or {})},
         )
         return done.returncode, done.stderr
     err = io.StringIO()
@@ -1868,7 +1883,12 @@ def bench(models: list[CorpusModel], steps: int) -> None:
             for backend in _forms(model):
                 costs = folder / f"{backend}.costs.json"
                 argv = ["profile", str(source), "--example", example, "--backend", backend]
-                status, err = _quiet([*argv, *model_flag, "-o", str(costs)], model.isolated, folder)
+                status, err = _quiet(
+                    [*argv, *model_flag, "-o", str(costs)],
+                    model.isolated,
+                    folder,
+                    model.environment,
+                )
                 if status != 0 and backend == model.backend:
                     failed = err.strip().splitlines()[-1] if err.strip() else f"status {status}"
                     break
@@ -1894,7 +1914,10 @@ def bench(models: list[CorpusModel], steps: int) -> None:
                 out = folder / f"sync_{stages}.py"
                 argv = ["rewrite", str(source), "--costs", str(own_costs), "--stages", str(stages)]
                 status, err = _quiet(
-                    [*argv, *model.model_arguments(), "-o", str(out)], model.isolated, folder
+                    [*argv, *model.model_arguments(), "-o", str(out)],
+                    model.isolated,
+                    folder,
+                    model.environment,
                 )
                 measured, verified = "-", "rewrite failed"
                 if status == 0:
@@ -1902,7 +1925,7 @@ def bench(models: list[CorpusModel], steps: int) -> None:
                     argv = ["run", str(out), "--stages", str(stages), "--verify"]
                     argv += ["--backend", model.backend]
                     argv += ["--steps", str(steps), "--json-report", str(report)]
-                    status, err = _quiet(argv, model.isolated, folder)
+                    status, err = _quiet(argv, model.isolated, folder, model.environment)
                     if report.exists():
                         document = json.loads(report.read_text())
                         slowest = max(stage["step_s"] for stage in document["stage_reports"])

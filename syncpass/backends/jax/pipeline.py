@@ -428,7 +428,9 @@ class GPipe:
                 )
             saved.append((env, inputs_of))
         losses = []
-        grads: list[Any] = [None] * staged.num_weights
+        # Each weight's cotangents, one per reading stage and micro-batch, on its owner:
+        # summed at the end in one jitted call per owner (eager adds compile per shape).
+        parts: list[list[Any]] = [[] for _ in range(staged.num_weights)]
         owners = staged.owners
         last = len(staged.stages) - 1
         for (env, inputs_of), (_, target) in zip(saved, batches, strict=True):
@@ -470,16 +472,12 @@ class GPipe:
                         whole = staged.source_weights[index]
                         zeros = jax.numpy.zeros(whole.shape, whole.dtype, device=owners[index])
                         cotangent = zeros.at[start:stop].set(cotangent)
-                    home = grads[index]
-                    grads[index] = cotangent if home is None else home + cotangent
-        scale = 1 / len(batches)
-        leaves = [
-            jax.numpy.zeros_like(weight) if grad is None else grad * scale
-            for grad, weight in zip(grads, staged.source_weights, strict=True)
-        ]
+                    parts[index].append(cotangent)
         return StepResult(
             losses=tuple(losses),
-            grads=jax.tree_util.tree_unflatten(staged.weights_tree, leaves),
+            grads=jax.tree_util.tree_unflatten(
+                staged.weights_tree, _mean_gradients(parts, staged, len(batches))
+            ),
             stage_compute_s=tuple(clock) if timed else (),
         )
 
@@ -499,6 +497,31 @@ class GPipe:
         device = self.staged.stages[self.staged.producers[var]].device
         cotangent = _on(cotangent, device)
         cotangents[var] = cotangents[var] + cotangent if var in cotangents else cotangent
+
+
+@jax.jit
+def _scaled_sums(parts: tuple[tuple[Any, ...], ...], scale: float) -> tuple[Any, ...]:
+    """Each tuple of ``parts`` summed in its order, times ``scale``."""
+    return tuple(sum(part[1:], part[0]) * scale for part in parts)
+
+
+def _mean_gradients(parts: list[list[Any]], staged: Pipeline, batches: int) -> list[Any]:
+    """Every weight's gradient of the mean loss: its cotangents summed over the stages that
+    read it and the ``batches`` micro-batches, divided by ``batches``, on its owner (one
+    jitted call per owner device); zeros for a weight no stage differentiates."""
+    leaves: list[Any] = [None] * len(parts)
+    owners = staged.owners
+    by_owner: dict[Any, list[int]] = {}
+    for index, found in enumerate(parts):
+        if found:
+            by_owner.setdefault(owners[index], []).append(index)
+        else:
+            leaves[index] = jax.numpy.zeros_like(staged.source_weights[index])
+    for indexes in by_owner.values():
+        summed = _scaled_sums(tuple(tuple(parts[index]) for index in indexes), 1 / batches)
+        for index, leaf in zip(indexes, summed, strict=True):
+            leaves[index] = leaf
+    return leaves
 
 
 def nbytes(avals: Sequence[Any]) -> int:
