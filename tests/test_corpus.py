@@ -310,7 +310,11 @@ TENSOR_CASES = [
         "hf_llama",
         2,
         "dtensor",
-        (
+        (  # attention by heads (rotary tables and all) and the MLP, as Llama's own plan
+            '"model.layers.*.self_attn.q_proj": ColwiseParallel(),',
+            '"model.layers.*.self_attn.k_proj": ColwiseParallel(),',
+            '"model.layers.*.self_attn.v_proj": ColwiseParallel(),',
+            '"model.layers.*.self_attn.o_proj": RowwiseParallel(),',
             '"model.layers.*.mlp.gate_proj": ColwiseParallel(),',
             '"model.layers.*.mlp.down_proj": RowwiseParallel(),',
         ),
@@ -356,7 +360,8 @@ def test_real_model_splits_by_tensor_parallelism_and_verifies(
     fused q, k, v of unequal sizes, sliced by ``x[..., :n]``) and torchtitan's Llama 3
     (layers built by its registry from its package's code) rewritten for 2 or 4
     tensor-parallel ranks, on the fast-link profile (where the plan splits what the source
-    lets it): the MLP is split as Megatron's, the tied head stays whole and says why, and
+    lets it): the MLP is split as Megatron's (and Llama's attention by heads at 2 ranks,
+    where its key/value heads divide), the tied head stays whole and says why, and
     the split run matches the unsplit model, loss and every gradient, with the plan's
     collectives."""
     every = (*CORPUS.MODELS, *CORPUS.HELD_OUT, *CORPUS.FOURTH_BATCH)

@@ -39,7 +39,15 @@ from functools import cached_property
 
 from syncpass.contracts.tensor import TensorGraph
 from syncpass.plan.collectives import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, collective_s
-from syncpass.plan.tensor_rules import STATES, Mode, Use, contribution, op_modes, reachable
+from syncpass.plan.tensor_rules import (
+    STATES,
+    Mode,
+    Use,
+    contribution,
+    op_modes,
+    reachable,
+    residual_adds,
+)
 
 _STATE_BIT = {state: 1 << index for index, state in enumerate(STATES)}
 
@@ -101,9 +109,12 @@ class TensorProblem:
     def modes(self) -> tuple[tuple[Mode, ...], ...]:
         """Each op's modes, in graph order, as :attr:`allowed` restricts them."""
         allowed = dict(self.allowed)
+        residual = residual_adds(self.graph)
         found = []
         for op in self.graph.ops:
-            modes = op_modes(op, self.tp, self.tokens, self.sizes, self.sequence_parallel)
+            modes = op_modes(
+                op, self.tp, self.tokens, self.sizes, self.sequence_parallel, op.id in residual
+            )
             if op.id in allowed:
                 modes = tuple(mode for mode in modes if mode.layout in allowed[op.id])
             found.append(modes)

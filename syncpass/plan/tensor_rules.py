@@ -14,9 +14,11 @@ its input is then a partial sum on each device), ``row`` (input features split:
 ``C -> P``), or ``sequence`` (whole weights over ``1/N`` of the tokens: ``S -> S``; its
 weights' gradients are summed over the devices). An embedding splits by ``vocab``
 (``R -> P``: rows outside a device's slice look up zeros) or by ``width`` (``R -> C``).
-Point-wise ops keep whatever split their inputs share; a sum also adds partial sums
-(and runs split only under sequence parallelism: a split residual stream is what
-sequence parallelism means, on whichever dimension);
+Point-wise ops keep whatever split their inputs share; a sum also adds partial sums,
+and runs split where both its inputs are, except on the residual stream (a sum whose
+value a norm reads, directly or through other sums): splitting that is what sequence
+parallelism means, and without it the stream stays whole as in Megatron-LM (a split sum
+there saves only its own time, between a gather and a norm);
 norms and softmax reduce over the last dimension, so they run ``R`` or ``S``; attention
 runs whole, or by ``heads`` when q, k, v are split on head boundaries (``query-heads``:
 only q split, k and v whole, when the key/value heads do not divide). A loss runs whole
@@ -31,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from syncpass.contracts.tensor import TensorOp
+from syncpass.contracts.tensor import TensorGraph, TensorOp
 
 STATES = ("R", "C", "P", "S")
 #: What each state is called in reports.
@@ -99,10 +101,11 @@ def op_modes(
     tokens: Mapping[str, bool],
     sizes: Mapping[str, float],
     sequence_parallel: bool,
+    residual: bool = False,
 ) -> tuple[Mode, ...]:
     """Every mode ``op`` can run in on ``tp`` devices; ``tokens`` says which values have a
     sequence dimension, ``sizes`` their bytes; ``sequence`` modes only when
-    ``sequence_parallel``."""
+    ``sequence_parallel``; ``residual``: ``op`` is a sum on the residual stream."""
     n = tp
     modes: list[Mode] = []
     if op.kind == "input":
@@ -140,7 +143,9 @@ def op_modes(
             modes.append(_same(op, "partial", "P", 1, "moves the partial sums as they are"))
     elif op.kind == "add":
         modes.append(_same(op, "replicated", "R", 1))
-        if n > 1 and sequence_parallel:  # a residual stream split is sequence parallelism's
+        # A sum of two split values (both halves of a rotary embedding) runs split; one on
+        # the residual stream only under sequence parallelism (residual_adds).
+        if n > 1 and (sequence_parallel or not residual):
             modes.append(_same(op, "split", "C", n, "adds its device's features"))
         if n > 1:
             modes.append(_same(op, "partial", "P", 1, "adds partial sums"))
@@ -204,6 +209,20 @@ REACHABLE_WHOLE = {
     "S": frozenset({"S", "R"}),
     "P": frozenset({"P", "R"}),
 }
+
+
+def residual_adds(graph: TensorGraph) -> frozenset[str]:
+    """The sums on the residual stream: those whose value a norm reads, directly or through
+    other such sums."""
+    consumers = graph.consumers
+    kinds = {op.id: op.kind for op in graph.ops}
+    found: set[str] = set()
+    for op in reversed(graph.ops):
+        if op.kind == "add" and any(
+            kinds[reader] == "norm" or reader in found for reader in consumers[op.id]
+        ):
+            found.add(op.id)
+    return frozenset(found)
 
 
 def reachable(made: str, resplit: bool) -> frozenset[str]:

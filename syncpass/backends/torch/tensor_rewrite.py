@@ -66,7 +66,7 @@ WRITABLE: Mapping[str, tuple[str, ...]] = {
     "linear": ("replicated", "column", "row"),
     "elementwise": ("replicated", "split"),
     "reshape": ("replicated", "split", "partial"),
-    "add": ("replicated", "partial"),
+    "add": ("replicated", "split", "partial"),
     "attention": ("replicated", "heads"),
 }
 #: Reshapes that need no size argument changed when the split moves through them.
@@ -234,7 +234,7 @@ class _Checker:
                 x = op.inputs[0]
                 if self.dims.get(x) != (self.ndim(x) or 0) - 1:
                     self.refuse(op.id, "its input is not split on its features")
-            elif op.kind == "elementwise" and item.layout == "split":
+            elif op.kind in ("elementwise", "add") and item.layout == "split":
                 self.elementwise(op, shape)
             elif op.kind == "reshape" and item.layout == "split":
                 self.reshape(op, shape, line)
