@@ -69,6 +69,41 @@ def test_megatron_mlp_costs_one_all_reduce_each_way() -> None:
     assert evaluate(forward, megatron.modes).comm_s == pytest.approx(all_reduce)
 
 
+def _rotary_block() -> TensorGraph:
+    """x -> q (column-able) -> two point-wise halves summed (a rotary embedding) -> o ->
+    + x -> norm: the first sum adds two values of one split; the second is the residual
+    stream, which a norm reads."""
+    return TensorGraph(
+        (
+            TensorOp("x", "input", out_bytes=1000, grad=True),
+            TensorOp("q", "linear", ("x",), 1000, 1e-3, 2e-3, 512, in_features=8, out_features=8),
+            TensorOp("cos", "elementwise", ("q",), 1000, 1e-3, 1e-3),
+            TensorOp("sin", "elementwise", ("q",), 1000, 1e-3, 1e-3),
+            TensorOp("rotary", "add", ("cos", "sin"), 1000, 1e-3, 1e-3),
+            TensorOp(
+                "o", "linear", ("rotary",), 1000, 1e-3, 2e-3, 512, in_features=8, out_features=8
+            ),
+            TensorOp("res", "add", ("x", "o"), 1000, 1e-3, 1e-3),
+            TensorOp("norm", "norm", ("res",), 1000, 1e-4, 1e-4),
+        ),
+        outputs=("norm",),
+    )
+
+
+def test_a_sum_of_split_values_runs_split_and_the_residual_stream_stays_whole() -> None:
+    problem = TensorProblem(_rotary_block(), 2, Link(ALPHA, BETA), sequence_parallel=False)
+    chosen = solve(problem).modes
+    found = {op.id: mode.layout for op, mode in zip(problem.graph.ops, chosen, strict=True)}
+    # Between q (column) and o (row) every op runs on its device's features, the sum of
+    # the two halves included: one all-reduce forward, after o, as Megatron's attention.
+    assert (found["q"], found["rotary"], found["o"]) == ("column", "split", "row")
+    assert found["res"] in ("replicated", "partial")
+    layouts_of = {mode.layout for mode in problem.modes[problem.graph.index["res"]]}
+    assert "split" not in layouts_of  # a norm reads it: only sequence parallelism splits it
+    parallel = TensorProblem(_rotary_block(), 2, Link(ALPHA, BETA), sequence_parallel=True)
+    assert "split" in {mode.layout for mode in parallel.modes[parallel.graph.index["res"]]}
+
+
 def test_memory_divides_split_weights_and_activations() -> None:
     problem = TensorProblem(_mlp(), 4, Link(ALPHA, BETA), memory_multiplier=4.0)
     whole = evaluate(problem, layouts(problem, {}))
