@@ -183,6 +183,54 @@ def add_import(module: cst.Module, context: CodemodContext, item: ImportItem) ->
     )
 
 
+def _imported_module(statement: cst.BaseStatement) -> str | None:
+    """The module of a one-import ``from MODULE import ...`` line (absolute), else None."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    if not isinstance(small, cst.ImportFrom) or small.relative or small.module is None:
+        return None
+    return cst.Module([]).code_for_node(small.module)
+
+
+def import_in_order(module: cst.Module, name: str) -> cst.Module:
+    """``module`` with its ``from NAME import ...`` line moved up, within the run of import
+    lines it ends (no blank line between them), before the first ``from`` import of a module
+    that sorts after ``NAME``: where isort and ruff keep it among the ``from`` imports of a
+    sorted section (``from syncpass... import`` above ``from torch import nn``). Left where
+    it is when no such line is above it."""
+    body = list(module.body)
+    at = next((i for i, s in enumerate(body) if _imported_module(s) == name), None)
+    if at is None:
+        return module
+    start = at
+    while start > 0 and not body[start].leading_lines:
+        previous = body[start - 1]
+        if not (
+            isinstance(previous, cst.SimpleStatementLine)
+            and all(isinstance(small, cst.Import | cst.ImportFrom) for small in previous.body)
+        ):
+            break
+        start -= 1
+    target = next(
+        (
+            i
+            for i in range(start, at)
+            if (other := _imported_module(body[i])) is not None
+            and other != "__future__"
+            and other > name
+        ),
+        None,
+    )
+    if target is None:
+        return module
+    moved, displaced = body[at], body[target]
+    body[at : at + 1] = []
+    body[target] = displaced.with_changes(leading_lines=())
+    body.insert(target, moved.with_changes(leading_lines=displaced.leading_lines))
+    return module.with_changes(body=body)
+
+
 class InsertSyncPointsCommand(VisitorBasedCodemodCommand):
     """Insert a backend's sync statement at the planned sites of one function.
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import libcst as cst
 import pytest
 from golden_cases import Case, cases, run_case
 from libcst.codemod import CodemodTest
@@ -11,6 +12,7 @@ from libcst.codemod import CodemodTest
 from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.frontend import parse_source
 from syncpass.plan.planfile import plan_to_json
+from syncpass.transformers.common import import_in_order
 from syncpass.transformers.torch_pipeline import (
     InsertPipeSplitsCommand,
     RemovePipeSplitsCommand,
@@ -202,3 +204,29 @@ class TestRemovePipeSplits(CodemodTest):
                     return self.b(x)
         """
         self.assertCodemod(before, after)
+
+
+@pytest.mark.parametrize(
+    ("head", "expected"),
+    [
+        # Among the from-imports of the last run, in the order of their modules.
+        (
+            "import os\n\nimport torch\nfrom torch import nn\nfrom zz import q\n",
+            "import os\n\nimport torch\nfrom syncpass.rt import f\nfrom torch import nn\n"
+            "from zz import q\n",
+        ),
+        # First in its run: it takes the run's blank lines above.
+        (
+            '"""Doc."""\n\nfrom torch import nn\n',
+            '"""Doc."""\n\nfrom syncpass.rt import f\nfrom torch import nn\n',
+        ),
+        # Nothing above it sorts after it, or only an earlier section does: left last.
+        (
+            "from zz import q\n\nfrom abc import d\n",
+            "from zz import q\n\nfrom abc import d\nfrom syncpass.rt import f\n",
+        ),
+    ],
+)
+def test_an_added_import_is_sorted_into_its_run(head: str, expected: str) -> None:
+    module = cst.parse_module(head + "from syncpass.rt import f\n\nX = 1\n")
+    assert import_in_order(module, "syncpass.rt").code == expected + "\nX = 1\n"

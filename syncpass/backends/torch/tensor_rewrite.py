@@ -52,6 +52,7 @@ from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
 from syncpass.plan.tensor_plan import PlannedCollective, TensorPlan
 from syncpass.plan.tensor_planner import TensorRequest, link_for, plan_tensor
+from syncpass.transformers.common import import_in_order
 from syncpass.transformers.torch_tensor import (
     RUNTIME_MODULE,
     CallSite,
@@ -828,6 +829,8 @@ def rewrite_tensor(request: TensorRewriteRequest) -> TensorRewriteResult:
             "nothing was written",
             request.file,
         )
+    for name in dict.fromkeys(module for module, _ in imports):
+        result = import_in_order(result, name)
     code = _imports_laid_out(result.code, [module for module, _ in imports])
     try:
         cst.parse_module(code)
