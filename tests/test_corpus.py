@@ -321,7 +321,19 @@ TENSOR_CASES = [
         57,
     ),
     # GPT-2's Conv1D weights are stored (in, out); its head is tied to the embedding.
-    ("hf_gpt2", 2, "eager", ('"transformer.h.*.mlp.c_fc": "column transposed",',), 76),
+    (
+        "hf_gpt2",
+        2,
+        "eager",
+        (  # Megatron's: the attention by heads from the fused c_attn, an all-reduce after
+            # each row-split c_proj (whose bias the other rank holds as zeros)
+            '"transformer.h.*.attn.c_attn": "column:3 transposed",',
+            '"transformer.h.*.attn.c_proj": "row transposed",',
+            '"transformer.h.*.mlp.c_fc": "column transposed",',
+            '"transformer.h.*.mlp.c_proj": "row transposed",',
+        ),
+        76,
+    ),
     # litgpt's Llama 3.2: grouped-query attention's fused q, k, v of unequal sizes.
     ("litgpt_llama", 2, "eager", ('"transformer.h.*.attn.qkv": "column:32+16+16",',), 45),
     # torchtitan's Llama 3: its layers' code is in torchtitan's package, not in the model

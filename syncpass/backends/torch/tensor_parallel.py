@@ -206,7 +206,9 @@ def scatter_to_tensor_parallel_region(tensor: torch.Tensor, dim: int = -1) -> to
 
 #: How a split module's weight is sliced: ``column`` keeps ``1/world`` of the output
 #: features (``nn.Linear`` weight rows and bias), ``row`` of the input features (weight
-#: columns; the bias stays on rank 0 only, so the all-reduce adds it once), ``width`` an
+#: columns; the bias is a parameter on rank 0 only, so the all-reduce adds it once: the
+#: other ranks hold zeros as an untrained buffer, for forwards that add it unconditionally,
+#: Hugging Face's ``Conv1D``'s ``addmm``), ``width`` an
 #: embedding's columns. ``column:K`` is a fused weight of ``K`` equal chunks (q, k, v in
 #: one linear), each sliced; ``column:A+B+C`` one of chunks of those sizes (grouped-query
 #: attention's q, k, v). A trailing ``transposed`` says the weight is stored
@@ -302,8 +304,9 @@ def shard_module(
         owner = modules[owner_name]
         parameter = getattr(owner, pname)
         if dim < 0:
-            if rank != 0:
-                setattr(owner, pname, None)
+            if rank != 0:  # zeros, not trained: a forward that adds its bias (Conv1D's addmm)
+                del owner._parameters[pname]
+                owner.register_buffer(pname, torch.zeros_like(parameter.detach()), False)
             continue
         with torch.no_grad():
             local = _slice(parameter.detach(), dim, chunks, rank, world)

@@ -415,10 +415,21 @@ class _Checker:
         if copy:
             wanted.append(("backward", "all-reduce"))
         if sorted(wanted) != planned:
-            self.refuse(op.id, f"the runtime's functions would run {wanted}, the plan {planned}")
-            for reader, _, p in reads:
-                if p:
-                    self.refuse(reader, f"the gradient of {op.id} is summed otherwise")
+            # The plan sums the gradient its column-split readers send back otherwise than
+            # the runtime's functions do (a reduce-scatter into a split value): those
+            # readers are refused, not the value's split, which other readers (a row-split
+            # layer) may read as it is.
+            partial_readers = [reader for reader, _, p in reads if p]
+            for reader in partial_readers:
+                self.refuse(
+                    reader,
+                    f"the plan sums the gradient it sends {op.id} by {planned}; the runtime's "
+                    f"functions would run {wanted}",
+                )
+            if not partial_readers:
+                self.refuse(
+                    op.id, f"the runtime's functions would run {wanted}, the plan {planned}"
+                )
             return
         if not wanted:
             return
