@@ -39,13 +39,15 @@ RUNTIME_MODULE = "syncpass.backends.torch.tensor_parallel"
 class StatementSite:
     """A simple statement: its lines, the one name it assigns (``x = ...``, ``x: T = ...``;
     ``None`` otherwise), what its value is (a call's method or function name, an
-    operator's torch name such as ``add``, else ``""``), and the name its outermost call reads first, if a bare name."""
+    operator's torch name such as ``add``, else ``""``), and the name its outermost call reads first, if a bare name;
+    ``returns``: it is ``return VALUE``."""
 
     start: int
     end: int
     target: str | None
     value: str
     first_arg: str | None
+    returns: bool = False
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,9 @@ class CallSite:
 class TensorEdit:
     """One change: ``before``/``after`` put ``code`` on a line of its own before or after
     the simple statement holding ``line``; ``divide`` divides positional argument
-    ``position`` of the call of ``name`` on ``line`` by ``tp_size()``."""
+    ``position`` of the call of ``name`` on ``line`` by ``tp_size()``; ``return`` wraps the
+    value of the ``return`` statement holding ``line`` in the call of ``name`` (with
+    ``code``'s arguments after it, if any), below the comment ``code``'s first line holds."""
 
     kind: str
     line: int
@@ -110,6 +114,7 @@ class GatherTensorSitesVisitor(cst.CSTVisitor):
         target: str | None = None
         value = ""
         first: str | None = None
+        returns = False
         if len(node.body) == 1:
             small = node.body[0]
             expression: cst.BaseExpression | None = None
@@ -123,13 +128,14 @@ class GatherTensorSitesVisitor(cst.CSTVisitor):
                 expression = small.value
             elif isinstance(small, cst.Expr | cst.Return) and small.value is not None:
                 expression = small.value
+                returns = isinstance(small, cst.Return)
             if expression is not None:
                 value = _callee(expression)
                 if isinstance(expression, cst.Call) and expression.args:
                     arg = expression.args[0].value
                     first = arg.value if isinstance(arg, cst.Name) else None
         self.statements.append(
-            StatementSite(where.start.line, where.end.line, target, value, first)
+            StatementSite(where.start.line, where.end.line, target, value, first, returns)
         )
 
     def visit_Call(self, node: cst.Call) -> None:
@@ -186,6 +192,9 @@ class InsertTensorCollectivesCommand(VisitorBasedCodemodCommand):
         where = self.get_metadata(PositionProvider, original_node)
         before = self._around("before", where.start.line, where.end.line)
         after = self._around("after", where.start.line, where.end.line)
+        for edit in self._around("return", where.start.line, where.end.line):
+            updated_node = _return_wrapped(updated_node, edit)
+            self.done.add(edit)
         if not before and not after:
             return updated_node
         config = self.module.config_for_parsing
@@ -241,6 +250,22 @@ class InsertTensorCollectivesCommand(VisitorBasedCodemodCommand):
         if body:  # the footer's leading comments belong to its first statement
             body[0] = body[0].with_changes(leading_lines=(*footer.header, *body[0].leading_lines))
         return updated_node.with_changes(body=(*updated_node.body, *body))
+
+
+def _return_wrapped(line: cst.SimpleStatementLine, edit: TensorEdit) -> cst.SimpleStatementLine:
+    """``return VALUE`` as ``return NAME(VALUE, ARGS)`` below the comment ``# ...`` (the
+    first line of ``edit.code``; its second, if any, holds ``ARGS``)."""
+    small = line.body[0]
+    if not isinstance(small, cst.Return) or small.value is None:
+        return line
+    comment, _, extra = edit.code.partition("\n")
+    call = cst.parse_expression(f"{edit.name}(__value__{', ' + extra if extra else ''})")
+    assert isinstance(call, cst.Call)
+    wrapped = call.with_changes(args=(call.args[0].with_changes(value=small.value), *call.args[1:]))
+    return line.with_changes(
+        body=(small.with_changes(value=wrapped),),
+        leading_lines=(*line.leading_lines, cst.EmptyLine(comment=cst.Comment(comment))),
+    )
 
 
 def _divided(value: cst.BaseExpression) -> cst.BinaryOperation:

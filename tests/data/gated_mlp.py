@@ -16,7 +16,9 @@ BATCH = 512
 
 
 class GatedMLP(nn.Module):
-    """``down(silu(gate(h)) * up(h))``, with ``h`` the block's normalised input."""
+    """``down(silu(gate(h)) * up(h))``, with ``h`` the block's normalised input, returned
+    as it is made (``return self.down(m)``, as Llama's and litgpt's MLPs end): the stack
+    adds it to the residual stream."""
 
     def __init__(self, width: int, hidden: int) -> None:
         super().__init__()
@@ -30,8 +32,7 @@ class GatedMLP(nn.Module):
         g = F.silu(self.gate(h))
         u = self.up(h)
         m = g * u
-        y = self.down(m)
-        return x + y
+        return self.down(m)
 
 
 class GatedStack(nn.Module):
@@ -44,7 +45,7 @@ class GatedStack(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for block in self.blocks:
-            x = block(x)
+            x = x + block(x)
         score: torch.Tensor = self.out(x)
         return score
 

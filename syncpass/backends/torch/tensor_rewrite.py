@@ -71,7 +71,23 @@ WRITABLE: Mapping[str, tuple[str, ...]] = {
     "attention": ("replicated", "heads"),
 }
 #: Reshapes that need no size argument changed when the split moves through them.
-_NO_SIZES = {"transpose", "permute", "contiguous", "chunk", "flatten", "unsqueeze", "squeeze"}
+_NO_SIZES = {
+    "transpose",
+    "permute",
+    "contiguous",
+    "chunk",
+    "flatten",
+    "unsqueeze",
+    "squeeze",
+    # casts and copies: the same shape
+    "to",
+    "type_as",
+    "float",
+    "half",
+    "bfloat16",
+    "clone",
+    "detach",
+}
 #: Reshapes by index, which the recorder keeps split only where each rank's slice indexed
 #: as written gives its slice of the whole (``x[..., :half]``).
 _INDEXED = {"getitem", "narrow"}
@@ -459,6 +475,20 @@ class _Checker:
                 code = f"# {self.comment(op, 'backward')}\n{name} = {_COPY}({name})"
                 self.edit(TensorEdit("after", line, code, name=_COPY))
             return
+        if (
+            call is not None
+            and not copy
+            and statement is not None
+            and statement.returns
+            and line is not None
+            and statement.value == _callee_of(op, shape)
+        ):  # return self.proj(x): the returned value goes through the collective
+            extra = ""
+            if call == _GATHER:
+                extra = f"dim={self.dims[op.id] - (self.ndim(op.id) or 0)}"
+            code = f"# {self.comment(op, 'forward')}" + (f"\n{extra}" if extra else "")
+            self.edit(TensorEdit("return", line, code, name=call))
+            return
         if call is not None:
             self.refuse(op.id, "its value is not assigned to a name on a line of its own")
             for reader in readers:
@@ -745,7 +775,9 @@ def _imports(written: WrittenPlan, style: str) -> list[tuple[str, str]]:
         name
         for edit in written.edits
         for name in (_COPY, _REDUCE, _GATHER, "tp_size")
-        if name in edit.code or (edit.kind == "divide" and name == "tp_size")
+        if name in edit.code
+        or (edit.kind == "divide" and name == "tp_size")
+        or (edit.kind == "return" and name == edit.name)
     }
     found = [(RUNTIME_MODULE, name) for name in sorted(names)]
     if style == "dtensor":

@@ -188,6 +188,8 @@ def test_a_missing_gradient_all_reduce_is_caught(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     written, _, _, _ = made(GATED, 2, tmp_path_factory)
+    # The MLP returns its down projection as it makes it: the all-reduce wraps the value.
+    assert "return reduce_from_tensor_parallel_region(self.down(m))" in written.read_text()
     lines = written.read_text().splitlines(keepends=True)
     broken = [line for line in lines if "= copy_to_tensor_parallel_region(" not in line]
     assert len(broken) < len(lines)
