@@ -193,8 +193,10 @@ class InsertTensorCollectivesCommand(VisitorBasedCodemodCommand):
         before = self._around("before", where.start.line, where.end.line)
         after = self._around("after", where.start.line, where.end.line)
         for edit in self._around("return", where.start.line, where.end.line):
-            updated_node = _return_wrapped(updated_node, edit)
-            self.done.add(edit)
+            wrapped = _return_wrapped(updated_node, edit)
+            if wrapped is not updated_node:  # else not found: reported as a missed edit
+                updated_node = wrapped
+                self.done.add(edit)
         if not before and not after:
             return updated_node
         config = self.module.config_for_parsing
