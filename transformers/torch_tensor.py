@@ -66,9 +66,9 @@ class CallSite:
 class TensorEdit:
     """One change: ``before``/``after`` put ``code`` on a line of its own before or after
     the simple statement holding ``line``; ``divide`` divides positional argument
-    ``position`` of the call of ``name`` on ``line`` by ``tp_size()``; ``return`` wraps the
-    value of the ``return`` statement holding ``line`` in the call of ``name`` (with
-    ``code``'s arguments after it, if any), below the comment ``code``'s first line holds."""
+    ``position`` of the call of ``name`` on ``line`` by ``tp_size()``; ``return`` puts the
+    value of the ``return`` statement holding ``line`` in the call on ``code``'s second line
+    (for its ``__value__``), below the comment on its first."""
 
     kind: str
     line: int
@@ -255,13 +255,13 @@ class InsertTensorCollectivesCommand(VisitorBasedCodemodCommand):
 
 
 def _return_wrapped(line: cst.SimpleStatementLine, edit: TensorEdit) -> cst.SimpleStatementLine:
-    """``return VALUE`` as ``return NAME(VALUE, ARGS)`` below the comment ``# ...`` (the
-    first line of ``edit.code``; its second, if any, holds ``ARGS``)."""
+    """``return VALUE`` as ``return CALL(VALUE, ...)`` below the comment ``# ...``
+    (``edit.code``: the comment, then the call with ``__value__`` for its first argument)."""
     small = line.body[0]
     if not isinstance(small, cst.Return) or small.value is None:
         return line
-    comment, _, extra = edit.code.partition("\n")
-    call = cst.parse_expression(f"{edit.name}(__value__{', ' + extra if extra else ''})")
+    comment, _, template = edit.code.partition("\n")
+    call = cst.parse_expression(template)
     assert isinstance(call, cst.Call)
     wrapped = call.with_changes(args=(call.args[0].with_changes(value=small.value), *call.args[1:]))
     return line.with_changes(

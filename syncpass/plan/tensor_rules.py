@@ -101,7 +101,7 @@ def op_modes(
     tokens: Mapping[str, bool],
     sizes: Mapping[str, float],
     sequence_parallel: bool,
-    residual: bool = False,
+    residual: bool,
 ) -> tuple[Mode, ...]:
     """Every mode ``op`` can run in on ``tp`` devices; ``tokens`` says which values have a
     sequence dimension, ``sizes`` their bytes; ``sequence`` modes only when

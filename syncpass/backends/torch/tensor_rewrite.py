@@ -483,10 +483,10 @@ class _Checker:
             and line is not None
             and statement.value == _callee_of(op, shape)
         ):  # return self.proj(x): the returned value goes through the collective
-            extra = ""
+            dim = ""
             if call == _GATHER:
-                extra = f"dim={self.dims[op.id] - (self.ndim(op.id) or 0)}"
-            code = f"# {self.comment(op, 'forward')}" + (f"\n{extra}" if extra else "")
+                dim = f", dim={self.dims[op.id] - (self.ndim(op.id) or 0)}"
+            code = f"# {self.comment(op, 'forward')}\n{call}(__value__{dim})"
             self.edit(TensorEdit("return", line, code, name=call))
             return
         if call is not None:
@@ -775,9 +775,7 @@ def _imports(written: WrittenPlan, style: str) -> list[tuple[str, str]]:
         name
         for edit in written.edits
         for name in (_COPY, _REDUCE, _GATHER, "tp_size")
-        if name in edit.code
-        or (edit.kind == "divide" and name == "tp_size")
-        or (edit.kind == "return" and name == edit.name)
+        if name in edit.code or (edit.kind == "divide" and name == "tp_size")
     }
     found = [(RUNTIME_MODULE, name) for name in sorted(names)]
     if style == "dtensor":
