@@ -46,6 +46,15 @@ is decided when it reads only
   builds and records it in the cost file (``model_settings``), so that planning
   and rewriting decide the same branches; where no model was built (``--static``)
   such a test stays undecided;
+* any other attribute of the built model, ``self.NAME`` or ``self.a.b``, read off
+  it as the example built it and recorded with the settings, unless the forward
+  assigns it or the path reads ``training`` (which ``train()``/``eval()`` change):
+  a number, string, bool or ``None`` is known; another object (a submodule, a
+  callable) only as not ``None``, like what the example passes; a tensor not at all
+  (x-transformers' ``self.looped = looped`` and ``if exists(self.rotary_pos_emb):``);
+* a call of a function of the model's file whose body is one ``return EXPR``
+  (``def exists(val): return val is not None``), with plain parameters: ``EXPR``
+  with the arguments bound;
 * literals, combined with ``not``, ``and``, ``or``, ``is``, ``is not``, ``==``,
   ``!=`` and ``A if T else B``.
 
@@ -69,13 +78,13 @@ Nothing here imports torch.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
 import libcst.matchers as m
 
-from syncpass.frontend.analysis import method_of
+from syncpass.frontend.analysis import method_of, self_path
 from syncpass.frontend.numbers import (
     GatherBindingsVisitor,
     dotted_name,
@@ -141,7 +150,13 @@ def no_values(path: str) -> object:
 def recorded_values(settings: Sequence[tuple[str, Constant]]) -> ValueLookup:
     """The lookup of settings read off a model before (a cost file's ``model_settings``)."""
     known = dict(settings)
-    return lambda path: known.get(path, UNKNOWN)
+
+    def lookup(path: str) -> object:
+        if path in known:
+            return known[path]
+        return PASSED if object_key(path) in known else UNKNOWN
+
+    return lookup
 
 
 class ObjectValues:
@@ -168,9 +183,28 @@ class ObjectValues:
             except Exception:  # a property that raises is a setting nobody can know
                 return UNKNOWN
         if type(target) not in _CONSTANT_TYPES:
-            return UNKNOWN
+            if _is_data(target):
+                return UNKNOWN
+            # An object (a module, a callable): only that it is not None is known of it.
+            self.read[object_key(path)] = type(target).__name__
+            return PASSED
         self.read[path] = target  # type: ignore[assignment]
         return target
+
+
+def object_key(path: str) -> str:
+    """The settings key recording that the model holds an object (not ``None``, not a
+    :data:`Constant`) at ``path``: a key no attribute path can be."""
+    return f"object:{path}"
+
+
+def _is_data(value: object) -> bool:
+    """Whether ``value`` is data (a tensor or an array): its truth is the data's, and
+    whether it is ``None`` may change with what the model is given."""
+    kind = type(value)
+    return kind.__name__ in ("Tensor", "Parameter", "ndarray", "Array", "ArrayImpl") or any(
+        base.__name__ == "Tensor" for base in kind.__mro__
+    )
 
 
 def config_path(node: cst.BaseExpression) -> str | None:
@@ -316,11 +350,15 @@ class _Test:
         attributes: dict[str, Constant],
         defaults: dict[str, AssumedDefault],
         values: ValueLookup = no_values,
+        helpers: Mapping[str, cst.FunctionDef] | None = None,
+        rebound: frozenset[str] = frozenset(),
     ) -> None:
         self.names = names
         self.attributes = attributes
         self.defaults = defaults
         self.values = values
+        self.helpers = helpers or {}
+        self.rebound = rebound
         self.reads: dict[str, Known] = {}
         self.assumed: dict[str, Constant] = {}
         self.assumed_defaults: dict[str, AssumedDefault] = {}
@@ -365,14 +403,18 @@ class _Test:
                 return UNKNOWN
             return self.value(node.body if chosen else node.orelse)
         attribute = self_attribute(node)
-        if attribute is not None:
-            if attribute not in self.attributes:
-                return UNKNOWN
+        if attribute is not None and attribute in self.attributes:
             self.reads[f"self.{attribute}"] = self.attributes[attribute]
             self.assumed[attribute] = self.attributes[attribute]
             return self.attributes[attribute]
-        if isinstance(node, cst.Call) and not node.args and dotted_name(node.func) in EAGER_FALSE:
-            return False
+        held = self_path(node)
+        if held and self._readable(held):
+            found = self.values(held)
+            if found is not UNKNOWN:
+                self.reads[f"self.{held}"] = found  # type: ignore[assignment]
+            return found
+        if isinstance(node, cst.Call):
+            return self._helper_value(node)
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
             inner = self.value(node.expression)
             return UNKNOWN if inner is UNKNOWN or inner is PASSED else not inner
@@ -403,6 +445,123 @@ class _Test:
             if isinstance(operator, cst.NotEqual):
                 return left != right
         return UNKNOWN
+
+    def _readable(self, path: str) -> bool:
+        """Whether ``self.<path>`` may be read off the built model: not the module's mode
+        (``training``, which ``train()``/``eval()`` change), nor an attribute the forward
+        itself assigns."""
+        parts = path.split(".")
+        return "training" not in parts and parts[0] not in self.rebound
+
+    def _helper_value(self, node: cst.Call) -> object:
+        """A call known before the run: one of :data:`EAGER_FALSE`, or of a function of the
+        model's module whose body is one ``return`` of an expression (``def exists(val):
+        return val is not None``), evaluated with its parameters bound to the arguments."""
+        if not node.args and dotted_name(node.func) in EAGER_FALSE:
+            return False
+        if not isinstance(node.func, cst.Name) or node.func.value in self.names:
+            return UNKNOWN
+        helper = self.helpers.get(node.func.value)
+        if helper is None:
+            return UNKNOWN
+        returned = one_returned_expression(helper)
+        bound = _bound_constants(helper, node) if returned is not None else None
+        if returned is None or bound is None:
+            return UNKNOWN
+        given: dict[str, KnownName] = {}
+        for name, argument in bound.items():
+            value = (
+                argument if not isinstance(argument, cst.BaseExpression) else self.value(argument)
+            )
+            if value is UNKNOWN:
+                return UNKNOWN
+            given[name] = KnownName(value)  # type: ignore[arg-type]
+        # Without the helper itself: a helper that calls itself is not evaluated.
+        others = {name: f for name, f in self.helpers.items() if name != node.func.value}
+        return _Test(given, {}, {}, helpers=others).value(returned)
+
+
+def one_returned_expression(function: cst.FunctionDef) -> cst.BaseExpression | None:
+    """``EXPR`` of a function whose body is ``return EXPR`` alone (a docstring aside), with
+    no decorator; else ``None``."""
+    if function.decorators or not isinstance(function.body, cst.IndentedBlock):
+        return None
+    body = list(function.body.body)
+    if body and m.matches(body[0], m.SimpleStatementLine(body=[m.Expr(m.SimpleString())])):
+        body = body[1:]
+    if len(body) != 1 or not m.matches(body[0], m.SimpleStatementLine(body=[m.Return()])):
+        return None
+    statement = body[0]
+    assert isinstance(statement, cst.SimpleStatementLine)
+    returned = statement.body[0]
+    assert isinstance(returned, cst.Return)
+    return returned.value
+
+
+def _bound_constants(
+    function: cst.FunctionDef, call: cst.Call
+) -> dict[str, cst.BaseExpression | Constant] | None:
+    """Each parameter of ``function`` -> the argument ``call`` gives it, or its literal
+    default; ``None`` where the call does not bind as plainly (``*args``, ``**kwargs``,
+    keyword-only or positional-only parameters)."""
+    params = function.params
+    if (
+        params.posonly_params
+        or params.kwonly_params
+        or not isinstance(params.star_arg, cst.MaybeSentinel)
+        or params.star_kwarg is not None
+    ):
+        return None
+    names = [param.name.value for param in params.params]
+    bound: dict[str, cst.BaseExpression | Constant] = {}
+    for position, arg in enumerate(call.args):
+        if arg.star:
+            return None
+        name = arg.keyword.value if arg.keyword is not None else None
+        if name is None:
+            if position >= len(names):
+                return None
+            name = names[position]
+        if name not in names or name in bound:
+            return None
+        bound[name] = arg.value
+    for param in params.params:
+        if param.name.value not in bound:
+            if param.default is None:
+                return None
+            default = constant_value(param.default)
+            if default is UNKNOWN:
+                return None
+            bound[param.name.value] = default  # type: ignore[assignment]
+    return bound
+
+
+#: The last module :func:`module_helpers` read, and what it found: a forward's inlined
+#: methods fold their branches one after another against the same module.
+_LAST_HELPERS: list[tuple[cst.Module, dict[str, cst.FunctionDef]]] = []
+
+
+def module_helpers(module: cst.Module) -> dict[str, cst.FunctionDef]:
+    """The module's top-level functions a test may call (:meth:`_Test._helper_value`): those
+    defined once, whose body is one ``return``."""
+    if _LAST_HELPERS and _LAST_HELPERS[0][0] is module:
+        return _LAST_HELPERS[0][1]
+    found = _module_helpers(module)
+    _LAST_HELPERS[:] = [(module, found)]
+    return found
+
+
+def _module_helpers(module: cst.Module) -> dict[str, cst.FunctionDef]:
+    counts = Counter(
+        statement.name.value for statement in module.body if isinstance(statement, cst.FunctionDef)
+    )
+    return {
+        statement.name.value: statement
+        for statement in module.body
+        if isinstance(statement, cst.FunctionDef)
+        and counts[statement.name.value] == 1
+        and one_returned_expression(statement) is not None
+    }
 
 
 def _statements(suite: cst.BaseSuite) -> list[cst.BaseStatement]:
@@ -516,12 +675,19 @@ class _Known:
         forward: cst.FunctionDef,
         given: dict[str, AssumedDefault] | None,
         values: ValueLookup,
+        helpers: Mapping[str, cst.FunctionDef] | None = None,
     ) -> None:
         gathered = GatherBindingsVisitor()
         for statement in statements:
             statement.visit(gathered)
         self.counts = Counter(name for name, _ in gathered.bindings)
-        assigned = {name.removeprefix("self.") for name in self.counts if name.startswith("self.")}
+        assigned = {
+            name.removeprefix("self.").partition(".")[0]
+            for name in self.counts
+            if name.startswith("self.")
+        }
+        self.rebound = frozenset(assigned)
+        self.helpers = helpers
         self.attributes = {
             name: value for name, value in attributes.items() if name not in assigned
         }
@@ -537,7 +703,10 @@ class _Known:
         self.names: dict[str, KnownName] = {}
 
     def test(self) -> _Test:
-        return _Test(self.names, self.attributes, self.defaults, self.values)
+        return self._test(self.defaults)
+
+    def _test(self, defaults: dict[str, AssumedDefault]) -> _Test:
+        return _Test(self.names, self.attributes, defaults, self.values, self.helpers, self.rebound)
 
     def passed(self, statement: cst.BaseStatement) -> None:
         """What is known once ``statement`` has run."""
@@ -548,7 +717,7 @@ class _Known:
             defaults = self.defaults
             if name in self.parameters and self.counts[name] == 1:
                 defaults = {**defaults, name: self.parameters[name]}
-            test = _Test(self.names, self.attributes, defaults, self.values)
+            test = self._test(defaults)
             value = test.value(found[1])
         gathered = GatherBindingsVisitor()
         statement.visit(gathered)
@@ -566,10 +735,11 @@ def known_names(
     given: dict[str, AssumedDefault] | None = None,
     values: ValueLookup = no_values,
     attributes: dict[str, Constant] | None = None,
+    helpers: Mapping[str, cst.FunctionDef] | None = None,
 ) -> dict[str, KnownName]:
     """The names known after ``statements`` (the start of ``forward``'s body), as
     :func:`fold_branches` knows them (:class:`_Known`)."""
-    known = _Known(statements, attributes or {}, forward, given, values)
+    known = _Known(statements, attributes or {}, forward, given, values, helpers)
     for statement in statements:
         known.passed(statement)
     return known.names
@@ -593,7 +763,7 @@ def fold_branches(
     inlined method binds them to. ``values`` answers the model's settings (``self.config.X``).
     ``file_of`` names the file a statement is in when it is not the model's (``""`` when
     it is): the note on a branch from another file says ``FILE:LINE``."""
-    known = _Known(statements, attributes, forward, given, values)
+    known = _Known(statements, attributes, forward, given, values, module_helpers(config))
     result: list[cst.BaseStatement] = []
     folded: list[FoldedBranch] = []
     sources: list[int] = []

@@ -339,12 +339,88 @@ def test_a_setting_that_is_not_a_constant_is_not_known() -> None:
 
     values = ObjectValues(Model())
     assert values("config.return_dict") is True
-    assert values("config.layers") is UNKNOWN  # a tuple: not one setting
+    assert values("config.layers") is PASSED  # a tuple: only that it is not None is known
     assert values("config.broken") is UNKNOWN
     assert values("config.missing") is UNKNOWN
-    assert values.read == {"config.return_dict": True}
+    assert values.read == {"config.return_dict": True, "object:config.layers": "tuple"}
+    recorded = recorded_values(sorted(values.read.items()))
+    assert recorded("config.return_dict") is True and recorded("config.layers") is PASSED
     assert recorded_values([("config.return_dict", False)])("config.return_dict") is False
     assert recorded_values([])("config.return_dict") is UNKNOWN
+
+
+def test_the_built_models_attributes_and_one_line_helpers_decide_tests() -> None:
+    # lucidrains-style code: flags set from __init__'s arguments, submodules that may be
+    # None, and `exists(...)` for `... is not None`.
+    code = textwrap.dedent(
+        """
+        def exists(val):
+            return val is not None
+
+        def pick(a, b=None):
+            "The first given."
+            return a if exists(a) else b
+
+        class Net:
+            def __init__(self, looped=False, rotary=None):
+                self.looped = looped
+                self.rotary = rotary
+                self.mode = "a"
+
+            def forward(self, x, mask=None):
+                if exists(self.rotary):
+                    x = self.rotary(x)
+                if not (self.looped or exists(mask)):
+                    x = self.a(x)
+                if pick(mask, self.mode) == "a":
+                    x = self.b(x)
+                if self.training and exists(self.rotary):
+                    x = self.c(x)
+                if exists(self.gate):
+                    x = self.gate(x)
+                return x
+        """
+    )
+
+    class Built:
+        looped = False
+        rotary = None
+        training = True
+        mode = "a"
+        gate = object()
+
+    values = ObjectValues(Built(), [None])
+    result = inline_own_methods(cst.parse_module(code), "Net", values=values)
+    body = forward_body(result.module.code)
+    assert [branch.taken for branch in result.branches] == ["none", "if", "if", "if"]
+    assert "    x = self.a(x)" in body and "    x = self.b(x)" in body
+    assert "    x = self.gate(x)" in body and "    x = self.rotary(x)" not in body
+    assert "    if self.training and exists(self.rotary):" in body  # the mode is not read
+    assert values.read["object:gate"] == "object" and values.read["looped"] is False
+    # What was read decides the same branches again from a cost file's settings.
+    again = inline_own_methods(
+        cst.parse_module(code), "Net", values=recorded_values(sorted(values.read.items()))
+    )
+    assert forward_body(again.module.code) == body
+
+
+def test_an_attribute_the_forward_assigns_is_not_read_off_the_model() -> None:
+    class Built:
+        cache = None
+
+    code = textwrap.dedent(
+        """
+        class Net:
+            def forward(self, x):
+                if self.cache is None:
+                    self.cache = self.make(x)
+                if self.cache is None:
+                    x = self.a(x)
+                return x
+        """
+    )
+    result = inline_own_methods(cst.parse_module(code), "Net", values=ObjectValues(Built()))
+    assert result.branches == ()
 
 
 def test_a_local_named_like_an_init_flag_does_not_hide_the_flag() -> None:
