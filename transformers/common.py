@@ -544,6 +544,16 @@ def _sliced_zip(call: cst.Call, start: int | None, stop: int | None) -> cst.Call
 def _slice_iter(
     iterable: cst.BaseExpression, loop: ContainerLoop, start: int | None, stop: int | None
 ) -> cst.BaseExpression:
+    if loop.recorded:
+        # Iteration i runs layer i (as profiled): the iterations of [start:stop], the
+        # iterable's items listed first (``list(enumerate(zip(*layer_variables)))[2:4]``).
+        if start is None and stop is None:
+            return iterable
+        listed = cst.Call(func=cst.Name("list"), args=[cst.Arg(iterable)])
+        return cst.Subscript(
+            value=listed,
+            slice=[cst.SubscriptElement(cst.Slice(lower=_bound(start), upper=_bound(stop)))],
+        )
     if loop.zipped and loop.index_name is None:
         assert isinstance(iterable, cst.Call)
         return _sliced_zip(iterable, start, stop)

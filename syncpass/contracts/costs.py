@@ -240,6 +240,9 @@ def known_kind(kind: str) -> bool:
     return kind in VALUE_KINDS
 
 
+#: The kind of a live value no stage can send (a module, an open file, ...).
+UNSENDABLE_KIND = "other"
+
 #: The prefix of a value kind that is a nested structure of tensors and constants.
 PYTREE = "pytree:"
 
@@ -254,8 +257,9 @@ SENT_LEAVES = (TENSOR_LEAF, *NUMBER_LEAVES)
 
 def pytree_template(kind: str) -> ast.expr | None:
     """The structure of a ``pytree:TEMPLATE`` kind: ``TEMPLATE`` is a Python literal of
-    tuples, lists, dicts (keys strings or ints), sets of constants and dataclasses by
-    their fields (``Output(logits=T, loss=None)``, the class by its name in the model's
+    tuples, lists, dicts (keys strings or ints), sets of constants, iterators over lists
+    or tuples of constants (``iter([None])``: what they have left to give) and dataclasses
+    by their fields (``Output(logits=T, loss=None)``, the class by its name in the model's
     module) whose leaves are constants (``None``, booleans, strings) or what is sent:
     ``T`` for a tensor, ``I`` and ``F`` for a Python ``int`` and ``float``:
     ``pytree:(T, None, T)``, ``pytree:[None, None]``, ``pytree:{0: T, "mask": (T, I)}``.
@@ -306,16 +310,33 @@ def _is_template(node: ast.expr) -> bool:
         )
     if isinstance(node, ast.Call) and _is_set_call(node):  # set(), frozenset({1, 2})
         return not node.args or _is_template(node.args[0])
+    if isinstance(node, ast.Call) and _is_iterator_call(node):  # iter([None]): constants only
+        items = node.args[0]
+        return _is_template(items) and not any(
+            isinstance(leaf, ast.Name) and leaf.id in SENT_LEAVES for leaf in ast.walk(items)
+        )
     if isinstance(node, ast.Call):  # a dataclass by its fields: Output(logits=T, loss=None)
         return (
             isinstance(node.func, ast.Name)
-            and node.func.id not in SENT_LEAVES
+            and node.func.id not in (*SENT_LEAVES, "iter", "set", "frozenset")
             and not node.args
             and all(
                 keyword.arg is not None and _is_template(keyword.value) for keyword in node.keywords
             )
         )
     return False
+
+
+def _is_iterator_call(node: ast.Call) -> bool:
+    """``iter([...])`` or ``iter((...))``: an iterator over a list or tuple, written as what
+    it has left to give (of constants: the stage after makes it again, nothing is sent)."""
+    return (
+        isinstance(node.func, ast.Name)
+        and node.func.id == "iter"
+        and not node.keywords
+        and len(node.args) == 1
+        and isinstance(node.args[0], ast.List | ast.Tuple)
+    )
 
 
 def _is_set_call(node: ast.Call) -> bool:
@@ -617,9 +638,31 @@ class Costs:
         """The cuts a value of one of ``kinds`` crosses (stages that cannot send such a value
         take no sync point there), by the op they follow, with those values' names."""
         found = {
-            cut.after: tuple(name for name, kind in cut.kinds if kind in kinds) for cut in self.cuts
+            cut.after: tuple(
+                name
+                for name, kind in cut.kinds
+                if kind in kinds and name not in self._replayed_instead(cut)
+            )
+            for cut in self.cuts
         }
         return {after: names for after, names in found.items() if names}
+
+    def _replayed_instead(self, cut: CutCost) -> tuple[str, ...]:
+        """The values crossing ``cut`` that no stage can send (of kind ``other``: a tuple of
+        the model's modules, x-transformers' ``layer_variables``) and that the stage after
+        computes again instead, whatever that costs: computed again from what can be sent
+        (their ``needs``), with no gradient and by ops that hold no weights."""
+        kinds = dict(cut.kinds)
+        found = []
+        for value in cut.values:
+            if kinds.get(value.name) != UNSENDABLE_KIND or not value.recompute or value.grad:
+                continue
+            if any(self.ops[self.op_index[op]].param_bytes for op in value.recompute):
+                continue
+            if any(kinds.get(name) == UNSENDABLE_KIND for name in value.needs):
+                continue
+            found.append(value.name)
+        return tuple(found)
 
     @cached_property
     def crossing_at(self) -> dict[int, Crossing]:
@@ -653,7 +696,8 @@ class Costs:
         needed: set[str] = set()
         replayed_ops: set[str] = set()
         recompute_s = 0.0
-        for value in cut.values:
+        forced = self._replayed_instead(cut)
+        for value in sorted(cut.values, key=lambda value: value.name not in forced):
             if not value.recompute or value.grad or not value.sent or value.name in needed:
                 continue
             if any(self.ops[self.op_index[op]].param_bytes for op in value.recompute):
@@ -664,7 +708,7 @@ class Costs:
             new_ops = [op for op in value.recompute if op not in replayed_ops]
             replay_s = sum(self.ops[self.op_index[op]].compute_s for op in new_ops)
             receive_s = sum(by_name[name].bytes for name in extra) / beta
-            if replay_s + receive_s >= value.bytes / beta:
+            if replay_s + receive_s >= value.bytes / beta and value.name not in forced:
                 continue
             chosen.append(value.name)
             sent.discard(value.name)

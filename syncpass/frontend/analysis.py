@@ -77,6 +77,12 @@ class ContainerLoop:
     self.layers.items()``, ``key_name`` then being ``name``), whose keys the profile
     checks are ``"0"``, ``"1"``, ... in order; a split runs over
     ``list(self.layers.values())[a:b]``.
+    ``recorded`` marks a loop over anything else (x-transformers' ``for ind, (layer_type,
+    ..., (norm, block, residual_fn), ...) in enumerate(zip(*layer_variables))``, a tuple
+    built in the forward) whose header carries :data:`RECORDED_LOOP`'s comment: the
+    example's run showed its iteration ``i`` calling the modules of ``self.<container>[i]``
+    and no other (``syncpass.backends.torch.census``); ``targets`` are the names its
+    header binds, and a split runs ``itertools.islice(<iterable>, start, stop)``.
     ``zipped`` holds, for ``for layer, norm in zip(self.layers, self.norms)``, each
     further target and what it runs over: ``(("norm", "norms"),)``, the path of a
     container of the model, or ``None`` for a local sequence (``zip(self.blocks,
@@ -95,6 +101,8 @@ class ContainerLoop:
     view: str | None = None
     key_name: str | None = None
     zipped: tuple[tuple[str, str | None], ...] = ()
+    recorded: bool = False
+    targets: tuple[str, ...] = ()
 
     @property
     def expression(self) -> str:
@@ -119,7 +127,7 @@ class ContainerLoop:
     @property
     def names(self) -> set[str]:
         """The names the loop binds each iteration."""
-        bound = (self.item, *self.parts, *(name for name, _ in self.zipped))
+        bound = (self.item, *self.parts, *(name for name, _ in self.zipped), *self.targets)
         return {name for name in (*bound, self.index_name, self.key_name) if name}
 
     @property
@@ -399,10 +407,73 @@ def _match_enumerated_zip_loop(node: cst.For) -> ContainerLoop | None:
     return replace(zipped, index_name=index.value)
 
 
+#: The comment on a loop's header that says each iteration runs one layer of a container
+#: (``# syncpass: iteration i runs self.layers[i]``): what the eager form's expansion writes
+#: where the example's run showed it (:attr:`ContainerLoop.recorded`).
+RECORDED_LOOP = re.compile(r"#\s*syncpass:\s*iteration i runs self\.([A-Za-z_][\w.]*)\[i\]")
+
+
+def recorded_loop_comment(container: str) -> str:
+    """The header comment of a loop whose iteration ``i`` runs ``self.<container>[i]``."""
+    return f"# syncpass: iteration i runs self.{container}[i]"
+
+
+def loop_key(statement: int) -> str:
+    """The settings key recording which container the loop at top-level statement
+    ``statement`` of the expanded forward runs a layer of per iteration (a key no
+    attribute path can be)."""
+    return f"loop:{statement}"
+
+
+def _bound_names(target: cst.BaseExpression) -> tuple[str, ...] | None:
+    """The names a loop target binds (nested tuples of names), or ``None`` for any other."""
+    if isinstance(target, cst.Name):
+        return (target.value,)
+    if isinstance(target, cst.Tuple | cst.List):
+        names: list[str] = []
+        for element in target.elements:
+            if not isinstance(element, cst.Element):
+                return None
+            inner = _bound_names(element.value)
+            if inner is None:
+                return None
+            names.extend(inner)
+        return tuple(names)
+    return None
+
+
+def recordable_loop(node: cst.For) -> bool:
+    """Whether ``node`` may run one layer an iteration over something the source cannot
+    size: a plain loop (no ``else``, not async) binding names only, that never ends early
+    (a ``continue`` is fine), and no container loop already."""
+    return (
+        node.orelse is None
+        and node.asynchronous is None
+        and _bound_names(node.target) is not None
+        and not _has_jump(node.body)
+        and match_container_loop(node) is None
+    )
+
+
+def _recorded_loop(node: cst.For) -> ContainerLoop | None:
+    """``node`` as a loop whose header comment says which container's layer each iteration
+    runs (:data:`RECORDED_LOOP`)."""
+    body = node.body
+    comment = body.header.comment if isinstance(body, cst.IndentedBlock) else None
+    found = RECORDED_LOOP.search(comment.value) if comment is not None else None
+    targets = _bound_names(node.target)
+    if found is None or targets is None or _has_jump(node.body):
+        return None
+    return ContainerLoop(found.group(1), None, None, "", recorded=True, targets=targets)
+
+
 def match_container_loop(node: cst.For) -> ContainerLoop | None:
     """The container loop ``node`` is, if it is one the rewrite can split."""
     if node.orelse is not None or node.asynchronous is not None:
         return None
+    recorded = _recorded_loop(node)
+    if recorded is not None:
+        return recorded
     iterable = node.iter
     if m.matches(iterable, _ZIP):
         return _match_zip_loop(node)
@@ -1041,7 +1112,21 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
         facts = self._facts()
         if facts is not None:
             facts.calls.append(self._describe(node))
+            self._advanced(node, facts)
         self.depth += 1
+
+    def _advanced(self, node: cst.Call, facts: StatementFacts) -> None:
+        """``next(it)`` or ``next(it, default)``: the iterator ``it`` moves on, so the
+        statement writes it (what its first statement made is not what it holds after)."""
+        if not (m.matches(node.func, m.Name("next")) and node.args and not node.args[0].keyword):
+            return
+        target = node.args[0].value
+        if (
+            isinstance(target, cst.Name)
+            and target.value in self.bound
+            and not any(target.value in scope for scope in self.scoped)
+        ):
+            facts.writes.append(target.value)
 
     def leave_Call(self, original_node: cst.Call) -> None:
         self.depth -= 1

@@ -231,6 +231,8 @@ def test_a_pytree_kind_names_its_tensors_by_subscript_and_nothing_else_is_one() 
         ".extra[0]",
     )
     assert pytree_pieces("pytree:{'layers': {1, 3}, 'none': set()}") == ()
+    # An iterator of constants, as what it has left to give: the stage after makes it again.
+    assert pytree_pieces("pytree:(iter([None]), T)") == ("[1]",)
     # Only literals, T and dataclasses by keyword: no other names, calls or sets.
     for kind in (
         "pytree:x",
@@ -240,6 +242,8 @@ def test_a_pytree_kind_names_its_tensors_by_subscript_and_nothing_else_is_one() 
         "pytree:T(x=T)",
         "pytree:{T}",
         "pytree:set([1])",
+        "pytree:iter([T])",  # an iterator of tensors: its items would have to be sent
+        "pytree:iter(x=[None])",
         "pytree:(T,",
     ):
         assert not known_kind(kind) and pytree_pieces(kind) is None, kind

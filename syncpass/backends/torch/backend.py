@@ -90,13 +90,16 @@ NESTED_DEPTH = 8
 
 
 def _measure_for_stages(request: MeasureRequest) -> Costs:
+    from syncpass.backends.torch.census import census_loops
     from syncpass.backends.torch.profile import AnalysedSource, measure
     from syncpass.backends.torch.stages import (
         ExpandedSource,
+        annotate_recorded_loops,
         check_branches,
         expand_source,
         sent_across_cuts,
     )
+    from syncpass.frontend.analysis import loop_key
     from syncpass.frontend.branches import ObjectValues
 
     path = str(request.file)
@@ -111,6 +114,16 @@ def _measure_for_stages(request: MeasureRequest) -> Costs:
         # What the decided branches assumed, checked before the expanded forward runs: a
         # branch the example does not take may fail in the profile with a less clear error.
         check_branches(model, args, source, path, request.model)
+        planned = request.model or of
+        recorded = census_loops(source.expanded, planned, model, args, path)  # type: ignore[arg-type]
+        if recorded:
+            # The loops that run a layer an iteration, as the run showed: the settings record
+            # them, and the expansion marks them so whenever it reads those settings again.
+            values.read.update(
+                (loop_key(index), container) for index, container in recorded.items()
+            )
+            marked = annotate_recorded_loops(source.expanded, planned, recorded.get)
+            source = dataclasses.replace(source, expanded=marked)
         expanded.append(source)
         read.append(values)
         found = source.inherited.get(request.model) if request.model is not None else None

@@ -47,6 +47,7 @@ across it (:func:`tensor_bytes`). The hardware is a placeholder
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import itertools
@@ -503,6 +504,10 @@ def _template(value: object, room: int, class_names: Mapping[type, str]) -> str 
             if type(item) is frozenset:
                 return f"frozenset({{{inner}}})" if members else "frozenset()"
             return f"{{{inner}}}" if members else "set()"
+        if type(item) in _SEQUENCE_ITERATORS:
+            # What it has left to give, read off a copy (which leaves it where it is).
+            remaining = written(list(copy.copy(item)))  # type: ignore[call-overload]
+            return None if remaining is None else f"iter({remaining})"
         name = class_names.get(type(item))
         if name is not None and dataclasses.is_dataclass(item) and _rebuilt_alike(item):
             arguments = []
@@ -515,6 +520,10 @@ def _template(value: object, room: int, class_names: Mapping[type, str]) -> str 
         return None
 
     return written(value)
+
+
+#: Iterators over a list or a tuple: a copy goes on from where the original is.
+_SEQUENCE_ITERATORS: tuple[type, ...] = (type(iter([])), type(iter(())))
 
 
 def _rebuilt_alike(item: object) -> bool:
@@ -1274,36 +1283,65 @@ def _instrument(
         raise SyncpassError(
             "could not instrument the forward: " + "; ".join(warnings), str(graph.forward)
         )
-    defining = _forward_class(model)
-    original = inspect.unwrap(vars(defining)["forward"])
-    user_globals: dict[str, Any] = getattr(original, "__globals__", {})
-    named = _named_class(model, graph.model_class)
-    if named is not None and named is not defining:
-        # An inherited forward is planned, and its stages run, in the subclass's module.
-        user_globals = _module_globals(named)
-        defining = named
-    namespace = dict(user_globals)
-    namespace[PROBE] = probe
+    user_globals = forward_globals(model, graph.model_class)
     # A dataclass crossing a sync point is rebuilt by the stage after under its name here.
     probe.class_names = {
         value: name for name, value in user_globals.items() if isinstance(value, type)
     }
+    return compiled_forward(
+        source,
+        model,
+        graph.model_class,
+        {PROBE: probe},
+        f"<syncpass probes: {graph.path}>",
+        str(graph.forward),
+    )
+
+
+def forward_globals(model: torch.nn.Module, class_name: str) -> dict[str, Any]:
+    """The globals the forward of ``model`` (planned as class ``class_name``'s) runs in."""
+    defining = _forward_class(model)
+    original = inspect.unwrap(vars(defining)["forward"])
+    user_globals: dict[str, Any] = getattr(original, "__globals__", {})
+    named = _named_class(model, class_name)
+    if named is not None and named is not defining:
+        # An inherited forward is planned, and its stages run, in the subclass's module.
+        user_globals = _module_globals(named)
+    return user_globals
+
+
+def compiled_forward(
+    source: str,
+    model: torch.nn.Module,
+    class_name: str,
+    names: Mapping[str, object],
+    filename: str,
+    where: str,
+) -> Callable[..., Any]:
+    """The ``forward`` of class ``class_name`` in ``source`` (the model's module, rewritten),
+    compiled in a copy of the namespace the model's forward runs in, with ``names`` added
+    (what the rewritten forward calls); ``model`` is handed to it as ``self``. A failure to
+    define it is an error at ``where``."""
+    defining = _forward_class(model)
+    named = _named_class(model, class_name)
+    if named is not None and named is not defining:
+        defining = named
+    user_globals = forward_globals(model, class_name)
+    namespace = dict(user_globals)
+    namespace.update(names)
     # Postponed annotations: names imported only for type checking need not exist.
     code = compile(
-        "from __future__ import annotations\n" + source,
-        f"<syncpass probes: {graph.path}>",
-        "exec",
-        dont_inherit=True,
+        "from __future__ import annotations\n" + source, filename, "exec", dont_inherit=True
     )
     try:
         exec(code, namespace)
     except Exception as error:  # e.g. a decorator of forward that fails outside its module
         raise SyncpassError(
-            f"could not define the instrumented forward: {_describe(error)}", str(graph.forward)
+            f"could not define the instrumented forward: {_describe(error)}", where
         ) from None
-    function: Callable[..., Any] = vars(namespace[graph.model_class])["forward"]
+    function: Callable[..., Any] = vars(namespace[class_name])["forward"]
     # The copy must see the user's globals, not the shell class and the future import.
-    for name in (graph.model_class, "annotations"):
+    for name in (class_name, "annotations"):
         if name in user_globals:
             namespace[name] = user_globals[name]
         else:

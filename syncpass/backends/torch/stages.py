@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,10 +60,13 @@ from syncpass.frontend.analysis import (
     DICT_VIEWS,
     enumerated_index_loop,
     find_forward,
+    loop_key,
     match_container_loop,
     match_sequential_call,
     method_of,
     model_class_names,
+    recordable_loop,
+    recorded_loop_comment,
     while_index_loop,
 )
 from syncpass.frontend.bases import Ancestry, SourceClass, read_ancestry
@@ -181,12 +184,66 @@ def expand_source(
             expanded_classes = ModuleClasses.of(result.module)
         expanded, inlined[name], branches[name] = result.module, result.methods, result.branches
         looped = _index_loops_enumerated(expanded, name)
+        looped = annotate_recorded_loops(looped, name, _recorded_in(known))
         if looped is not expanded:
             expanded, expanded_classes = looped, ModuleClasses.of(looped)
         if found is not None:
             owner = found[1]
             inherited[name] = InheritedForward(owner.name, Path(path).parent / owner.file.path)
     return ExpandedSource(base, module, expanded, inlined, branches, inherited)
+
+
+def _recorded_in(values: ValueLookup) -> Callable[[int], object]:
+    """The container the settings ``values`` record for the loop at each statement."""
+    return lambda index: values(loop_key(index))
+
+
+def annotate_recorded_loops(
+    module: cst.Module, name: str, containers: Callable[[int], object]
+) -> cst.Module:
+    """``module`` with each top-level loop of class ``name``'s forward that ``containers``
+    (by statement) says runs one layer of a container an iteration
+    (:mod:`syncpass.backends.torch.census`) marked so on its header
+    (:func:`recorded_loop_comment`); ``module`` itself when there is none."""
+    for position, statement in enumerate(module.body):
+        if not (isinstance(statement, cst.ClassDef) and statement.name.value == name):
+            continue
+        members = list(statement.body.body)
+        for place in reversed(range(len(members))):  # the forward Python runs: the last
+            forward = members[place]
+            if isinstance(forward, cst.FunctionDef) and forward.name.value == "forward":
+                break
+        else:
+            return module
+        assert isinstance(forward, cst.FunctionDef)
+        if not isinstance(forward.body, cst.IndentedBlock):
+            return module
+        body = list(forward.body.body)
+        changed = False
+        for index, line in enumerate(body):
+            container = containers(index)
+            if not isinstance(container, str) or not isinstance(line, cst.For):
+                continue
+            if not recordable_loop(line) or not isinstance(line.body, cst.IndentedBlock):
+                continue
+            # After the user's own comment (a `# noqa`), if the header has one.
+            own = line.body.header.comment
+            written = recorded_loop_comment(container)
+            comment = cst.Comment(written if own is None else f"{own.value}  {written}")
+            header = line.body.header.with_changes(
+                whitespace=line.body.header.whitespace if own else cst.SimpleWhitespace("  "),
+                comment=comment,
+            )
+            body[index] = line.with_changes(body=line.body.with_changes(header=header))
+            changed = True
+        if not changed:
+            return module
+        members[place] = forward.with_changes(body=forward.body.with_changes(body=body))
+        classdef = statement.with_changes(body=statement.body.with_changes(body=members))
+        return module.with_changes(
+            body=[*module.body[:position], classdef, *module.body[position + 1 :]]
+        )
+    return module
 
 
 def _index_loops_enumerated(module: cst.Module, name: str) -> cst.Module:
@@ -592,35 +649,41 @@ def _replay(
     """How ``name`` is computed again after the first ``before`` ops, or ``None`` when it must
     be sent (a model input the forward has not assigned, or a value computed from tensors).
 
-    The statement that computes it (one, outside loops and regions) runs again, with those
-    of what it reads that are computed again in turn. A value computed from the unsent
+    The statements that compute it (outside loops and regions) run again, with those of
+    what they read that are computed again in turn: one, or several that each build on the
+    last (x-transformers' ``layer_variables = (self.layer_types, ..., self.layers, ...)``,
+    then reordered by ``layer_variables = tuple(... for layer_variable in
+    layer_variables)``). A value computed from the unsent
     parameters alone is computed again; so is an alias (``Op.alias``: it computes nothing),
     from what it names, received (``needs``), when those still hold what they held at the
     alias. With ``receiving``, any statement may read values received so: how the stage
     after *could* compute ``name`` again, which the plan weighs against sending it
     (:func:`_chosen_replay`)."""
     writers = [op for op in ops[:before] if name in op.writes]
-    if len(writers) != 1:
+    if not writers or any(op.region is not None or op.loop is not None for op in writers):
         return None
-    writer = writers[0]
-    if writer.region is not None or writer.loop is not None:
+    if len(writers) > 1 and any(op.alias for op in writers):
         return None
-    statements = [writer.statement]
+    statements: list[int] = []
     needs: list[str] = []
-    position = ops.index(writer)
-    for read in writer.reads:
-        if read in _unsent_at(position, ops, unsent):
-            continue
-        inner = _replay(read, position, ops, unsent)
-        if inner is not None and (writer.alias or not inner.needs):
-            statements.extend(inner.statements)
-            needs.extend(inner.needs)
-        elif (writer.alias or receiving) and not any(
-            read in op.writes for op in ops[position + 1 : before]
-        ):
-            needs.append(read)
-        else:
-            return None
+    for order, writer in enumerate(writers):
+        statements.append(writer.statement)
+        position = ops.index(writer)
+        for read in writer.reads:
+            if read == name and order > 0:
+                continue  # what the writer before made, run again too
+            if read in _unsent_at(position, ops, unsent):
+                continue
+            inner = _replay(read, position, ops, unsent)
+            if inner is not None and (writer.alias or not inner.needs):
+                statements.extend(inner.statements)
+                needs.extend(inner.needs)
+            elif (writer.alias or receiving) and not any(
+                read in op.writes for op in ops[position + 1 : before]
+            ):
+                needs.append(read)
+            else:
+                return None
     return _Replay(tuple(dict.fromkeys(statements)), tuple(dict.fromkeys(needs)))
 
 
@@ -892,6 +955,16 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         if op.loop is not None
         for container in (op.loop.container, *op.loop.zipped, op.loop.top, *op.loop.groups())
     }
+    # A container a recorded loop runs a layer of per iteration is read whole by the
+    # statements that build what the loop runs over (x-transformers' layer_variables):
+    # the container, its layers as None but the stage's own.
+    recorded = {
+        found.container
+        for statement in statements
+        if isinstance(statement, cst.For)
+        and (found := match_container_loop(statement)) is not None
+        and found.recorded
+    }
     paths_by_stage: list[list[str]] = []
     any_bare = False
     for index, (start, end) in enumerate(itertools.pairwise(bounds)):
@@ -906,7 +979,7 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         ]
         counted = [
             _from_the_start(path, dict(graph.containers))
-            for path in _unsliced(reached, loop_containers)
+            for path in _unsliced(reached, loop_containers, recorded)
         ]
         paths_by_stage.append(list(dict.fromkeys([*counted, *layers])))
         any_bare = any_bare or bare or reached_bare
@@ -982,11 +1055,16 @@ def _receive_what_is_sent(
         receives[index - 1].extend(name for name in receives[index] if name not in has)
 
 
-def _unsliced(paths: Sequence[str], loop_containers: set[str]) -> list[str]:
+def _unsliced(
+    paths: Sequence[str], loop_containers: set[str], referenced: Collection[str] = ()
+) -> list[str]:
     """``paths`` with slices resolved: a slice of a layer container the plan runs per layer
-    holds what its ops say (nothing here); a slice of anything else holds all of it."""
+    holds what its ops say (nothing here); a slice of anything else holds all of it. A
+    container of ``referenced`` read whole holds what its ops say too."""
     found = []
     for path in paths:
+        if path in referenced:
+            continue
         if path.endswith("[:]"):
             container = path[: -len("[:]")]
             if container not in loop_containers:

@@ -652,3 +652,36 @@ def test_a_missing_file_alongside_is_refused_before_any_process_starts(
     assert f"{missing}: no such file (--alongside names other model sources)" in (
         capsys.readouterr().err
     )
+
+
+RECORDED = REPO / "tests" / "data" / "recorded_layers.py"
+
+
+@pytest.mark.slow
+def test_a_loop_over_a_tuple_the_forward_builds_is_split_per_layer_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # x-transformers' form: `for ind, (kind, (norm, proj, residual), scale) in
+    # enumerate(zip(*variables))` over per-layer tuples the forward builds and reorders,
+    # an iterator advanced inside, the first layer's dataclass kept for the later ones.
+    source = tmp_path / "recorded_layers.py"
+    shutil.copy(RECORDED, source)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
+    assert main([*argv, "--cuts", "layers.2,layers.4", "-o", str(out)]) == 0
+    assert "planned inside" not in capsys.readouterr().err
+    text = out.read_text().split("# syncpass stages")[1]
+    header = "for ind, (kind, (norm, proj, residual), scale) in "
+    comment = "  # syncpass: iteration i runs self.layers[i]"
+    for piece in ("[:3]", "[3:5]", "[5:]"):
+        assert f"{header}list(enumerate(zip(*variables, strict=True))){piece}:{comment}" in text
+    # The tuple of modules is built again by each stage; the iterator crosses as what it
+    # has left (nothing: the first layer took its one item); the dataclass as its tensor.
+    assert text.count("variables = (self.layer_types, self.layers, self.layer_scales)") == 3
+    assert text.count("extra = iter([])  # the same when profiled: nothing sent") == 2
+    assert "first = Intermediate(values=first_0, kind='a')  # its 1 tensor(s) sent" in text
+    document = run_verified_whole(out, "--stages 3", capsys)
+    # Each stage holds its own layers only.
+    held = {entry["name"]: entry["stage"] for entry in document["verify"]["parameters"]}
+    assert held["layers.0.1.weight"] == 0 and held["layers.4.1.weight"] == 1
+    assert held["layers.5.1.weight"] == 2
