@@ -56,11 +56,13 @@ is decided when it reads only
   (``def exists(val): return val is not None``), with plain parameters: ``EXPR``
   with the arguments bound;
 * literals, combined with ``not``, ``and``, ``or``, ``is``, ``is not``, ``==``,
-  ``!=`` and ``A if T else B``.
+  ``!=``, ``<``, ``<=``, ``>``, ``>=`` (numbers), ``|``, ``&`` (booleans, whole
+  numbers), ``+``, ``-``, ``*`` (numbers) and ``A if T else B``.
 
-A name is known from a statement ``name = value`` whose value is known, until
-another statement binds it: ``flag = None``, and Hugging Face's ``return_dict =
-return_dict if return_dict is not None else self.config.return_dict``, where the
+A name is known from a statement ``name = value`` whose value is known (``a, b = x,
+y`` and ``name |= value`` too), until another statement binds it: ``flag = None``,
+and Hugging Face's ``return_dict = return_dict if return_dict is not None else
+self.config.return_dict``, where the
 parameter keeps its default (``None``) up to that statement, its only assignment,
 so the name is the config's setting from then on.
 
@@ -152,6 +154,8 @@ def recorded_values(settings: Sequence[tuple[str, Constant]]) -> ValueLookup:
     known = dict(settings)
 
     def lookup(path: str) -> object:
+        if path.startswith(_CLASS):
+            return known.get(object_key(path.removeprefix(_CLASS)), UNKNOWN)
         if path in known:
             return known[path]
         return PASSED if object_key(path) in known else UNKNOWN
@@ -176,6 +180,13 @@ class ObjectValues:
                 return UNKNOWN
             self.read[path] = self.inputs[path]
             return self.inputs[path]
+        if path.startswith(_CLASS):
+            held = self(path.removeprefix(_CLASS))
+            return (
+                self.read.get(object_key(path.removeprefix(_CLASS)), UNKNOWN)
+                if held is PASSED
+                else UNKNOWN
+            )
         target = self.model
         for part in path.split("."):
             try:
@@ -190,6 +201,15 @@ class ObjectValues:
             return PASSED
         self.read[path] = target  # type: ignore[assignment]
         return target
+
+
+_CLASS = "class:"
+
+
+def class_key(path: str) -> str:
+    """The lookup key of the name of the class of the object the built model holds at
+    ``path`` (a submodule handed to ``__init__``): recorded as :func:`object_key`."""
+    return f"{_CLASS}{path}"
 
 
 def object_key(path: str) -> str:
@@ -415,6 +435,8 @@ class _Test:
             return found
         if isinstance(node, cst.Call):
             return self._helper_value(node)
+        if isinstance(node, cst.BinaryOperation):
+            return self._operation(node)
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
             inner = self.value(node.expression)
             return UNKNOWN if inner is UNKNOWN or inner is PASSED else not inner
@@ -444,6 +466,37 @@ class _Test:
                 return left == right
             if isinstance(operator, cst.NotEqual):
                 return left != right
+            ordered = (bool, int, float)
+            if type(left) in ordered and type(right) in ordered:
+                if isinstance(operator, cst.LessThan):
+                    return left < right  # type: ignore[operator]
+                if isinstance(operator, cst.LessThanEqual):
+                    return left <= right  # type: ignore[operator]
+                if isinstance(operator, cst.GreaterThan):
+                    return left > right  # type: ignore[operator]
+                if isinstance(operator, cst.GreaterThanEqual):
+                    return left >= right  # type: ignore[operator]
+        return UNKNOWN
+
+    def _operation(self, node: cst.BinaryOperation) -> object:
+        """``a | b``, ``a & b`` of booleans or whole numbers; ``a + b``, ``a - b``, ``a * b``
+        of numbers (a string, a tensor or anything unknown: unknown)."""
+        left, right = self.value(node.left), self.value(node.right)
+        numbers = (bool, int, float)
+        if type(left) not in numbers or type(right) not in numbers:
+            return UNKNOWN
+        a, b = left, right
+        operator = node.operator
+        if isinstance(operator, cst.BitOr | cst.BitAnd):
+            if isinstance(a, float) or isinstance(b, float):
+                return UNKNOWN
+            return (a | b) if isinstance(operator, cst.BitOr) else (a & b)  # type: ignore[operator]
+        if isinstance(operator, cst.Add):
+            return a + b  # type: ignore[operator]
+        if isinstance(operator, cst.Subtract):
+            return a - b  # type: ignore[operator]
+        if isinstance(operator, cst.Multiply):
+            return a * b  # type: ignore[operator]
         return UNKNOWN
 
     def _readable(self, path: str) -> bool:
@@ -640,7 +693,9 @@ def parameter_defaults(
 
 
 def _assigned_name(statement: cst.BaseStatement) -> tuple[str, cst.BaseExpression] | None:
-    """``(name, value)`` of ``name = value``, a statement of one assignment to one name."""
+    """``(name, value)`` of ``name = value``, a statement of one assignment to one name; of
+    ``name |= value`` (x-transformers' ``return_hiddens |= return_gumbel_log_probs``),
+    ``name = name | value``."""
     small = (
         statement.body[0]
         if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
@@ -652,7 +707,51 @@ def _assigned_name(statement: cst.BaseStatement) -> tuple[str, cst.BaseExpressio
         and isinstance(small.targets[0].target, cst.Name)
     ):
         return small.targets[0].target.value, small.value
+    if isinstance(small, cst.AugAssign) and isinstance(small.target, cst.Name):
+        operator = _AUGMENTED.get(type(small.operator))
+        if operator is not None:
+            value = cst.BinaryOperation(small.target, operator(), small.value)
+            return small.target.value, value
     return None
+
+
+def _assigned_names(statement: cst.BaseStatement) -> list[tuple[str, cst.BaseExpression]]:
+    """What :func:`_assigned_name` finds; for ``a, b = x, y`` (x-transformers' ``b, n,
+    ..., has_memory_tokens, ... = x.shape[0], ..., self.num_memory_tokens > 0, ...``),
+    each name with its expression."""
+    found = _assigned_name(statement)
+    if found is not None:
+        return [found]
+    small = (
+        statement.body[0]
+        if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1
+        else None
+    )
+    if not (
+        isinstance(small, cst.Assign)
+        and len(small.targets) == 1
+        and isinstance(target := small.targets[0].target, cst.Tuple)
+        and isinstance(small.value, cst.Tuple)
+        and len(target.elements) == len(small.value.elements)
+    ):
+        return []
+    pairs = []
+    for left, right in zip(target.elements, small.value.elements, strict=True):
+        if isinstance(left, cst.StarredElement) or isinstance(right, cst.StarredElement):
+            return []
+        if isinstance(left.value, cst.Name):
+            pairs.append((left.value.value, right.value))
+    return pairs
+
+
+#: The augmented assignments a name stays known through, as the operation they run.
+_AUGMENTED: dict[type[cst.BaseAugOp], type[cst.BaseBinaryOp]] = {
+    cst.BitOrAssign: cst.BitOr,
+    cst.BitAndAssign: cst.BitAnd,
+    cst.AddAssign: cst.Add,
+    cst.SubtractAssign: cst.Subtract,
+    cst.MultiplyAssign: cst.Multiply,
+}
 
 
 class _Known:
@@ -710,23 +809,24 @@ class _Known:
 
     def passed(self, statement: cst.BaseStatement) -> None:
         """What is known once ``statement`` has run."""
-        found = _assigned_name(statement)
-        value: object = UNKNOWN
-        if found is not None:
-            name = found[0]
+        found = _assigned_names(statement)
+        # Every value is computed before any name is bound, as Python does.
+        known: list[tuple[str, object, _Test]] = []
+        for name, expression in found:
             defaults = self.defaults
             if name in self.parameters and self.counts[name] == 1:
                 defaults = {**defaults, name: self.parameters[name]}
             test = self._test(defaults)
-            value = test.value(found[1])
+            known.append((name, test.value(expression), test))
         gathered = GatherBindingsVisitor()
         statement.visit(gathered)
         for bound, _ in gathered.bindings:
             self.names.pop(bound, None)
             self.defaults.pop(bound, None)  # no longer what the call gave it
-        if found is not None and value is not UNKNOWN:
-            test.reads.pop(found[0], None)  # the value it had before: not what it holds now
-            self.names[found[0]] = test.name_of(value)  # type: ignore[arg-type]
+        for name, value, test in known:
+            if value is not UNKNOWN:
+                test.reads.pop(name, None)  # the value it had before: not what it holds now
+                self.names[name] = test.name_of(value)  # type: ignore[arg-type]
 
 
 def known_names(

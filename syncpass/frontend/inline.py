@@ -80,7 +80,13 @@ import libcst.matchers as m
 from libcst.metadata import PositionProvider
 
 from syncpass.core.errors import SyncpassError
-from syncpass.frontend.analysis import match_container_loop, method_of, self_path, target_names
+from syncpass.frontend.analysis import (
+    match_container_loop,
+    method_of,
+    recordable_loop,
+    self_path,
+    target_names,
+)
 from syncpass.frontend.bases import Ancestry, SourceClass
 from syncpass.frontend.branches import (
     UNKNOWN,
@@ -90,11 +96,13 @@ from syncpass.frontend.branches import (
     FoldedBranch,
     KnownName,
     ValueLookup,
+    class_key,
     constant_value,
     fold_branches,
     init_constants,
     known_names,
     no_values,
+    one_returned_expression,
     parameter_defaults,
 )
 from syncpass.frontend.numbers import GatherBindingsVisitor, parameters
@@ -552,6 +560,176 @@ class _Renamed(cst.CSTTransformer):
         return updated_node.with_changes(keyword=original_node.keyword)
 
 
+class _Substituted(cst.CSTTransformer):
+    """Each name of ``values`` replaced by its expression wherever it is a variable (not an
+    attribute's name or a call's keyword)."""
+
+    def __init__(self, values: Mapping[str, cst.BaseExpression]) -> None:
+        super().__init__()
+        self.values = values
+
+    def leave_Name(self, original_node: cst.Name, updated_node: cst.Name) -> cst.BaseExpression:
+        return self.values.get(updated_node.value, updated_node)
+
+    def leave_Attribute(
+        self, original_node: cst.Attribute, updated_node: cst.Attribute
+    ) -> cst.Attribute:
+        return updated_node.with_changes(attr=original_node.attr)
+
+    def leave_Arg(self, original_node: cst.Arg, updated_node: cst.Arg) -> cst.Arg:
+        return updated_node.with_changes(keyword=original_node.keyword)
+
+
+def _local_function(
+    name: str, earlier: Sequence[cst.BaseStatement]
+) -> tuple[cst.FunctionDef, cst.Call] | None:
+    """The function ``name`` the forward defines among ``earlier`` (its last binding there),
+    when its body is ``return self....(...)`` alone and its parameters are plain with
+    literal defaults; else ``None``."""
+    for statement in reversed(earlier):
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == name:
+            returned = one_returned_expression(statement)
+            params = statement.params
+            plain = (
+                not params.posonly_params
+                and not isinstance(params.star_arg, cst.Param | cst.ParamStar)
+                and all(
+                    param.default is None or constant_value(param.default) is not UNKNOWN
+                    for param in (*params.params, *params.kwonly_params)
+                )
+            )
+            if isinstance(returned, cst.Call) and self_path(returned.func) and plain:
+                return statement, returned
+            return None
+        gathered = GatherBindingsVisitor()
+        statement.visit(gathered)
+        if any(bound == name for bound, _ in gathered.bindings):
+            return None
+    return None
+
+
+def _spelled_keywords(
+    handed: cst.BaseExpression, earlier: Sequence[cst.BaseStatement], forward: cst.FunctionDef
+) -> list[cst.Arg] | None:
+    """``**NAME`` written as its keywords, ``key=NAME["key"]``, where the forward made
+    ``NAME = dict(**kwargs, key=..., ...)`` (or ``{**kwargs, "key": ...}``) from its own
+    ``**kwargs``, which hold nothing as the stages run (they pass the example's positional
+    inputs only), and has not bound it since; else ``None``."""
+    star = forward.params.star_kwarg
+    if not isinstance(handed, cst.Name) or not isinstance(star, cst.Param):
+        return None
+    own = star.name.value
+    made: cst.BaseExpression | None = None
+    for statement in earlier:
+        gathered = GatherBindingsVisitor()
+        statement.visit(gathered)
+        names = {bound for bound, _ in gathered.bindings}
+        if own in names and own != handed.value:
+            return None  # the forward's **kwargs no longer hold nothing
+        if handed.value in names:
+            if made is not None or not (
+                isinstance(statement, cst.SimpleStatementLine)
+                and len(statement.body) == 1
+                and isinstance(statement.body[0], cst.Assign)
+            ):
+                return None
+            made = statement.body[0].value
+    keys: list[str] = []
+    if isinstance(made, cst.Call) and m.matches(made.func, m.Name("dict")):
+        for arg in made.args:
+            if arg.star == "**" and m.matches(arg.value, m.Name(own)):
+                continue
+            if arg.star or arg.keyword is None:
+                return None
+            keys.append(arg.keyword.value)
+    elif isinstance(made, cst.Dict):
+        for element in made.elements:
+            if isinstance(element, cst.StarredDictElement) and m.matches(
+                element.value, m.Name(own)
+            ):
+                continue
+            key = constant_value(element.key) if isinstance(element, cst.DictElement) else None
+            if not isinstance(key, str) or not key.isidentifier():
+                return None
+            keys.append(key)
+    else:
+        return None
+    return [
+        cst.Arg(
+            cst.Subscript(handed, [cst.SubscriptElement(cst.Index(cst.SimpleString(f'"{key}"')))]),
+            keyword=cst.Name(key),
+        )
+        for key in keys
+    ]
+
+
+def _through_local_function(
+    statement: cst.BaseStatement, earlier: Sequence[cst.BaseStatement], caller: _Caller
+) -> cst.BaseStatement | None:
+    """``statement`` (``x, y = f(...)`` or ``return f(...)``) with the call of a function
+    the forward defines, ``def f(inp, cache=None, **kwargs): return self.layers(inp, ...)``
+    (x-transformers' ``_attn_layers_forward``), written as the call it returns, bound to
+    the arguments as Python binds them; ``None`` where it is no such call. A closure reads
+    the forward's names when it runs, as the call in its place does."""
+    if not isinstance(statement, cst.SimpleStatementLine) or len(statement.body) != 1:
+        return None
+    small = statement.body[0]
+    call = small.value if isinstance(small, cst.Assign | cst.Return) else None
+    if not isinstance(call, cst.Call) or not isinstance(call.func, cst.Name):
+        return None
+    found = _local_function(call.func.value, earlier)
+    if found is None:
+        return None
+    function, returned = found
+    params = function.params
+    positional = list(params.params)
+    names = [param.name.value for param in (*positional, *params.kwonly_params)]
+    bound: dict[str, cst.BaseExpression] = {}
+    extra: list[cst.Arg] = []
+    for position, arg in enumerate(call.args):
+        if arg.star == "*":
+            return None
+        if arg.star == "**":
+            spelled = _spelled_keywords(arg.value, earlier, caller.definition)
+            if spelled is None:
+                return None
+            extra.extend(spelled)
+        elif arg.keyword is None:
+            if position >= len(positional):
+                return None
+            bound[positional[position].name.value] = arg.value
+        elif arg.keyword.value in names:
+            bound[arg.keyword.value] = arg.value
+        else:
+            extra.append(arg)
+    for param in (*positional, *params.kwonly_params):
+        if param.name.value not in bound:
+            if param.default is None:
+                return None
+            bound[param.name.value] = param.default
+    spread: list[cst.Arg] = []
+    for arg in returned.args:
+        star = params.star_kwarg
+        if (
+            arg.star == "**"
+            and isinstance(star, cst.Param)
+            and m.matches(arg.value, m.Name(star.name.value))
+        ):
+            spread.extend(extra)  # what the function's **kwargs took
+        elif arg.star:
+            return None
+        else:
+            spread.append(arg.with_changes(value=arg.value.visit(_Substituted(bound))))
+    if extra and not isinstance(params.star_kwarg, cst.Param):
+        return None
+    keywords = [arg.keyword.value for arg in spread if arg.keyword is not None]
+    if len(keywords) != len(set(keywords)):
+        return None  # a keyword given twice: Python would refuse the call
+    spread = [arg.with_changes(comma=cst.MaybeSentinel.DEFAULT) for arg in spread]
+    written = returned.with_changes(func=returned.func, args=spread)
+    return statement.with_changes(body=[small.with_changes(value=written)])
+
+
 def _closure_reads(statements: Sequence[cst.BaseStatement]) -> set[str]:
     """The names functions and lambdas made in ``statements`` mention: they read them
     whenever they run, after any call that comes later."""
@@ -600,12 +778,35 @@ class _Stack:
 
 
 def _loops_over_layers(forward: cst.FunctionDef) -> bool:
+    """Whether the forward has a top-level loop over a layer container, or one the example's
+    run may show runs a layer an iteration (:func:`recordable_loop`: the eager form's
+    census reads it once the forward is expanded)."""
     return isinstance(forward.body, cst.IndentedBlock) and any(
         isinstance(statement, cst.For)
-        and (loop := match_container_loop(statement)) is not None
-        and loop.root == "self"
+        and (
+            ((loop := match_container_loop(statement)) is not None and loop.root == "self")
+            or recordable_loop(statement)
+        )
         for statement in forward.body.body
     )
+
+
+def _file_method(
+    classdef: cst.ClassDef, classes: Mapping[str, cst.ClassDef], name: str
+) -> cst.FunctionDef | None:
+    """The method ``name`` the class runs: its own, or the first of its bases of the same
+    file that defines it (x-transformers' ``Decoder(AttentionLayers)``), following each
+    class's first base."""
+    seen: set[str] = set()
+    current: cst.ClassDef | None = classdef
+    while current is not None and current.name.value not in seen:
+        seen.add(current.name.value)
+        found = method_of(current, name)
+        if found is not None:
+            return found
+        first = current.bases[0].value if current.bases else None
+        current = classes.get(first.value) if isinstance(first, cst.Name) else None
+    return None
 
 
 _SEQUENTIAL = m.Name("Sequential") | m.Attribute(attr=m.Name("Sequential"))
@@ -650,36 +851,51 @@ def _submodule_classes(
     names: _Names,
     prefix: str = "",
     seen: frozenset[str] = frozenset(),
+    values: ValueLookup = no_values,
 ) -> dict[str, _Stack]:
     """``self.NAME = Cls(...)`` in ``__init__`` with ``Cls`` a class of the file whose forward
     loops over a layer container, or runs an ``nn.Sequential`` stack of layers (torchvision's
     ViT encoder), or builds such a submodule itself (Flax GPT-2's ``self.transformer``, whose
     ``self.h`` loops over the blocks): path -> that class and forward, for each such
-    submodule at any depth (``transformer``, ``transformer.h``)."""
+    submodule at any depth (``transformer``, ``transformer.h``).
+
+    A submodule handed to ``__init__`` (x-transformers' ``self.attn_layers =
+    attn_layers``) is of the class the built model holds there (``values`` answers
+    :func:`class_key`), when that class is of the file; its forward may be a base's of
+    the file (``Decoder(AttentionLayers)``)."""
     init = method_of(classdef, names.init)
     if init is None:
         return {}
     found: dict[str, _Stack] = {}
-    built = m.Assign(
-        targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name()))],
-        value=m.Call(func=m.Name()),
+    assigned = m.Assign(
+        targets=[m.AssignTarget(target=m.Attribute(value=m.Name("self"), attr=m.Name()))]
     )
-    for assign in m.findall(init, built):
-        assert isinstance(assign, cst.Assign) and isinstance(assign.value, cst.Call)
+    for assign in m.findall(init, assigned):
+        assert isinstance(assign, cst.Assign)
         target = assign.targets[0].target
-        func = assign.value.func
-        assert isinstance(target, cst.Attribute) and isinstance(func, cst.Name)
-        other = classes.get(func.value)
-        if other is None or other is classdef or func.value in seen:
+        assert isinstance(target, cst.Attribute)
+        path = f"{prefix}{target.attr.value}"
+        func = assign.value.func if isinstance(assign.value, cst.Call) else None
+        if isinstance(func, cst.Name) and func.value in classes:
+            class_name = func.value
+            forward = method_of(classes[class_name], names.forward)
+        elif func is None:  # handed in: the class the built model holds
+            held = values(class_key(path))
+            if not isinstance(held, str) or held not in classes:
+                continue
+            class_name = held
+            forward = _file_method(classes[class_name], classes, names.forward)
+        else:
             continue
-        forward = method_of(other, names.forward)
+        other = classes[class_name]
+        if other is classdef or class_name in seen:
+            continue
         if forward is None or not isinstance(forward.body, cst.IndentedBlock):
             continue
-        path = f"{prefix}{target.attr.value}"
-        inner = _submodule_classes(other, classes, names, f"{path}.", seen | {func.value})
+        inner = _submodule_classes(other, classes, names, f"{path}.", seen | {class_name}, values)
         sequences = _layer_sequences(other, names)
         if inner or _loops_over_layers(forward) or _runs_a_sequence(forward, sequences):
-            found[path] = _Stack(func.value, forward, sequences)
+            found[path] = _Stack(class_name, forward, sequences)
             found.update(inner)
     return found
 
@@ -803,7 +1019,11 @@ def _inline_one(
 ) -> _Expansion | None:
     found = _call_of(statement)
     if found is None:
-        return None
+        through = _through_local_function(statement, earlier, caller)
+        found = _call_of(through) if through is not None else None
+        if found is None:
+            return None
+        statement = through  # type: ignore[assignment]
     targets, name, call = found
     config = caller.config
     method = caller.methods.get(name)
@@ -1155,7 +1375,8 @@ def _may_expand(
 ) -> bool:
     """Whether expanding ``forward`` could change it: one of its top-level statements is an
     ``if`` (a branch to decide) or a call statement (:func:`_call_of`) of one of the class's
-    own ``methods`` or of a submodule that ``__init__`` builds from a class of the file.
+    own ``methods`` or of a submodule that ``__init__`` builds from a class of the file, or
+    a function it defines (which may call one).
 
     Most classes of a large file are small modules whose forward calls nothing of their
     own; this answers for them from their top-level statements, where the expansion
@@ -1165,8 +1386,8 @@ def _may_expand(
     assert isinstance(forward.body, cst.IndentedBlock)
     roots: set[str] = set()
     for statement in forward.body.body:
-        if isinstance(statement, cst.If):
-            return True
+        if isinstance(statement, cst.If | cst.FunctionDef):
+            return True  # a branch to decide; a local function whose calls may be followed
         found = _call_of(statement)
         if found is None:
             continue
@@ -1188,6 +1409,7 @@ def inline_own_methods(
     values: ValueLookup = no_values,
     ancestry: Ancestry | None = None,
     classes: ModuleClasses | None = None,
+    originals: ModuleClasses | None = None,
 ) -> Inlined:
     """``module`` with ``class_name.forward``'s calls of the class's own methods inlined and
     its decided branches folded. ``lines`` gives the lines of the user's file (``module``'s
@@ -1204,7 +1426,10 @@ def inline_own_methods(
     when it is the forward's own, :class:`SyncpassError` says which name and where.
 
     ``classes`` is ``module``'s :class:`ModuleClasses`, when the caller expands several
-    classes of one module (read from ``module`` otherwise)."""
+    classes of one module (read from ``module`` otherwise); ``originals`` are the classes
+    as the user wrote them, before any was expanded: a submodule's forward is inlined as
+    written, since the expansion of its own class decided its branches with its defaults,
+    not with what this call passes."""
     if classes is None:
         classes = ModuleClasses.of(module)
     elif classes.module is not module:
@@ -1212,7 +1437,9 @@ def inline_own_methods(
     names = _Names(forward_method, init_method)
     barred: set[str] = set()
     while True:
-        result = _inline_once(classes, class_name, lines, names, ancestry, barred, values)
+        result = _inline_once(
+            classes, class_name, lines, names, ancestry, barred, values, originals
+        )
         if isinstance(result, Inlined):
             return result
         barred.add(result)
@@ -1226,6 +1453,7 @@ def _inline_once(
     ancestry: Ancestry | None,
     barred: set[str],
     values: ValueLookup = no_values,
+    originals: ModuleClasses | None = None,
 ) -> Inlined | str:
     """:func:`inline_own_methods` with the methods ``barred`` kept as calls; or the name of
     an inherited method to keep as a call too (its statements read a global that differs)."""
@@ -1279,7 +1507,9 @@ def _inline_once(
     own_parameters = parameters(forward)
     attributes = init_constants(classdef, names.init, bases)
     line_of = lines if lines is not None else SourceLines(module)
-    stacks = _submodule_classes(classdef, classes, names)  # the same in every round
+    # The submodules' classes as written (their own expansion assumed their defaults).
+    written = (originals or index).classes
+    stacks = _submodule_classes(classdef, written, names, values=values)  # the same each round
     for _ in range(MAX_ROUNDS):
         changed = False
         expanded: list[cst.BaseStatement] = []
@@ -1329,7 +1559,7 @@ def _inline_once(
             inlined.append(result.description)
             folded.extend(result.branches)
             changed = True
-        where = _OriginalLines(line_of, expanded, expanded_origins, frames, classes, frame_owners)
+        where = _OriginalLines(line_of, expanded, expanded_origins, frames, written, frame_owners)
         statements, decided, sources = fold_branches(
             expanded, attributes, forward, module, where, values=values, file_of=where.file
         )
@@ -1337,8 +1567,9 @@ def _inline_once(
         folded.extend(decided)
         if not changed and not decided:
             break
+    statements, origins = _without_spent_functions(statements, origins, forward)
     if ancestry is not None:
-        where = _OriginalLines(line_of, statements, origins, frames, classes, frame_owners)
+        where = _OriginalLines(line_of, statements, origins, frames, written, frame_owners)
         refused = _foreign_reads(statements, origins, frame_owners, forward, ancestry, where)
         if refused is not None:
             frame, message = refused
@@ -1369,6 +1600,33 @@ def _inline_once(
         tuple(frames),
         tuple(origins),
     )
+
+
+def _without_spent_functions(
+    statements: list[cst.BaseStatement], origins: list[Origin], forward: cst.FunctionDef
+) -> tuple[list[cst.BaseStatement], list[Origin]]:
+    """``statements`` without the functions the forward defined and called, every call of
+    which was followed (:func:`_through_local_function`): nothing reads them any more, and
+    a stage that kept one would hold what it closes over (``self.attn_layers``) for
+    nothing."""
+    assert isinstance(forward.body, cst.IndentedBlock)
+    defined = {
+        statement.name.value
+        for statement in statements
+        if isinstance(statement, cst.FunctionDef) and not statement.decorators
+    }
+    if not defined:
+        return statements, origins
+    called_before = set(mentioned_names(list(forward.body.body)))
+    rest = [s for s in statements if not isinstance(s, cst.FunctionDef)]
+    still = set(mentioned_names(rest))
+    spent = {name for name in defined if name in called_before and name not in still}
+    kept = [
+        (statement, origin)
+        for statement, origin in zip(statements, origins, strict=True)
+        if not (isinstance(statement, cst.FunctionDef) and statement.name.value in spent)
+    ]
+    return [statement for statement, _ in kept], [origin for _, origin in kept]
 
 
 def _called_methods(

@@ -436,3 +436,25 @@ def test_a_local_named_like_an_init_flag_does_not_hide_the_flag() -> None:
         "self.fused = True",
     )
     assert taken == ("if",) and "    x = self.fused_path(x)" in body
+
+
+def test_tuple_assignments_comparisons_and_augmented_flags_stay_known() -> None:
+    # x-transformers: `b, n, has_memory_tokens = ..., self.num_memory_tokens > 0` and
+    # `return_hiddens |= return_gumbel_log_probs` before `if not return_hiddens: return x`.
+    body, taken = fold(
+        """
+        def forward(self, x, return_hiddens=False, extra=False):
+            b, has_memory = x.shape[0], self.memory > 0
+            if has_memory:
+                x = self.a(x)
+            return_hiddens |= extra
+            count = 2
+            count += 1
+            if count >= 3 and not return_hiddens:
+                x = self.b(x)
+            return x
+        """,
+        init="self.memory = 0",
+    )
+    assert taken == ("none", "if")
+    assert "    x = self.b(x)" in body and "    x = self.a(x)" not in body

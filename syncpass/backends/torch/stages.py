@@ -178,7 +178,13 @@ def expand_source(
         found = _ancestry(classes, name, path)
         ancestry = found[0] if found is not None else None
         result = inline_own_methods(
-            expanded, name, lines, values=known, ancestry=ancestry, classes=expanded_classes
+            expanded,
+            name,
+            lines,
+            values=known,
+            ancestry=ancestry,
+            classes=expanded_classes,
+            originals=classes,
         )
         if result.module is not expanded:
             expanded_classes = ModuleClasses.of(result.module)

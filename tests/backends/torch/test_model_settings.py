@@ -42,6 +42,10 @@ def test_the_profile_reads_the_settings_and_follows_the_base_model(
         "config.return_dict": True,
         "input:0": "Tensor",  # what the example passes for the forward's first parameter
         "transformer.config.output_hidden_states": False,
+        # What each object handed to an __init__ is: a submodule of a class of the file
+        # would be followed (here each is a configuration, which is not).
+        "object:config": "Config",
+        "object:transformer.config": "Config",
     }
     ids = [op["id"] for op in document["ops"]]
     assert all(layer in ids for layer in LAYERS) and "transformer" not in ids

@@ -685,3 +685,31 @@ def test_a_loop_over_a_tuple_the_forward_builds_is_split_per_layer_and_verifies(
     held = {entry["name"]: entry["stage"] for entry in document["verify"]["parameters"]}
     assert held["layers.0.1.weight"] == 0 and held["layers.4.1.weight"] == 1
     assert held["layers.5.1.weight"] == 2
+
+
+HANDED = REPO / "tests" / "data" / "handed_stack.py"
+
+
+@pytest.mark.slow
+def test_a_stack_handed_to_init_and_called_through_a_local_function_splits_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # x-transformers' form: `TransformerWrapper(attn_layers=Decoder(...))` keeps the stack
+    # it is given, and calls it through `def _attn_layers_forward(inp, **kwargs): return
+    # self.attn_layers(inp, ..., return_hiddens=True, **kwargs)`; the stack's class
+    # inherits a forward that returns early unless asked for its hiddens.
+    source = tmp_path / "handed_stack.py"
+    shutil.copy(HANDED, source)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "2"]
+    assert main([*argv, "--cuts", "layers.layers.1", "-o", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "planned inside self.layers" in err
+    assert "no branch of `if not return_hiddens:`" in err and "return_hiddens=True" in err
+    stages = out.read_text().split("# syncpass stages")[1]
+    assert "for layer in self.layers.layers[:2]:" in stages
+    assert "for layer in self.layers.layers[2:]:" in stages
+    assert "run_layers" not in stages  # the local function is followed, and goes
+    assert 'scale = kwargs["scale"]' in stages  # the keywords it was handed, by name
+    document = run_verified_whole(out, "--stages 2", capsys)
+    assert document["verify"]["tied"] == []  # no stage holds another's layers
