@@ -1248,6 +1248,28 @@ def example():
     return model, (images,), labels, nn.functional.cross_entropy
 """
 
+#: x-transformers' ``TransformerWrapper`` around a ``Decoder``: the stack handed to its
+#: ``__init__``, called through a local function, whose loop runs per-layer tuples it builds
+#: (``enumerate(zip(*layer_variables))``); attention and feed-forward layers alternate.
+XT_PACKAGES = (
+    "x-transformers==2.31.10",
+    "einops==0.8.2",
+    "einx==0.4.3",
+    "frozendict==2.5.1",
+    "loguru==0.7.3",
+    "torch-einops-utils==0.2.0",
+)
+
+XT_EXAMPLE = """
+
+def example():
+    torch.manual_seed(0)
+    model = TransformerWrapper(
+        num_tokens=256, max_seq_len=64, attn_layers=Decoder(dim=64, depth=6, heads=4)
+    )
+    return model, (torch.randint(0, 256, (8, 64)),)
+"""
+
 VARIANTS = (
     CorpusModel(
         "hf4_bert",
@@ -1324,6 +1346,17 @@ VARIANTS = (
         "layers.",
         6,
         unused=2,  # the contact head's regression, which only return_contacts=True runs
+    ),
+    CorpusModel(
+        "x_transformers",
+        XT_PACKAGES,
+        "x_transformers/x_transformers.py",
+        XT_EXAMPLE,
+        (2, 4),
+        "attn_layers.layers.",
+        12,
+        kinds=2,
+        model="TransformerWrapper",
     ),
     CorpusModel(
         "tv_resnet18_b8",
