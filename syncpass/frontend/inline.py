@@ -161,6 +161,9 @@ class Inlined:
     branches: tuple[FoldedBranch, ...] = ()
     frames: tuple[Frame, ...] = ()
     origins: tuple[Origin, ...] = ()
+    # Per statement of the expanded forward, the file it is in ("" for the user's) and
+    # its line there (0 where it is one the expansion wrote: an argument bound).
+    lines: tuple[tuple[str, int], ...] = ()
 
     def home(self, after: int) -> tuple[int, int] | None:
         """``(frame, index)``: the function, and its statement, after which a sync point
@@ -1212,7 +1215,13 @@ class _OriginalLines:
                 body = _method_body(owner.classdef, frames[frame].method)
                 lines: Callable[[cst.CSTNode], int] = owner.file.line
             else:
-                body = _method_body(classes.get(frames[frame].class_name), frames[frame].method)
+                held = classes.get(frames[frame].class_name)
+                method = _file_method(held, classes, frames[frame].method) if held else None
+                body = (
+                    method.body.body
+                    if method and isinstance(method.body, cst.IndentedBlock)
+                    else ()
+                )
                 lines = line_of
             if index < len(body):
                 self.inlined[id(statement)] = lines(body[index])
@@ -1593,12 +1602,14 @@ def _inline_once(
     if inherited and forward_owner is not None:
         line = forward_owner.file.line(forward)
         inlined.insert(0, f"{forward_owner.name}.{forward_method} ({forward_file}:{line})")
+    where = _OriginalLines(line_of, statements, origins, frames, written, frame_owners)
     return Inlined(
         module.with_changes(body=body),
         tuple(inlined),
         tuple(folded),
         tuple(frames),
         tuple(origins),
+        tuple((where.file(statement), where(statement)) for statement in statements),
     )
 
 

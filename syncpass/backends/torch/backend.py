@@ -95,6 +95,7 @@ def _measure_for_stages(request: MeasureRequest) -> Costs:
     from syncpass.backends.torch.stages import (
         ExpandedSource,
         annotate_recorded_loops,
+        at_user_lines,
         check_branches,
         expand_source,
         sent_across_cuts,
@@ -131,7 +132,8 @@ def _measure_for_stages(request: MeasureRequest) -> Costs:
         return AnalysedSource(source.expanded.code, inherited)
 
     def refine(graph: OpGraph, model: object, args: tuple[object, ...]) -> OpGraph:
-        return sent_across_cuts(graph, expanded[0].expanded.code, path)
+        located = at_user_lines(graph, expanded[0])
+        return sent_across_cuts(located, expanded[0].expanded.code, path)
 
     deeper = dataclasses.replace(request, depth=max(request.depth, NESTED_DEPTH))
     costs = measure(deeper, check_tracer=False, refine=refine, expand=expand)

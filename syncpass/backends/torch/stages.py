@@ -54,7 +54,7 @@ import libcst.matchers as m
 from syncpass.backends.torch.analysis import analyse as analyse_traced
 from syncpass.backends.torch.rewrite import strip_sync_points as strip_pipe_splits
 from syncpass.contracts.costs import pytree_leaves
-from syncpass.contracts.graph import Cut, Op, OpGraph, Replayable
+from syncpass.contracts.graph import Cut, Op, OpGraph, Replayable, SourceLocation
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.analysis import (
     DICT_VIEWS,
@@ -119,6 +119,43 @@ class ExpandedSource:
     inlined: dict[str, tuple[str, ...]]
     branches: dict[str, tuple[FoldedBranch, ...]]
     inherited: dict[str, InheritedForward] = dataclasses.field(default_factory=dict)
+    # Per class, per statement of its expanded forward: the file it is in ("" for the
+    # user's) and its line there (:func:`at_user_lines`).
+    lines: dict[str, tuple[tuple[str, int], ...]] = dataclasses.field(default_factory=dict)
+
+
+def at_user_lines(graph: OpGraph, source: ExpandedSource) -> OpGraph:
+    """``graph`` (built from the expanded module, whose lines are its own) with each op and
+    region where its statement is in the file the user wrote: a statement inlined from a
+    method at that method's line (in its own file, for a base class of another module),
+    one the expansion wrote (an argument bound) at the line before it."""
+    lines = source.lines.get(graph.model_class, ())
+    if not lines:
+        return graph
+    filled: list[tuple[str, int]] = []
+    for file, line in lines:
+        filled.append((file, line) if line or not filled else filled[-1])
+
+    def moved(location: SourceLocation, statement: int) -> SourceLocation:
+        if statement >= len(filled) or not filled[statement][1]:
+            return location
+        file, line = filled[statement]
+        return dataclasses.replace(location, path=file or location.path, line=line)
+
+    ops = tuple(
+        dataclasses.replace(op, location=moved(op.location, op.statement)) for op in graph.ops
+    )
+    statements = {op.location: op.statement for op in graph.ops if op.region is not None}
+    regions = []
+    for region in graph.regions:
+        statement = statements.get(region.location)
+        if statement is None:
+            regions.append(region)
+            continue
+        location = moved(region.location, statement)
+        end = region.end_line + location.line - region.location.line
+        regions.append(dataclasses.replace(region, location=location, end_line=end))
+    return dataclasses.replace(graph, ops=ops, regions=tuple(regions))
 
 
 @dataclass(frozen=True)
@@ -168,6 +205,7 @@ def expand_source(
     inlined = {}
     branches = {}
     inherited = {}
+    statement_lines: dict[str, tuple[tuple[str, int], ...]] = {}
     # Every model class's forward is expanded: which one is the model is the analysis's to
     # say (from --model, the cost file or the example), and the others' code is never run.
     lines = SourceLines(module)
@@ -189,6 +227,7 @@ def expand_source(
         if result.module is not expanded:
             expanded_classes = ModuleClasses.of(result.module)
         expanded, inlined[name], branches[name] = result.module, result.methods, result.branches
+        statement_lines[name] = result.lines or _own_lines(expanded, name, lines)
         looped = _index_loops_enumerated(expanded, name)
         looped = annotate_recorded_loops(looped, name, _recorded_in(known))
         if looped is not expanded:
@@ -196,7 +235,19 @@ def expand_source(
         if found is not None:
             owner = found[1]
             inherited[name] = InheritedForward(owner.name, Path(path).parent / owner.file.path)
-    return ExpandedSource(base, module, expanded, inlined, branches, inherited)
+    return ExpandedSource(base, module, expanded, inlined, branches, inherited, statement_lines)
+
+
+def _own_lines(
+    module: cst.Module, name: str, lines: Callable[[cst.CSTNode], int]
+) -> tuple[tuple[str, int], ...]:
+    """The user's line of each statement of class ``name``'s forward in ``module``, where
+    the expansion left it as written (another class's expansion above it moved it)."""
+    found = ModuleClasses.of(module).single(name)
+    forward = method_of(found[1]) if found is not None else None
+    if forward is None or not isinstance(forward.body, cst.IndentedBlock):
+        return ()
+    return tuple(("", lines(statement)) for statement in forward.body.body)
 
 
 def _recorded_in(values: ValueLookup) -> Callable[[int], object]:
@@ -358,7 +409,7 @@ def analyse(text: str, path: str, known: KnownOps, class_name: str | None) -> Mo
         planned = analyse_traced(source.expanded.code, path, known, class_name)
     model = planned.graph.model_class
     graph = dataclasses.replace(
-        planned.graph,
+        at_user_lines(planned.graph, source),
         inlined=source.inlined.get(model, ()),
         branches=tuple(branch.describe(path) for branch in source.branches.get(model, ())),
         cuts=_sent_at_cuts(planned.graph, find_forward(source.expanded, model, path).forward),

@@ -362,3 +362,54 @@ def test_a_forward_wrapped_in_an_unknown_decorator_is_refused_at_the_decorator()
         "    def forward(self, idx", "    @can_return_tuple\n    def forward(self, idx"
     )
     assert "class NetStage1" in rewrite(known, 2).rewritten
+
+
+def test_ops_and_regions_of_an_expanded_forward_are_at_the_lines_the_user_wrote() -> None:
+    # The expansion inlines a method into the forward and a class above the model grows
+    # with its own expansion: what the notes name must still be the file's lines.
+    from syncpass.backends.torch.stages import analyse
+
+    code = textwrap.dedent(
+        """
+        import torch
+        from torch import nn
+
+
+        class Helper(nn.Module):
+            def forward(self, x):
+                x = self.prepare(x)
+                return x
+
+            def prepare(self, x):
+                y = x * 2
+                z = y + 1
+                return z
+
+
+        class Net(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = nn.Linear(4, 4)
+                self.b = nn.Linear(4, 4)
+
+            def forward(self, x):
+                x = self.a(x)
+                x = self.mix(x)
+                return self.b(x)
+
+            def mix(self, x):
+                if x.sum() > 0:
+                    x = x * 2
+                return torch.relu(x)
+        """
+    )
+    source = analyse(code, "m.py", KnownOps("Net", ()), "Net")
+    graph = source.graph
+    lines = code.splitlines()
+    (region,) = graph.regions
+    assert lines[region.location.line - 1].strip() == "if x.sum() > 0:"
+    assert region.end_line == region.location.line + 1
+    for op in graph.ops:
+        assert op.location.path == "m.py"
+    written = {lines[op.location.line - 1].strip() for op in graph.ops}
+    assert {"x = self.a(x)", "return torch.relu(x)", "return self.b(x)"} <= written
