@@ -66,12 +66,27 @@ def body_column(tree: cst.Module, function: cst.FunctionDef) -> int:
             body = function.body.indent
             return column + len(tree.default_indent if body is None else body)
         for child in node.children:
-            found = find(child, column)
-            if found is not None:
-                return found
+            # A function is a statement: only blocks and the clauses that hold them are
+            # walked, never a line's expressions (most of a large file's nodes).
+            if isinstance(child, _HOLDS_STATEMENTS):
+                found = find(child, column)
+                if found is not None:
+                    return found
         return None
 
     return find(tree, 0) or 0
+
+
+#: The nodes a statement can be inside of (:func:`body_column` walks only them).
+_HOLDS_STATEMENTS = (
+    cst.IndentedBlock,
+    cst.BaseCompoundStatement,
+    cst.Else,
+    cst.ExceptHandler,
+    cst.ExceptStarHandler,
+    cst.Finally,
+    cst.MatchCase,
+)
 
 
 def sync_comment(text: str) -> str:

@@ -227,7 +227,10 @@ def expand_source(
         if result.module is not expanded:
             expanded_classes = ModuleClasses.of(result.module)
         expanded, inlined[name], branches[name] = result.module, result.methods, result.branches
-        statement_lines[name] = result.lines or _own_lines(expanded, name, lines)
+        if result.lines:
+            statement_lines[name] = result.lines
+        elif expanded is not module:  # another class's expansion above it moved its lines
+            statement_lines[name] = _own_lines(expanded, name, lines)
         looped = _index_loops_enumerated(expanded, name)
         looped = annotate_recorded_loops(looped, name, _recorded_in(known))
         if looped is not expanded:
