@@ -45,7 +45,7 @@ import ast
 import dataclasses
 import itertools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import libcst as cst
@@ -328,17 +328,37 @@ def split_forward(
 
 class _GatherSelfPathsVisitor(cst.CSTVisitor):
     """Every ``self.a.b`` / ``self.a[3]`` a piece of code reads, outermost first; and whether
-    it uses ``self`` bare (hands the whole model to something)."""
+    it uses ``self`` bare (hands the whole model to something). A path read only to be
+    tested for ``None`` (``self.head is None``, ``isinstance(self.head, ...)``, or the
+    argument of one of ``testers``, functions that test their argument so: ``exists``)
+    goes into ``tested`` instead."""
 
-    def __init__(self) -> None:
+    def __init__(self, testers: Collection[str] = ()) -> None:
         super().__init__()
         self.paths: dict[str, None] = {}
+        self.tested: dict[str, None] = {}
         self.bare_self = False
+        self.testers = testers
+        self.tests: set[int] = set()  # the nodes tested for None
+
+    def visit_Comparison(self, node: cst.Comparison) -> None:
+        if len(node.comparisons) == 1 and isinstance(
+            node.comparisons[0].operator, cst.Is | cst.IsNot
+        ):
+            sides = (node.left, node.comparisons[0].comparator)
+            if any(m.matches(side, m.Name("None")) for side in sides):
+                self.tests.update(id(side) for side in sides)
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = node.func.value if isinstance(node.func, cst.Name) else None
+        if node.args and node.args[0].keyword is None and not node.args[0].star:
+            if name == "isinstance" or (name in self.testers and len(node.args) == 1):
+                self.tests.add(id(node.args[0].value))
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         path = self_path(node)
         if path is not None:
-            self.paths[path] = None
+            (self.tested if id(node) in self.tests else self.paths)[path] = None
             return False
         return True
 
@@ -383,10 +403,21 @@ class _GatherSelfPathsVisitor(cst.CSTVisitor):
 def self_paths(statements: Sequence[cst.CSTNode]) -> tuple[tuple[str, ...], bool]:
     """The ``self.`` paths ``statements`` read (``"blocks.3"``, ``"ln_f"``; a slice of one as
     ``"blocks[:]"``), and whether they use ``self`` other than through an attribute."""
-    visitor = _GatherSelfPathsVisitor()
+    paths, bare, tested = tested_self_paths(statements)
+    return tuple(dict.fromkeys([*paths, *tested])), bare
+
+
+def tested_self_paths(
+    statements: Sequence[cst.CSTNode], testers: Collection[str] = ()
+) -> tuple[tuple[str, ...], bool, tuple[str, ...]]:
+    """:func:`self_paths`, and apart from them the paths ``statements`` only test for
+    ``None`` (``exists(self.to_logits)``, ``testers`` naming such functions): a stage that
+    holds such a module with nothing in it answers the test as the model does."""
+    visitor = _GatherSelfPathsVisitor(testers)
     for statement in statements:
         statement.visit(visitor)
-    return tuple(visitor.paths), visitor.bare_self
+    tested = tuple(path for path in visitor.tested if path not in visitor.paths)
+    return tuple(visitor.paths), visitor.bare_self, tested
 
 
 def method_bodies(module: cst.Module, class_name: str) -> dict[str, cst.FunctionDef]:

@@ -1,7 +1,8 @@
 """A layer stack handed to the model's ``__init__`` and called through a local function
 (x-transformers' ``TransformerWrapper(attn_layers=Decoder(...))`` and its
 ``_attn_layers_forward``): the stack's class inherits its forward from a base that
-returns early unless asked for its hiddens."""
+returns early unless asked for its hiddens; the first stage tests whether the model
+has a head, which the last stage runs."""
 
 import torch
 from torch import nn
@@ -40,6 +41,9 @@ class Wrapper(nn.Module):
         self.head = nn.Linear(width, vocab)
 
     def forward(self, tokens, mask=None, **kwargs):
+        # The first stage tests the head, the last one runs it (x-transformers'
+        # `return_embeddings = ... | (not exists(self.to_logits)) | ...`).
+        embeddings_only = not exists(self.head)
         x = self.embed(tokens)
         kwargs = dict(**kwargs, scale=0.5)
 
@@ -47,6 +51,8 @@ class Wrapper(nn.Module):
             return self.layers(inp, mask=mask, return_hiddens=True, **kwargs)
 
         out, hiddens = run_layers(x, **kwargs)
+        if embeddings_only:
+            return out
         return self.head(out + 0.1 * hiddens[0])
 
 

@@ -74,7 +74,9 @@ from syncpass.frontend.branches import (
     PASSED,
     FoldedBranch,
     ValueLookup,
+    module_helpers,
     no_values,
+    one_returned_expression,
     recorded_values,
 )
 from syncpass.frontend.inline import (
@@ -97,6 +99,7 @@ from syncpass.transformers.torch_stages import (
     split_forward,
     stage_class_name,
     tensor_count,
+    tested_self_paths,
 )
 
 
@@ -1027,9 +1030,12 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     }
     paths_by_stage: list[list[str]] = []
     any_bare = False
+    testers = none_testers(planned)
+    shells_by_stage: list[tuple[str, ...]] = []
     for index, (start, end) in enumerate(itertools.pairwise(bounds)):
         code = [*(statements[i] for i in replays[index]), *pieces[index]]
-        paths, bare = self_paths(code)
+        paths, bare, tested = tested_self_paths(code, testers)
+        shells_by_stage.append(tested)
         reached, reached_bare = _reach(paths, methods, set(), submodule_method)
         layers = [
             f"{container}.{op.loop.index}"
@@ -1047,6 +1053,19 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
         # The forward hands `self` itself to something: any stage may reach anything.
         union = list(dict.fromkeys(path for paths in paths_by_stage for path in paths))
         paths_by_stage = [union for _ in paths_by_stage]
+    # A module a stage only tests for None: held with nothing in it (its parameters are the
+    # stage's that runs it), so that the test answers as the model's does.
+    paths_by_stage = [
+        [
+            *holds,
+            *(
+                f"{path}.{ONLY_TESTED}"
+                for path in only_tested
+                if not any(path == k or path.startswith(k + ".") for k in holds)
+            ),
+        ]
+        for holds, only_tested in zip(paths_by_stage, shells_by_stage, strict=True)
+    ]
 
     codes = []
     count = len(bounds) - 1
@@ -1113,6 +1132,30 @@ def _receive_what_is_sent(
         }
         has = made | set(receives[index - 1]) | set(defaults[index - 1])
         receives[index - 1].extend(name for name in receives[index] if name not in has)
+
+
+#: What a stage's ``keeps`` name inside a module it only tests for ``None``
+#: (``"head.(only tested)"``): no parameter, buffer or submodule is that, so the stage
+#: holds the module with nothing in it.
+ONLY_TESTED = "(only tested)"
+
+
+def none_testers(module: cst.Module) -> frozenset[str]:
+    """The functions of ``module`` that only test their one argument for ``None``
+    (``def exists(val): return val is not None``)."""
+    found = set()
+    for name, helper in module_helpers(module).items():
+        params = helper.params.params
+        returned = one_returned_expression(helper)
+        if len(params) != 1 or not isinstance(returned, cst.Comparison):
+            continue
+        test = m.Comparison(
+            left=m.Name(params[0].name.value),
+            comparisons=[m.ComparisonTarget(m.Is() | m.IsNot(), m.Name("None"))],
+        )
+        if m.matches(returned, test):
+            found.add(name)
+    return frozenset(found)
 
 
 def _unsliced(

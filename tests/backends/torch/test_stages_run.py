@@ -711,5 +711,7 @@ def test_a_stack_handed_to_init_and_called_through_a_local_function_splits_and_v
     assert "for layer in self.layers.layers[2:]:" in stages
     assert "run_layers" not in stages  # the local function is followed, and goes
     assert 'scale = kwargs["scale"]' in stages  # the keywords it was handed, by name
+    # The first stage holds the head it only tests with nothing in it.
+    assert '"head.(only tested)"' in stages
     document = run_verified_whole(out, "--stages 2", capsys)
-    assert document["verify"]["tied"] == []  # no stage holds another's layers
+    assert document["verify"]["tied"] == []  # no stage holds another's layers or head
