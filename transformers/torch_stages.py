@@ -351,9 +351,10 @@ class _GatherSelfPathsVisitor(cst.CSTVisitor):
 
     def visit_Call(self, node: cst.Call) -> None:
         name = node.func.value if isinstance(node.func, cst.Name) else None
-        if node.args and node.args[0].keyword is None and not node.args[0].star:
-            if name == "isinstance" or (name in self.testers and len(node.args) == 1):
-                self.tests.add(id(node.args[0].value))
+        first = node.args[0] if node.args else None
+        tests = name == "isinstance" or (name in self.testers and len(node.args) == 1)
+        if first is not None and first.keyword is None and not first.star and tests:
+            self.tests.add(id(first.value))
 
     def visit_Attribute(self, node: cst.Attribute) -> bool:
         path = self_path(node)
