@@ -82,14 +82,30 @@ def _census_source(module: cst.Module, class_name: str, loops: Sequence[int]) ->
     parse = cst.parse_statement
 
     class Marked(cst.CSTTransformer):
+        def __init__(self) -> None:
+            super().__init__()
+            self.depth = 0  # 1 inside the class's own body, not in what it nests
+
         def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-            return node.name.value == class_name
+            self.depth += 1
+            return self.depth == 1 and node.name.value == class_name
+
+        def leave_ClassDef(
+            self, original_node: cst.ClassDef, updated_node: cst.ClassDef
+        ) -> cst.ClassDef:
+            self.depth -= 1
+            return updated_node
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            return False  # the forward's statements are read in leave_FunctionDef
 
         def leave_FunctionDef(
             self, original_node: cst.FunctionDef, updated_node: cst.FunctionDef
         ) -> cst.FunctionDef:
-            if updated_node.name.value != "forward" or not isinstance(
-                updated_node.body, cst.IndentedBlock
+            if (
+                self.depth != 1
+                or updated_node.name.value != "forward"
+                or not isinstance(updated_node.body, cst.IndentedBlock)
             ):
                 return updated_node
             body: list[cst.BaseStatement] = []
