@@ -653,14 +653,18 @@ class Costs:
         computes again instead, whatever that costs: computed again from what can be sent
         (their ``needs``), with no gradient and by ops that hold no weights."""
         kinds = dict(cut.kinds)
+        by_name = {value.name: value for value in cut.values}
         found = []
         for value in cut.values:
             if kinds.get(value.name) != UNSENDABLE_KIND or not value.recompute or value.grad:
                 continue
             if any(self.ops[self.op_index[op]].param_bytes for op in value.recompute):
                 continue
-            if any(kinds.get(name) == UNSENDABLE_KIND for name in value.needs):
-                continue
+            needs = [by_name.get(name) for name in value.needs]
+            if any(kinds.get(name) == UNSENDABLE_KIND for name in value.needs) or any(
+                need is None or need.grad for need in needs
+            ):
+                continue  # what it needs cannot be sent, or would need a gradient back
             found.append(value.name)
         return tuple(found)
 

@@ -53,5 +53,7 @@ def test_depth_2_places_sync_points_inside_sequential_stages(tmp_path: Path) -> 
         == 0
     )
     text = rewritten.read_text()
-    assert "x = self.layer1[:2](x)" in text and "x = self.layer1[2:](x)" in text
+    # The pinned sync point after layer1.1; the plan may put another inside layer1 (the
+    # timings decide), so the second piece starts at 2 and ends where it likes.
+    assert "x = self.layer1[:2](x)" in text and "x = self.layer1[2:" in text
     assert main(["run", str(rewritten), "--stages", "4", "--verify", "--steps", "1"]) == 0
