@@ -261,18 +261,19 @@ def _recorded_in(values: ValueLookup) -> Callable[[int], object]:
     return lambda index: values(loop_key(index))
 
 
-def annotate_recorded_loops(
-    module: cst.Module, name: str, containers: Callable[[int], object]
+def _with_forward_body(
+    module: cst.Module,
+    name: str,
+    rewrite: Callable[[list[cst.BaseStatement], cst.FunctionDef], list[cst.BaseStatement]],
 ) -> cst.Module:
-    """``module`` with each top-level loop of class ``name``'s forward that ``containers``
-    (by statement) says runs one layer of a container an iteration
-    (:mod:`syncpass.backends.torch.census`) marked so on its header
-    (:func:`recorded_loop_comment`); ``module`` itself when there is none."""
+    """``module`` with class ``name``'s forward (the last one defined: the one Python runs)
+    given the body ``rewrite`` makes of its statements; ``module`` itself when that changes
+    no statement, or there is no such indented forward."""
     for position, statement in enumerate(module.body):
         if not (isinstance(statement, cst.ClassDef) and statement.name.value == name):
             continue
         members = list(statement.body.body)
-        for place in reversed(range(len(members))):  # the forward Python runs: the last
+        for place in reversed(range(len(members))):
             forward = members[place]
             if isinstance(forward, cst.FunctionDef) and forward.name.value == "forward":
                 break
@@ -281,8 +282,26 @@ def annotate_recorded_loops(
         assert isinstance(forward, cst.FunctionDef)
         if not isinstance(forward.body, cst.IndentedBlock):
             return module
-        body = list(forward.body.body)
-        changed = False
+        body = rewrite(list(forward.body.body), forward)
+        if all(new is old for new, old in zip(body, forward.body.body, strict=True)):
+            return module
+        members[place] = forward.with_changes(body=forward.body.with_changes(body=body))
+        classdef = statement.with_changes(body=statement.body.with_changes(body=members))
+        return module.with_changes(
+            body=[*module.body[:position], classdef, *module.body[position + 1 :]]
+        )
+    return module
+
+
+def annotate_recorded_loops(
+    module: cst.Module, name: str, containers: Callable[[int], object]
+) -> cst.Module:
+    """``module`` with each top-level loop of class ``name``'s forward that ``containers``
+    (by statement) says runs one layer of a container an iteration
+    (:mod:`syncpass.backends.torch.census`) marked so on its header
+    (:func:`recorded_loop_comment`); ``module`` itself when there is none."""
+
+    def marked(body: list[cst.BaseStatement], _: cst.FunctionDef) -> list[cst.BaseStatement]:
         for index, line in enumerate(body):
             container = containers(index)
             if not isinstance(container, str) or not isinstance(line, cst.For):
@@ -298,15 +317,9 @@ def annotate_recorded_loops(
                 comment=comment,
             )
             body[index] = line.with_changes(body=line.body.with_changes(header=header))
-            changed = True
-        if not changed:
-            return module
-        members[place] = forward.with_changes(body=forward.body.with_changes(body=body))
-        classdef = statement.with_changes(body=statement.body.with_changes(body=members))
-        return module.with_changes(
-            body=[*module.body[:position], classdef, *module.body[position + 1 :]]
-        )
-    return module
+        return body
+
+    return _with_forward_body(module, name, marked)
 
 
 def _index_loops_enumerated(module: cst.Module, name: str) -> cst.Module:
@@ -315,22 +328,10 @@ def _index_loops_enumerated(module: cst.Module, name: str) -> cst.Module:
     the same as a ``while`` stepping ``i``) written as the layer loop it is
     (:func:`enumerated_index_loop`, :func:`while_index_loop`), so that the stages run it
     over slices; ``module`` itself when there is none."""
-    for position, statement in enumerate(module.body):
-        if not (isinstance(statement, cst.ClassDef) and statement.name.value == name):
-            continue
-        members = list(statement.body.body)
-        for place in reversed(range(len(members))):  # the forward Python runs: the last
-            forward = members[place]
-            if isinstance(forward, cst.FunctionDef) and forward.name.value == "forward":
-                break
-        else:
-            return module
-        assert isinstance(forward, cst.FunctionDef)
-        if not isinstance(forward.body, cst.IndentedBlock):
-            return module
+
+    def looped(lines: list[cst.BaseStatement], forward: cst.FunctionDef) -> list[cst.BaseStatement]:
         names = mentioned_names([forward])
-        lines = forward.body.body
-        body = [
+        return [
             (enumerated_index_loop(line, names) or line)
             if isinstance(line, cst.For)
             else (while_index_loop(lines[place - 1], line, lines[place + 1 :], names) or line)
@@ -338,14 +339,8 @@ def _index_loops_enumerated(module: cst.Module, name: str) -> cst.Module:
             else line
             for place, line in enumerate(lines)
         ]
-        if all(new is old for new, old in zip(body, forward.body.body, strict=True)):
-            return module
-        members[place] = forward.with_changes(body=forward.body.with_changes(body=body))
-        classdef = statement.with_changes(body=statement.body.with_changes(body=members))
-        return module.with_changes(
-            body=[*module.body[:position], classdef, *module.body[position + 1 :]]
-        )
-    return module
+
+    return _with_forward_body(module, name, looped)
 
 
 def expand_text(text: str, path: str, class_name: str | None) -> str:
