@@ -188,6 +188,20 @@ class OpCost:
             self, compute_s=compute, backward_s=backward, backward_input_s=backward_input
         )
 
+    def with_time_scaled(self, factor: float) -> OpCost:
+        """This op on the same device running ``factor`` times slower: every time figure,
+        the fixed parts per call included, multiplied by ``factor``."""
+        return dataclasses.replace(
+            self,
+            compute_s=self.compute_s * factor,
+            backward_s=self.backward_s * factor,
+            fixed_s=self.fixed_s * factor,
+            backward_fixed_s=self.backward_fixed_s * factor,
+            backward_input_s=(
+                None if self.backward_input_s is None else self.backward_input_s * factor
+            ),
+        )
+
     def forward_step_s(self, microbatches: int = 1) -> float:
         """Forward time over one step of ``microbatches`` micro-batches."""
         return self.compute_s + (microbatches - 1) * self.fixed_s
@@ -518,6 +532,10 @@ class Costs:
     # The finer graph a tensor-parallel plan needs (linear-like ops, their features and the
     # values between them), when the profile recorded it (syncpass.contracts.tensor).
     tensor: TensorGraph | None = None
+    # How long syncpass's speed probe took on the machine while the op times were measured
+    # (syncpass.backends.torch.speed): a run elsewhere in time is predicted at its own
+    # probe's speed. None where nothing was timed (counted costs, a GPU's kernels).
+    speed_probe_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.version != COST_FILE_VERSION:
@@ -538,6 +556,8 @@ class Costs:
             )
         if not (_is_number(self.memory_multiplier) and self.memory_multiplier >= 0):
             raise ValueError("memory_multiplier must be a number >= 0")
+        if self.speed_probe_s is not None and not _is_positive(self.speed_probe_s):
+            raise ValueError(f"speed_probe_s must be > 0 seconds, got {self.speed_probe_s!r}")
         if not self.ops:
             raise ValueError("a cost file needs at least one op")
         position = self.op_index
@@ -787,6 +807,7 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             "min_microbatch_size",
             "min_microbatch_by",
             "tensor",
+            "speed_probe_s",
         ),
     )
     version = reader.required(top, "$", "version")
@@ -1001,6 +1022,11 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         min_microbatch_size=min_size,
         min_microbatch_by=min_by,
         tensor=_tensor(reader, top.get("tensor"), batch_size),
+        speed_probe_s=(
+            reader.number(top, "$", "speed_probe_s", minimum=0, strict=True)
+            if top.get("speed_probe_s") is not None
+            else None
+        ),
     )
 
 
@@ -1123,6 +1149,8 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
         data["min_microbatch_by"] = costs.min_microbatch_by
     if costs.tensor is not None:
         data["tensor"] = tensor_graph_to_json(costs.tensor)
+    if costs.speed_probe_s is not None:
+        data["speed_probe_s"] = costs.speed_probe_s
     return data
 
 

@@ -136,4 +136,7 @@ def retarget_hardware(costs: Costs, profile: HardwareProfile) -> Costs:
         f"re-targeted from {measured.name or 'the measured hardware'} to {target.name}: link and "
         f"memory from the profile, {compute}"
     )
-    return dataclasses.replace(costs, hardware=target, ops=ops, notes=(*costs.notes, note))
+    # The op times are no longer the measuring machine's: its speed probe says nothing of them.
+    return dataclasses.replace(
+        costs, hardware=target, ops=ops, notes=(*costs.notes, note), speed_probe_s=None
+    )

@@ -64,6 +64,32 @@ def retarget_batch(costs: Costs, batch_size: int) -> Costs:
     )
 
 
+def retarget_speed(costs: Costs, probe_s: float) -> tuple[Costs, float]:
+    """``costs`` as measured on the same machine at the speed where syncpass's speed probe
+    takes ``probe_s`` (``syncpass run`` times it between its steps), and the factor every
+    op time was multiplied by: ``probe_s`` over the cost file's ``speed_probe_s``. A cost
+    file without a probe (counted, re-targeted to other hardware, or older) is returned
+    as it is, with factor 1. Link and runtime overhead are the hardware profile's and
+    stay as they are."""
+    measured = costs.speed_probe_s
+    if measured is None or not probe_s > 0:
+        return costs, 1.0
+    factor = probe_s / measured
+    note = (
+        f"op times x{factor:.3g}: the machine's speed probe took {probe_s * 1e3:.2f} ms "
+        f"here, {measured * 1e3:.2f} ms while the ops were measured"
+    )
+    return (
+        dataclasses.replace(
+            costs,
+            ops=tuple(op.with_time_scaled(factor) for op in costs.ops),
+            notes=(*costs.notes, note),
+            speed_probe_s=probe_s,
+        ),
+        factor,
+    )
+
+
 #: What a stage holds per byte of weights besides its optimizer state, when training:
 #: the weights and their gradients. The rest of ``memory_multiplier`` (two Adam moments,
 #: for the 4 that ``syncpass profile`` writes) is the optimizer's.

@@ -186,6 +186,9 @@ class StageFigures:
     peak_memory_bytes: int | None = None
     peak_activation_bytes: int | None = None
     memory_measure: str = ""
+    # The machine's speed between the timed steps: this rank's times of the speed probe
+    # (syncpass.backends.torch.speed), one after each round of steps; empty where not taken.
+    speed_probes_s: tuple[float, ...] = ()
 
     @property
     def stages_held(self) -> tuple[int, ...]:

@@ -24,6 +24,10 @@ class RunPrediction:
     measured_memory: tuple[tuple[int, int | None], ...] = ()  # (peak, its activations)
     memory_measure: str = ""
     memory_note: str = ""
+    # The op times' scale to the machine's speed during the run (its speed probes over the
+    # cost file's), and the step the plan predicts at the profile's speed where it is not 1.
+    speed_factor: float = 1.0
+    profile_speed_step_s: float | None = None
 
     @property
     def ratio(self) -> float:
@@ -60,6 +64,15 @@ def render_prediction(prediction: RunPrediction) -> str:
         f"communication wait predicted {percent(plan.comm_wait_ratio)}, measured "
         f"{percent(prediction.measured_wait_ratio)} (bubbles included)"
     )
+    if prediction.profile_speed_step_s is not None:
+        unscaled = prediction.profile_speed_step_s
+        lines.append(
+            f"  the machine ran {speed_words(prediction.speed_factor)} than while profiling "
+            f"(its speed probe between the steps against the cost file's): op times "
+            f"x{prediction.speed_factor:.2f}; at the profile's speed the step is predicted "
+            f"{seconds(unscaled)} (predicted/measured "
+            f"{unscaled / prediction.measured_step_s if prediction.measured_step_s else 0.0:.2f})"
+        )
     if prediction.predicted_memory and prediction.measured_memory:
         lines.append(f"  peak memory per rank, measured as {prediction.memory_measure}:")
         for rank, ((weights, activations), (peak, saved)) in enumerate(
@@ -86,6 +99,11 @@ def render_prediction(prediction: RunPrediction) -> str:
     return "\n".join(lines) + "\n"
 
 
+def speed_words(factor: float) -> str:
+    """``1.31x slower`` for a factor above 1, ``1.20x faster`` below."""
+    return f"{factor:.2f}x slower" if factor >= 1 else f"{1 / factor:.2f}x faster"
+
+
 def prediction_to_json(prediction: RunPrediction) -> dict[str, Any]:
     plan = prediction.plan
     return {
@@ -94,6 +112,8 @@ def prediction_to_json(prediction: RunPrediction) -> dict[str, Any]:
         "measured_step_s": prediction.measured_step_s,
         "predicted_over_measured": prediction.ratio,
         "shared_step_s": plan.shared_step_s,
+        "speed_factor": prediction.speed_factor,
+        "profile_speed_step_s": prediction.profile_speed_step_s,
         "predicted_comm_wait_ratio": plan.comm_wait_ratio,
         "measured_wait_ratio": prediction.measured_wait_ratio,
         **(

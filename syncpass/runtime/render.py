@@ -222,6 +222,7 @@ def report_document(result: RunResult) -> dict[str, Any]:
                 "peak_memory_bytes": stage.peak_memory_bytes,
                 "peak_activation_bytes": stage.peak_activation_bytes,
                 "memory_measure": stage.memory_measure or None,
+                "speed_probes_s": list(stage.speed_probes_s),
             }
             for stage in result.stages
         ],

@@ -123,6 +123,7 @@ def _broken(change: Any) -> dict[str, Any]:
             "must be a number, a string, true, false or null",
         ),
         (lambda d: d.update(model_settings=[]), "$.model_settings", "must be an object"),
+        (lambda d: d.update(speed_probe_s=0), "$.speed_probe_s", "must be > 0"),
         # Finite and bounded: sums and ratios of the figures must stay finite floats.
         (lambda d: d["ops"][0].update(compute_s=1e308), "$.ops[0].compute_s", "at most 1e+30"),
         (lambda d: d["ops"][0].update(compute_s=10**400), "$.ops[0].compute_s", "at most 1e+30"),
@@ -272,3 +273,13 @@ def test_the_least_microbatch_round_trips_and_is_checked() -> None:
             parse_costs(bad)
     with pytest.raises(ValueError, match="min_microbatch_by"):
         dataclasses.replace(costs, min_microbatch_by=None)
+
+
+def test_the_speed_probe_round_trips_and_is_written_only_when_measured() -> None:
+    costs = parse_costs(copy.deepcopy(ISSUE_EXAMPLE))
+    assert costs.speed_probe_s is None and "speed_probe_s" not in costs_to_json(costs)
+    probed = dataclasses.replace(costs, speed_probe_s=0.00125)
+    assert costs_to_json(probed)["speed_probe_s"] == 0.00125
+    assert parse_costs(json.loads(json.dumps(costs_to_json(probed)))) == probed
+    with pytest.raises(ValueError, match="speed_probe_s"):
+        dataclasses.replace(costs, speed_probe_s=-1.0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,9 @@ def test_retargeting_swaps_the_link_and_scales_compute_by_flops() -> None:
     assert target.hardware == profile.hardware
     assert [op.compute_s for op in target.ops] == pytest.approx([1.0 / 400, 2.0 / 400])
     assert target.notes[-1].startswith("re-targeted from laptop to 8x H100 SXM")
+    # The measuring machine's speed probe says nothing of another machine's times.
+    probed = dataclasses.replace(costs, speed_probe_s=0.001)
+    assert retarget_hardware(probed, profile).speed_probe_s is None
     # Without a measured FLOP/s, compute stays as measured, and the note says so.
     del data["hardware"]["flops_per_s"]
     kept = retarget_hardware(parse_costs(data), profile)

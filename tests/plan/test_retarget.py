@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -15,7 +16,12 @@ from syncpass.contracts.config import SyncConfig
 from syncpass.contracts.costs import parse_costs
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import PlanRequest, make_plan
-from syncpass.plan.retarget import retarget_batch, shard_optimizer_state, sweep_batch
+from syncpass.plan.retarget import (
+    retarget_batch,
+    retarget_speed,
+    shard_optimizer_state,
+    sweep_batch,
+)
 
 
 def test_compute_and_bytes_scale_parameters_and_latency_do_not() -> None:
@@ -33,6 +39,25 @@ def test_compute_and_bytes_scale_parameters_and_latency_do_not() -> None:
     assert retarget_batch(costs, 8) is costs
     with pytest.raises(SyncpassError):
         retarget_batch(costs, 0)
+
+
+def test_a_slower_machine_scales_every_op_time_and_nothing_else() -> None:
+    data = cost_dict([1.0, 2.0], [64], backward=[2.0, 4.0], params=[8, 8], alpha=0.5)
+    data["ops"][0].update(fixed_s=0.5, backward_fixed_s=1.0, backward_input_s=1.5)
+    costs = dataclasses.replace(parse_costs(data), speed_probe_s=0.002)
+    slower, factor = retarget_speed(costs, 0.003)
+    assert factor == pytest.approx(1.5)
+    first = slower.ops[0]
+    assert (first.compute_s, first.backward_s) == pytest.approx((1.5, 3.0))
+    assert (first.fixed_s, first.backward_fixed_s, first.backward_input_s) == pytest.approx(
+        (0.75, 1.5, 2.25)
+    )
+    assert [op.compute_s for op in slower.ops] == pytest.approx([1.5, 3.0])
+    assert slower.hardware == costs.hardware and slower.cuts == costs.cuts
+    assert slower.speed_probe_s == 0.003 and "x1.5" in slower.notes[-1]
+    # A cost file that measured no speed is taken as it is.
+    unprobed = parse_costs(data)
+    assert retarget_speed(unprobed, 0.003) == (unprobed, 1.0)
 
 
 def sweep_costs() -> dict[str, object]:

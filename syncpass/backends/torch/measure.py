@@ -74,6 +74,7 @@ from syncpass.backends.torch.analysis import (
 )
 from syncpass.backends.torch.norms import batch_norm_floor
 from syncpass.backends.torch.rewrite import strip_sync_points
+from syncpass.backends.torch.speed import SpeedProbe
 from syncpass.contracts.costs import (
     PYTREE,
     TENSOR_LEAF,
@@ -1480,12 +1481,20 @@ def profile_costs(
                 small.step()
         steps: list[_StepTimes] = []
         small_steps: list[_StepTimes] = []
+        # The machine's speed before each timed run and after the last (not on a GPU,
+        # whose kernels the host's speed does not time).
+        speed = SpeedProbe() if repeats and not _on_gpu(model, args) else None
+        probes: list[float] = []
         for run in range(repeats):
             report(f"timed run {run + 1}/{repeats}")
+            if speed is not None:
+                probes.append(speed.time_s())
             steps.append(session.step(measure=False, split=True))
             small_times = small.step() if small is not None else None
             if small_times is not None:
                 small_steps.append(small_times)
+        if speed is not None:
+            probes.append(speed.time_s())
     finally:
         if had_forward:
             vars(model)["forward"] = saved_forward
@@ -1518,6 +1527,11 @@ def profile_costs(
     small_size = batch_size_of(small_batch[0], path) if small_batch is not None else batch_size
     if small is not None and small.failure is not None:
         small_steps = []
+    speed_probe_s = None
+    if probes:
+        speed_probe_s = _median(probes)
+        steps = _at_speed(steps, probes, speed_probe_s)
+        small_steps = _at_speed(small_steps, probes, speed_probe_s)
     fixed_note = _fixed_note(small_batch is not None, small.failure if small else None)
     notes = [] if fixed_note is None else [fixed_note]
     if session.split_failure is not None:
@@ -1583,7 +1597,29 @@ def profile_costs(
         groups=op_groups(graph),
         min_microbatch_size=floor.size,
         min_microbatch_by=floor.by,
+        speed_probe_s=speed_probe_s,
     )
+
+
+def _at_speed(steps: list[_StepTimes], probes: list[float], speed_s: float) -> list[_StepTimes]:
+    """``steps`` (one per timed run, or none) as they would have run at the speed where
+    the probe takes ``speed_s``: run ``i``'s times scaled by ``speed_s`` over the mean of
+    the probes before and after it (``probes`` has one more item than there were runs),
+    so that a profile the machine's speed changed in the middle of is at one speed."""
+    scaled = []
+    for index, step in enumerate(steps):
+        factor = speed_s / ((probes[index] + probes[index + 1]) / 2)
+        scaled.append(
+            _StepTimes(
+                tuple(value * factor for value in step.forward_s),
+                tuple(value * factor for value in step.backward_s),
+                None
+                if step.backward_input_s is None
+                else tuple(value * factor for value in step.backward_input_s),
+                step.input_own,
+            )
+        )
+    return scaled
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,9 @@
 those cuts on COSTS for the run's schedule and micro-batches, and sets the
 predicted step and stage times beside the measured ones
 (:class:`~syncpass.runtime.prediction.RunPrediction`), so the cost model is
-checked against a real run rather than trusted.
+checked against a real run rather than trusted. The op times are taken at the
+speed the machine had during the run (the ranks' speed probes against the cost
+file's: :func:`syncpass.plan.retarget.retarget_speed`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
+import statistics
 from collections.abc import Iterable
 
 from syncpass.backends.torch.analysis import analyse_model, loop_containers, sequential_calls
@@ -26,6 +29,7 @@ from syncpass.frontend.match import container_sizes, match_costs
 from syncpass.frontend.source import parse_source
 from syncpass.plan.planner import PlanCache, PlanRequest, make_plan
 from syncpass.plan.recompute_plan import stage_memory_model, with_recomputation
+from syncpass.plan.retarget import retarget_speed
 from syncpass.rewrite.source import KnownOps
 from syncpass.runtime.contracts import RunResult
 from syncpass.runtime.prediction import RunPrediction
@@ -85,7 +89,12 @@ def predict_cuts(
         carries_values=carries_values,
         stages_per_device=per_device,
     )
-    plan = make_plan(costs, request, path, PlanCache(costs, cached_order))
+    probes = [probe for stage in result.stages for probe in stage.speed_probes_s]
+    at_speed, factor = retarget_speed(costs, statistics.median(probes)) if probes else (costs, 1.0)
+    plan = make_plan(at_speed, request, path, PlanCache(at_speed, cached_order))
+    at_profile = (
+        make_plan(costs, request, path, PlanCache(costs, cached_order)) if factor != 1.0 else None
+    )
     steps = tuple(stage.step_s for stage in result.stages)
     slowest = max(range(len(steps)), key=steps.__getitem__)
     stage = result.stages[slowest]
@@ -95,6 +104,8 @@ def predict_cuts(
         measured_step_s=steps[slowest],
         measured_stage_steps_s=steps,
         measured_wait_ratio=wait / steps[slowest] if steps[slowest] else 0.0,
+        speed_factor=factor,
+        profile_speed_step_s=None if at_profile is None else at_profile.predicted_step_s,
     )
 
 

@@ -48,8 +48,10 @@ from syncpass.backends.torch.memory import (
 )
 from syncpass.backends.torch.rendezvous import join_local_group
 from syncpass.backends.torch.schedules import SCHEDULE_CLASSES, schedule_order
+from syncpass.backends.torch.speed import SpeedProbe
 from syncpass.backends.torch.traceable import values_past_the_next_stage
 from syncpass.contracts.config import SINGLE_STAGE_SCHEDULES
+from syncpass.contracts.hardware import cpu_devices
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import raised_microbatches_note
 from syncpass.plan.schedule import Action
@@ -282,11 +284,11 @@ def _run(request: RunRequest, rank: int) -> RunResult | None:
         from syncpass.backends.torch.profiler import Profile
 
         with Profile("syncpass run", runs[0].stages, output=request.timeline):
-            timed = _timed_steps(runs)
+            timed, probes = _timed_steps(runs, probe=False)
     else:
-        timed = _timed_steps(runs)
+        timed, probes = _timed_steps(runs, probe=runs[0].device.type != "cuda")
     results = [
-        _gather(run, _figures(run, checks, times))
+        _gather(run, dataclasses.replace(_figures(run, checks, times), speed_probes_s=probes))
         for run, checks, times in zip(runs, warmed, timed, strict=True)
     ]
     first = results[0]
@@ -472,12 +474,24 @@ def _buffers(run: StageRun) -> list[torch.Tensor]:
     return [buffer for stage in run.stages for buffer in stage.submod.buffers()]
 
 
-def _timed_steps(runs: Sequence[StageRun]) -> list[tuple[tuple[float, ...], tuple[float, ...]]]:
+def _timed_steps(
+    runs: Sequence[StageRun], probe: bool
+) -> tuple[list[tuple[tuple[float, ...], tuple[float, ...]]], tuple[float, ...]]:
     """``--steps`` training steps of each run, each step started together on all ranks:
     (step, compute) times per run. Several runs take their steps in turn, in an order
-    rotated each round, so that the machine's load falls on all of them alike."""
+    rotated each round, so that the machine's load falls on all of them alike.
+
+    With ``probe``, after each round the ranks time the speed probe
+    (:mod:`syncpass.backends.torch.speed`) outside the timed steps: all at once, as their
+    steps run, where each rank has cores of its own; else one after another, since the
+    prediction counts ranks sharing cores apart (``Plan.shared_step_s``). This rank's
+    probe times come second."""
     step_times: list[list[float]] = [[] for _ in runs]
     compute_times: list[list[float]] = [[] for _ in runs]
+    speed = SpeedProbe() if probe else None
+    probes: list[float] = []
+    request = runs[0].request
+    together = request.stages <= cpu_devices(request.threads)
     for round_index in range(runs[0].request.steps):
         shift = round_index % len(runs)
         for place in [*range(shift, len(runs)), *range(shift)]:
@@ -490,10 +504,17 @@ def _timed_steps(runs: Sequence[StageRun]) -> list[tuple[tuple[float, ...], tupl
                 torch.cuda.synchronize(run.device)
             step_times[place].append(time.perf_counter() - start)
             compute_times[place].append(run.clock.total)
-    return [
+        if speed is not None:
+            dist.barrier()
+            for turn in range(1 if together else request.stages):
+                if together or turn == runs[0].rank:
+                    probes.append(speed.time_s())
+                dist.barrier()
+    timed = [
         (tuple(steps), tuple(computes))
         for steps, computes in zip(step_times, compute_times, strict=True)
     ]
+    return timed, tuple(probes)
 
 
 def _gather(run: StageRun, figures: StageFigures) -> RunResult | None:
