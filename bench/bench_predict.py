@@ -6,9 +6,12 @@ by syncpass (``adaptive``) and by the three rules on the same costs (``uniform``
 ``parameters``, ``time``). Every distinct plan is written out and run as a real pipeline
 over gloo processes (1F1B, the default micro-batch count, one thread a rank): all of a
 model's plans in one run, their steps taken in turn (``syncpass run FILE --alongside
-OTHER ...``), several runs; each plan keeps the median of its runs' median steps. It prints predicted against measured, how many come
-within 25%, and whether the measured order of the plans is the predicted one wherever
-the prediction puts more than 10% between two plans.
+OTHER ...``), several runs; each plan keeps the median of its runs' median steps. It
+prints predicted against measured, how many come within 25%, and whether the measured
+order of the plans is the predicted one wherever the prediction puts more than 10%
+between two plans. The prediction is at the speed the run measured (``speed``: the
+ranks' speed probe over the profile's, docs/run.md); ``profile`` is predicted over
+measured at the profile's speed, as it would be without the probe.
 
     python bench/bench_predict.py [--rounds 3] [--steps 8] [--models resnet,hf_gpt2,...]
 
@@ -115,10 +118,18 @@ class Row:
     predicted_s: float
     measured_s: float  # the median of the rounds' median steps; nan when it failed
     spread: float  # slowest round over fastest
+    # The prediction at the profile's speed (the op times as measured), and the median of
+    # the rounds' speed factors (the run's speed probe over the profile's; 1 without one).
+    profile_speed_s: float = math.nan
+    speed_factor: float = math.nan
 
     @property
     def ratio(self) -> float:
         return self.predicted_s / self.measured_s
+
+    @property
+    def profile_ratio(self) -> float:
+        return self.profile_speed_s / self.measured_s
 
 
 def syncpass(project: Project, argv: list[str]) -> tuple[int, str]:
@@ -162,6 +173,9 @@ def measure(project: Project, stages: int, rounds: int, steps: int) -> list[Row]
             planned[strategy] = by_text.setdefault(target.read_text(), target)
     files = list(dict.fromkeys(planned.values()))
     medians: dict[Path, list[float]] = {file: [] for file in files}
+    predicted: dict[Path, list[float]] = {file: [] for file in files}
+    at_profile: dict[Path, list[float]] = {file: [] for file in files}
+    factors: list[float] = []
     reports: dict[Path, dict[str, Any]] = {}
     for round_index in range(rounds):
         if not files:
@@ -178,8 +192,15 @@ def measure(project: Project, stages: int, rounds: int, steps: int) -> list[Row]
             continue
         document = json.loads(report.read_text())
         for file, one in zip(files, [document, *document.get("alongside", [])], strict=True):
-            reports[file] = one["prediction"]
-            medians[file].append(one["prediction"]["measured_step_s"])
+            prediction = one["prediction"]
+            reports[file] = prediction
+            medians[file].append(prediction["measured_step_s"])
+            predicted[file].append(prediction["predicted_step_s"])
+            unscaled = prediction["profile_speed_step_s"]
+            at_profile[file].append(
+                prediction["predicted_step_s"] if unscaled is None else unscaled
+            )
+        factors.append(document["prediction"]["speed_factor"])
     rows = []
     for strategy in STRATEGIES:
         chosen = planned.get(strategy)
@@ -194,9 +215,11 @@ def measure(project: Project, stages: int, rounds: int, steps: int) -> list[Row]
                 project.name,
                 strategy,
                 ", ".join(reports[chosen]["sync_points"]),
-                reports[chosen]["predicted_step_s"],
+                statistics.median(predicted[chosen]),
                 statistics.median(found),
                 max(found) / min(found),
+                statistics.median(at_profile[chosen]),
+                statistics.median(factors),
             )
         )
     return rows
@@ -241,7 +264,7 @@ def main() -> int:
     )
     print(
         f"{'model':16}{'strategy':12}{'predicted':>11}{'measured':>11}{'spread':>8}"
-        f"{'pred/meas':>11}  sync points"
+        f"{'pred/meas':>11}{'speed':>7}{'profile':>9}  sync points"
     )
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -257,7 +280,7 @@ def main() -> int:
                 print(
                     f"{row.model:16}{row.strategy:12}{row.predicted_s * 1e3:>9.1f}ms"
                     f"{row.measured_s * 1e3:>9.1f}ms{row.spread:>8.2f}{row.ratio:>11.2f}"
-                    f"  {row.sync_points}",
+                    f"{row.speed_factor:>7.2f}{row.profile_ratio:>9.2f}  {row.sync_points}",
                     flush=True,
                 )
             rows += found
@@ -268,6 +291,13 @@ def main() -> int:
         f"predicted within {TOLERANCE:.0%} of measured: {len(within)} of {len(measured)} runs "
         f"(predicted/measured {min((r.ratio for r in measured), default=math.nan):.2f} .. "
         f"{max((r.ratio for r in measured), default=math.nan):.2f})"
+    )
+    unscaled = [row for row in measured if abs(row.profile_ratio - 1) <= TOLERANCE]
+    print(
+        f"at the profile's speed (no speed probe): {len(unscaled)} of {len(measured)} within "
+        f"{TOLERANCE:.0%} (predicted/measured "
+        f"{min((r.profile_ratio for r in measured), default=math.nan):.2f} .. "
+        f"{max((r.profile_ratio for r in measured), default=math.nan):.2f})"
     )
     checked, wrong = 0, list[str]()
     for _, group in itertools.groupby(rows, key=lambda row: row.model):
