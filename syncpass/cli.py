@@ -36,6 +36,7 @@ from syncpass.commands.cliargs import (
 from syncpass.commands.tensor import (
     TENSOR_STRATEGY,
     add_tensor_options,
+    add_tensor_placement_option,
     add_tensor_style_option,
     run_tensor_plan,
     run_tensor_rewrite,
@@ -314,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_example_timeout(rewrite)
     add_tensor_options(rewrite)
     add_tensor_style_option(rewrite)
+    add_tensor_placement_option(rewrite)
     rewrite.set_defaults(handler=_run_rewrite)
 
     # Imported here, not at the top: `plan` must start without them (they add
@@ -568,8 +570,12 @@ def _run_rewrite(args: argparse.Namespace) -> int:
     from syncpass.rewrite.driver import rewrite_text
     from syncpass.rewrite.report import analysis_to_json
 
-    tensor_flags = (getattr(args, "tp", None), getattr(args, "tp_style", None))
-    if args.strategy == TENSOR_STRATEGY or tensor_flags != (None, None):
+    tensor_flags = (
+        getattr(args, "tp", None),
+        getattr(args, "tp_style", None),
+        getattr(args, "tp_placement", None),
+    )
+    if args.strategy == TENSOR_STRATEGY or tensor_flags != (None, None, None):
         return run_tensor_rewrite(args)
     if args.diff and (args.in_place or args.output not in (None, "-")):
         raise SyncpassError("--diff prints the change instead of writing it; drop -o/--in-place")

@@ -89,7 +89,8 @@ class TensorRewriteRequest:
     ``text``), planned on a recording of the example ``example``, for ``hardware``
     (a profile name or file; ``None``: the local CPU's), in ``style``: ``eager`` (the
     conjugate functions in the forwards) or ``dtensor`` (torch's parallel styles for
-    ``parallelize_module``)."""
+    ``parallelize_module``). ``placement`` ``megatron`` writes Megatron-LM's hand
+    placement instead of the optimiser's (within what the rewrite can write)."""
 
     file: str
     text: str
@@ -98,6 +99,7 @@ class TensorRewriteRequest:
     hardware: str | None = None
     timeout_s: float = 300.0
     style: str = "eager"
+    placement: str = "syncpass"
 
 
 @dataclass(frozen=True)

@@ -346,6 +346,7 @@ def _run_tensor(args: argparse.Namespace, backend: Any) -> int:
             timeout_s=args.timeout,
             threads=args.threads,
             steps=args.steps,
+            alongside=tuple(str(other) for other in args.alongside),
         )
     )
     from syncpass.backends.torch.tensor_run import render_tensor_run
@@ -355,5 +356,6 @@ def _run_tensor(args: argparse.Namespace, backend: Any) -> int:
         import dataclasses
 
         write_atomically(args.json_report, json.dumps(dataclasses.asdict(result), indent=2) + "\n")
-    ok = result.verified if args.verify else result.collectives_match
+    everyone = (result, *result.alongside)
+    ok = result.verified if args.verify else all(one.collectives_match for one in everyone)
     return EXIT_OK if ok else EXIT_FOUND

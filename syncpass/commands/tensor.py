@@ -16,6 +16,7 @@ from syncpass.commands.cliargs import EXIT_OK
 from syncpass.contracts.costs import load_costs
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import refuse_clobbering, write_atomically
+from syncpass.plan.tensor_baselines import PLACEMENTS
 from syncpass.plan.tensor_plan import tensor_plan_to_json
 from syncpass.plan.tensor_planner import (
     TensorRequest,
@@ -93,6 +94,19 @@ def add_tensor_style_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def add_tensor_placement_option(parser: argparse.ArgumentParser) -> None:
+    """``--tp-placement`` on ``syncpass rewrite``: whose layouts are written."""
+    parser.add_argument(
+        "--tp-placement",
+        choices=PLACEMENTS,
+        default=None,
+        help="with --strategy tensor: syncpass (default) writes the optimiser's layouts; "
+        "megatron writes Megatron-LM's hand placement (first linear of each pair by "
+        "columns, second by rows, the rest whole) within what the rewrite can write, to "
+        "measure against it",
+    )
+
+
 def check_tensor_flags(args: argparse.Namespace) -> None:
     """``--tp`` and ``--tp-style`` belong to ``--strategy tensor``, and pipeline flags do
     not."""
@@ -101,6 +115,8 @@ def check_tensor_flags(args: argparse.Namespace) -> None:
         raise SyncpassError("--tp plans tensor parallelism: add --strategy tensor")
     if not tensor and getattr(args, "tp_style", None) is not None:
         raise SyncpassError("--tp-style writes a tensor-parallel plan: add --strategy tensor")
+    if not tensor and getattr(args, "tp_placement", None) is not None:
+        raise SyncpassError("--tp-placement writes a tensor-parallel plan: add --strategy tensor")
     if not tensor:
         return
     if getattr(args, "tp", None) is None:
@@ -194,6 +210,7 @@ def run_tensor_rewrite(args: argparse.Namespace) -> int:
             hardware=args.hardware,
             timeout_s=args.timeout,
             style=args.tp_style or "eager",
+            placement=args.tp_placement or "syncpass",
         )
     )
     plan = result.plan
@@ -204,8 +221,9 @@ def run_tensor_rewrite(args: argparse.Namespace) -> int:
         if args.tp_style == "dtensor"
         else f"{result.lines} collective line(s)"
     )
+    placement = " Megatron-LM's placement:" if args.tp_placement == "megatron" else ""
     summary = (
-        f"tp {plan.tp}: {split} of {len(plan.layouts)} op(s) split, {written} ({counts} "
+        f"tp {plan.tp}:{placement} {split} of {len(plan.layouts)} op(s) split, {written} ({counts} "
         f"collectives a step), predicted step {seconds(plan.cost.step_s)}"
     )
     for note in result.notes:

@@ -16,6 +16,10 @@ from functools import cache
 
 from syncpass.contracts.tensor import TensorGraph
 
+#: Whose layouts ``rewrite --strategy tensor --tp-placement`` writes: the optimiser's, or
+#: Megatron-LM's hand placement written the same way (to measure one against the other).
+PLACEMENTS = ("syncpass", "megatron")
+
 #: Ops that carry a split from a column-split linear to a row-split one.
 _THROUGH = frozenset({"elementwise", "reshape", "attention"})
 

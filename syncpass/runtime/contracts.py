@@ -321,6 +321,15 @@ class TensorRunRequest:
     port: int = 0
     threads: int = 1
     steps: int = 0  # timed training steps after the checked one (its warm-up)
+    # Other files splitting the same model otherwise (Megatron-LM's placement beside
+    # syncpass's): each checked on its own, their timed steps taken in turn with ``file``'s.
+    alongside: tuple[str, ...] = ()
+
+    def alongside_request(self, file: str) -> TensorRunRequest:
+        """This request for ``file``, one of :attr:`alongside`: its own example factory of
+        the same name."""
+        function = self.example.rpartition(":")[2] or "example"
+        return replace(self, file=file, example=f"{file}:{function}", alongside=())
 
 
 @dataclass(frozen=True)
@@ -339,6 +348,7 @@ class TensorRankDone:
     checks: tuple[ParamCheck, ...] = ()
     split: int = 0  # parameters this rank holds a slice of
     timed_steps: int = 0  # how many steps ``step_s`` is the median of (0: the checked one)
+    file: str = ""  # the run's file these figures are of (it or one of its ``alongside``)
 
 
 @dataclass(frozen=True)
@@ -349,6 +359,7 @@ class TensorRunResult:
     ranks: tuple[TensorRankDone, ...]
     expected: tuple[tuple[str, int], ...]
     parameters: int
+    alongside: tuple[TensorRunResult, ...] = ()  # the request's other files, in order
 
     @property
     def collectives_match(self) -> bool:
@@ -363,4 +374,5 @@ class TensorRunResult:
             for rank in self.ranks
         )
         checks = all(check.ok for rank in self.ranks for check in rank.checks)
-        return losses and checks and self.collectives_match
+        others = all(other.verified for other in self.alongside)
+        return losses and checks and self.collectives_match and others

@@ -88,14 +88,17 @@ def test_rewrite_strategy_tensor_needs_the_example_and_writes_nothing_without(
     assert "--strategy tensor needs --tp N" in capsys.readouterr().err
 
 
-def test_tp_style_without_the_tensor_strategy_is_an_error(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    ("flag", "value"), [("--tp-style", "dtensor"), ("--tp-placement", "megatron")]
+)
+def test_a_tensor_writing_flag_without_the_tensor_strategy_is_an_error(
+    flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     model = REPO / "examples" / "transformer_lm.py"
     out = tmp_path / "lm.py"
-    argv = ["rewrite", str(model), "--costs", str(TENSOR_COSTS), "--tp-style", "dtensor"]
+    argv = ["rewrite", str(model), "--costs", str(TENSOR_COSTS), flag, value]
     assert main([*argv, "-o", str(out)]) == 2
-    assert "--tp-style writes a tensor-parallel plan: add --strategy tensor" in (
+    assert f"{flag} writes a tensor-parallel plan: add --strategy tensor" in (
         capsys.readouterr().err
     )
     assert not out.exists()

@@ -50,6 +50,7 @@ from syncpass.backends.torch.tensor_record import OpShape
 from syncpass.contracts.tensor import TensorGraph, TensorOp
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
+from syncpass.plan.tensor_baselines import PLACEMENTS, megatron_layouts
 from syncpass.plan.tensor_plan import PlannedCollective, TensorPlan
 from syncpass.plan.tensor_planner import TensorRequest, link_for, plan_tensor
 from syncpass.transformers.common import import_in_order
@@ -581,14 +582,23 @@ def written_plan(
     plan: dict[str, object],
     style: str = "eager",
     tied: frozenset[str] = frozenset(),
+    placement: str = "syncpass",
 ) -> WrittenPlan:
     """Plan ``graph`` as ``plan_with`` asks, within what the source of ``path`` carries
-    written in ``style`` (:data:`STYLES`)."""
+    written in ``style`` (:data:`STYLES`). ``placement`` ``megatron``: each op may take
+    only Megatron-LM's layout for it (:func:`megatron_layouts`) where the rewrite writes
+    that layout, else runs replicated; the plan then only chooses how values cross."""
     source = _Source(text, path)
     graph = _site_medians(graph)
     allowed: dict[str, tuple[str, ...]] = {
         op.id: WRITABLE.get(op.kind, ("replicated",)) for op in graph.ops
     }
+    if placement == "megatron":
+        hand = megatron_layouts(graph)
+        allowed = {
+            op: (hand[op],) if hand.get(op) in layouts else ("replicated",)
+            for op, layouts in allowed.items()
+        }
     refusals: list[Refusal] = []
     for _ in range(MAX_ROUNDS):
         request = dataclasses.replace(
@@ -599,7 +609,8 @@ def written_plan(
         if not found:
             break
         for refusal in found:
-            allowed[refusal.op] = tuple(x for x in allowed[refusal.op] if x != refusal.layout)
+            kept = tuple(x for x in allowed[refusal.op] if x != refusal.layout)
+            allowed[refusal.op] = kept or ("replicated",)
         refusals += found
     else:  # pragma: no cover - each round takes a layout away
         raise SyncpassError("the tensor-parallel plan did not settle; plan it with --no-baselines")
@@ -834,6 +845,10 @@ def rewrite_tensor(request: TensorRewriteRequest) -> TensorRewriteResult:
     hardware = load_profile(request.hardware or "cpu-gloo-loopback").hardware
     if request.style not in STYLES:
         raise SyncpassError(f"--tp-style {request.style}: use one of {', '.join(STYLES)}")
+    if request.placement not in PLACEMENTS:
+        raise SyncpassError(
+            f"--tp-placement {request.placement}: use one of {', '.join(PLACEMENTS)}"
+        )
     if request.tp > 1 and request.tp > (hardware.devices or request.tp):
         raise SyncpassError(
             f"--tp {request.tp} needs {request.tp} devices and the hardware has "
@@ -857,12 +872,13 @@ def rewrite_tensor(request: TensorRewriteRequest) -> TensorRewriteResult:
         {"link": link_for(hardware), "hardware": hardware.name, "model": model},
         request.style,
         tied,
+        request.placement,
     )
     imports = _imports(written, request.style)
     module = cst.parse_module(request.text)
-    footer = _footer(model, request.tp, written, request.style) if written.layouts else ""
-    if not written.edits and not written.layouts:
-        return TensorRewriteResult(request.text, written.plan, _notes(written), 0)
+    # Written even where the plan splits nothing: the file then runs replicated on every
+    # rank (syncpass run --tp N measures it beside another placement).
+    footer = _footer(model, request.tp, written, request.style)
     result, missed = insert_tensor_collectives(module, written.edits, footer, imports)
     if missed:
         raise SyncpassError(

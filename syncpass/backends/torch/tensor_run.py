@@ -90,8 +90,8 @@ def _entry(request: TensorRunRequest, rank: int, messages: Any) -> None:
     from syncpass.backends.torch.worker import _crash
 
     try:
-        done = _rank(request, rank)
-        messages.put(done)
+        for done in _rank(request, rank):
+            messages.put(done)
         message: WorkerDone | WorkerFailed = WorkerDone(rank)
     except SyncpassError as error:
         message = WorkerFailed(rank, error.message, error.location, user_error=True)
@@ -138,16 +138,35 @@ def _counted(mode: Any, direction: str) -> dict[str, int]:
     return found
 
 
-def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
+def _rank(request: TensorRunRequest, rank: int) -> tuple[TensorRankDone, ...]:
+    """This rank's figures for the file and for each of ``request.alongside``: each checked
+    (and verified) in one step of its own, then their timed steps taken in turn."""
+    import torch
+
+    from syncpass.backends.torch.rendezvous import join_local_group
+
+    torch.set_num_threads(request.threads)
+    join_local_group("gloo", request.port, rank, request.tp, timedelta(seconds=request.timeout_s))
+    checked = [_checked(request, rank)]
+    checked += [_checked(request.alongside_request(file), rank) for file in request.alongside]
+    if not request.steps:
+        return tuple(done for done, _, _ in checked)
+    times = _steps_in_turn([(model, example) for _, model, example in checked], request.steps)
+    return tuple(
+        replace(done, step_s=step_s, timed_steps=request.steps)
+        for (done, _, _), step_s in zip(checked, times, strict=True)
+    )
+
+
+def _checked(request: TensorRunRequest, rank: int) -> tuple[TensorRankDone, Any, Any]:
+    """The file of ``request`` split on this rank, one training step counted (and with
+    ``verify`` checked against the unsplit model): the figures, the model and the example."""
     import torch
 
     from syncpass.backends.torch import tensor_parallel as tp
     from syncpass.backends.torch.example import load_example
-    from syncpass.backends.torch.rendezvous import join_local_group
 
-    torch.set_num_threads(request.threads)
     form = _written(request.file)
-    join_local_group("gloo", request.port, rank, request.tp, timedelta(seconds=request.timeout_s))
     example = load_example(request.example)
     model = example.model
     reference = copy.deepcopy(model) if request.verify else None
@@ -207,9 +226,7 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
         held = sum(_is_split(parameter) for parameter in model.parameters())
     else:
         held = sum(1 for _, dim, _ in split.values() if dim >= 0)
-    if request.steps:
-        step_s = _timed_steps(model, example, request.steps)
-    return TensorRankDone(
+    done = TensorRankDone(
         rank,
         float(loss.detach()),
         reference_loss,
@@ -217,23 +234,33 @@ def _rank(request: TensorRunRequest, rank: int) -> TensorRankDone:
         tuple(sorted(counts.items())),
         tuple(replace(check, stage=rank) for check in checks),
         held,
-        request.steps,
+        0,
+        request.file,
     )
+    return done, model, example
 
 
-def _timed_steps(model: Any, example: Any, steps: int) -> float:
-    """The median time of ``steps`` training steps (forward, loss, backward) of ``model``,
-    its gradients cleared before each."""
+def _steps_in_turn(runs: list[tuple[Any, Any]], steps: int) -> list[float]:
+    """The median time of ``steps`` training steps (forward, loss, backward) of each
+    ``(model, example)``, their steps taken in turn (the order rotated each round, each
+    step started together on every rank), gradients cleared before each: the machine's
+    load then falls on every split alike."""
     import statistics
 
-    times = []
-    for _ in range(steps):
-        model.zero_grad(set_to_none=True)
-        start = time.perf_counter()
-        loss = example.loss_fn(model(*example.args), example.target)
-        loss.backward()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    import torch.distributed as dist
+
+    times: list[list[float]] = [[] for _ in runs]
+    for round_index in range(steps):
+        shift = round_index % len(runs)
+        for place in [*range(shift, len(runs)), *range(shift)]:
+            model, example = runs[place]
+            model.zero_grad(set_to_none=True)
+            dist.barrier()
+            start = time.perf_counter()
+            loss = example.loss_fn(model(*example.args), example.target)
+            loss.backward()
+            times[place].append(time.perf_counter() - start)
+    return [statistics.median(found) for found in times]
 
 
 def _dtensor_step(
@@ -288,38 +315,56 @@ def launch_tensor(request: TensorRunRequest) -> TensorRunResult:
 
     if request.tp < 1:
         raise SyncpassError(f"--tp must be at least 1, got {request.tp}")
-    ranks: dict[int, TensorRankDone] = {}
+    ranks: dict[tuple[str, int], TensorRankDone] = {}
+    files = (request.file, *request.alongside)
     # The fork server imports the model's own imports once for every rank, and the port is
     # held from its choice to rank 0's bind, as for a pipeline run (run.launch).
     with contextlib.ExitStack() as held:
         held.enter_context(preloading_imports_of(request.file))
-        expected = call_guarded(
-            _expected, request.file, what="the rewritten file", timeout_s=request.timeout_s
-        )
+        expected = [
+            call_guarded(_expected, file, what="the rewritten file", timeout_s=request.timeout_s)
+            for file in files
+        ]
         if request.port == 0:
             request = replace(request, port=held.enter_context(reserved_port()))
 
         def collect(processes: list[BaseProcess], messages: Any) -> None:
             def other(message: Any) -> None:
                 if isinstance(message, TensorRankDone):
-                    ranks[message.rank] = message
+                    ranks[message.file, message.rank] = message
 
             wait_for_reports(processes, messages, request.timeout_s, other)
 
         run_local(_entry, request, request.tp, "syncpass-tp", collect)
-    if len(ranks) != request.tp:  # pragma: no cover - a rank reports before it is done
-        raise SyncpassError(f"{request.tp - len(ranks)} rank(s) finished without figures")
-    parameters = len({check.name for rank in ranks.values() for check in rank.checks})
-    return TensorRunResult(
-        request,
-        tuple(ranks[rank] for rank in sorted(ranks)),
-        tuple(sorted((str(k), int(v)) for k, v in expected.items())),
-        parameters,
-    )
+    if len(ranks) != request.tp * len(files):  # pragma: no cover - a rank reports before done
+        raise SyncpassError(f"{request.tp * len(files) - len(ranks)} report(s) missing")
+    results = []
+    for file, counts in zip(files, expected, strict=True):
+        done = tuple(ranks[file, rank] for rank in range(request.tp))
+        parameters = len({check.name for rank in done for check in rank.checks})
+        results.append(
+            TensorRunResult(
+                request if file == request.file else request.alongside_request(file),
+                done,
+                tuple(sorted((str(k), int(v)) for k, v in counts.items())),
+                parameters,
+            )
+        )
+    return replace(results[0], alongside=tuple(results[1:]))
 
 
 def render_tensor_run(result: TensorRunResult) -> str:
-    """The report of a tensor-parallel run."""
+    """The report of a tensor-parallel run, then each of its ``alongside`` files'."""
+    parts = [_render_one(one) for one in (result, *result.alongside)]
+    if not result.alongside:
+        return parts[0]
+    return "\n".join(
+        f"== {one.request.file}{' (steps taken in turn with the others)' if i == 0 else ''}\n{part}"
+        for i, (one, part) in enumerate(zip((result, *result.alongside), parts, strict=True))
+    )
+
+
+def _render_one(result: TensorRunResult) -> str:
     from syncpass.core.units import seconds
 
     request = result.request

@@ -7,6 +7,7 @@ first), and the assertions read that one run."""
 from __future__ import annotations
 
 import itertools
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -198,3 +199,62 @@ def test_a_missing_gradient_all_reduce_is_caught(
     ran = _run(out, 2)
     assert ran.returncode == 1, ran.stdout + ran.stderr
     assert "MISMATCH" in ran.stdout
+
+
+def test_megatrons_placement_is_written_the_same_way_and_measured_beside_syncpass(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """``--tp-placement megatron`` writes Megatron-LM's hand placement: each attention's
+    fused qkv and each MLP's first linear by columns, their second linear by rows, two
+    forward all-reduces a layer; ``run --alongside`` verifies it beside syncpass's plan and
+    takes the two files' timed steps in turn."""
+
+    def make(folder: Path) -> None:
+        save_process(folder / "syncpass.json", _rewrite(LM, 2, folder / "lm_syncpass.py"))
+        megatron = _syncpass(
+            "rewrite", str(LM), "--example", f"{LM}:example", "--strategy", "tensor",
+            "--tp", "2", "--tp-placement", "megatron", "-o", str(folder / "lm_megatron.py"),
+        )  # fmt: skip
+        save_process(folder / "megatron.json", megatron)
+        ran = _syncpass(
+            "run", str(folder / "lm_syncpass.py"), "--tp", "2", "--verify", "--steps", "2",
+            "--alongside", str(folder / "lm_megatron.py"),
+            "--json-report", str(folder / "report.json"),
+        )  # fmt: skip
+        save_process(folder / "run.json", ran)
+
+    folder = shared(tmp_path_factory, "tensor-run-megatron-alongside", make)
+    for name in ("syncpass", "megatron"):
+        made_file = load_process(folder / f"{name}.json")
+        assert made_file.returncode == 0, made_file.stderr
+    assert "Megatron-LM's placement" in load_process(folder / "megatron.json").stderr
+    namespace = _footer((folder / "lm_megatron.py").read_text())
+    layout = namespace["TENSOR_PARALLEL_LAYOUT"]
+    assert layout == {
+        "blocks.*.attn.qkv": "column:3",
+        "blocks.*.attn.proj": "row",
+        "blocks.*.mlp.fc": "column",
+        "blocks.*.mlp.proj": "row",
+    }
+    layers = len(_blocks_of_the_example())
+    counts = namespace["TENSOR_PARALLEL_COLLECTIVES"]
+    assert isinstance(counts, dict) and counts["forward all-reduce"] == 2 * layers
+    ran = load_process(folder / "run.json")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert ran.stdout.count("verify: ok:") == 2 and ran.stdout.count("collectives: match") == 2
+    assert "(steps taken in turn with the others)" in ran.stdout
+    report = json.loads((folder / "report.json").read_text())
+    (other,) = report["alongside"]
+    assert other["request"]["file"].endswith("lm_megatron.py")
+    for document in (report, other):
+        assert all(rank["timed_steps"] == 2 and rank["step_s"] > 0 for rank in document["ranks"])
+
+
+def _blocks_of_the_example() -> list[object]:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bundled_transformer_lm", LM)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return list(module.example()[0].blocks)
