@@ -6,9 +6,12 @@ written the same way (``--tp-placement megatron``: each pair's first linear by c
 the second by rows, the rest whole). Both files run in one ``syncpass run --tp N
 --alongside`` over gloo, their timed steps taken in turn (the order rotated each step),
 several runs; each keeps the median of its runs' steps (a run's step: its slowest rank's
-median). It prints the predicted step of each placement (the rewrite's figure on the
-hardware profile, the local CPU's by default) beside the measured one, and whether the
-measured order is the predicted one where the prediction puts more than 10% between them.
+median). The model is profiled once and each run given the cost file (``run --costs``):
+each placement's step as the cost model predicts it from the layouts the file carries, on
+the profile's tensor graph and the local CPU's link (``--hardware`` plans the layouts
+for another; the prediction stays the cost file's).
+It prints predicted beside measured, and whether the measured order is the predicted one
+where the prediction puts more than 10% between them.
 
     python bench/bench_tensor_run.py [--models transformer_lm,llama_block,gated_mlp]
                                      [--tp 2] [--rounds 3] [--steps 10] [--hardware NAME]
@@ -36,14 +39,12 @@ MODELS = {
 }
 PLACEMENTS = ("syncpass", "megatron")
 ORDER_GAP = 0.10
-_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
 
 @dataclass(frozen=True)
 class Placement:
     name: str
     file: Path
-    predicted_s: float
     split: str  # "18 of 125 op(s) split"
 
 
@@ -56,7 +57,7 @@ def syncpass(*argv: str) -> subprocess.CompletedProcess[str]:
 def rewritten(
     model: Path, placement: str, tp: int, hardware: str | None, folder: Path
 ) -> Placement:
-    """``model`` rewritten with ``placement``'s layouts; its predicted step from the summary."""
+    """``model`` rewritten with ``placement``'s layouts."""
     out = folder / f"{model.stem}_{placement}.py"
     argv = ["rewrite", str(model), "--example", f"{model}:example", "--strategy", "tensor"]
     argv += ["--tp", str(tp), "--tp-placement", placement, "-o", str(out)]
@@ -66,24 +67,36 @@ def rewritten(
     if done.returncode != 0:
         raise SystemExit(f"{model.stem} {placement}: rewrite failed: {done.stderr.strip()}")
     summary = done.stderr.strip().splitlines()[-1]
-    step = re.search(r"predicted step ([\d.]+) (s|ms|us|ns)", summary)
     split = re.search(r"\d+ of \d+ op\(s\) split", summary)
-    assert step is not None and split is not None, summary
-    return Placement(placement, out, float(step[1]) * _UNITS[step[2]], split[0])
+    assert split is not None, summary
+    return Placement(placement, out, split[0])
 
 
-def measured(placements: list[Placement], tp: int, steps: int, folder: Path) -> list[float]:
-    """One run of every placement, their steps in turn: each one's step (slowest rank)."""
+def profiled(model: Path, folder: Path) -> Path:
+    """``model``'s cost file, its tensor graph included (on the local CPU's profile)."""
+    costs = folder / f"{model.stem}.costs.json"
+    done = syncpass("profile", str(model), "--example", f"{model}:example", "-o", str(costs))
+    if done.returncode != 0:
+        raise SystemExit(f"{model.stem}: profile failed: {done.stderr.strip()}")
+    return costs
+
+
+def measured(
+    placements: list[Placement], costs: Path, tp: int, steps: int, folder: Path
+) -> list[tuple[float, float]]:
+    """One run of every placement, their steps in turn: each one's (predicted, measured)
+    step, measured as its slowest rank's median."""
     report = folder / "report.json"
     first, *others = placements
-    argv = ["run", str(first.file), "--tp", str(tp), "--steps", str(steps)]
+    argv = ["run", str(first.file), "--tp", str(tp), "--steps", str(steps), "--costs", str(costs)]
     argv += ["--alongside", *(str(other.file) for other in others)]
     done = syncpass(*argv, "--json-report", str(report))
     if done.returncode != 0:
         raise SystemExit(f"run failed: {done.stdout[-400:]} {done.stderr[-400:]}")
     document = json.loads(report.read_text())
     return [
-        max(rank["step_s"] for rank in one["ranks"]) for one in (document, *document["alongside"])
+        (one["prediction"]["predicted_step_s"], one["prediction"]["measured_step_s"])
+        for one in (document, *document["alongside"])
     ]
 
 
@@ -115,28 +128,28 @@ def main() -> int:
                 rewritten(MODELS[name], placement, options.tp, options.hardware, folder)
                 for placement in PLACEMENTS
             ]
-            runs = [measured(placements, options.tp, options.steps, folder)]
-            runs += [
-                measured(placements, options.tp, options.steps, folder)
-                for _ in range(options.rounds - 1)
+            costs = profiled(MODELS[name], folder)
+            runs = [
+                measured(placements, costs, options.tp, options.steps, folder)
+                for _ in range(options.rounds)
             ]
-            steps = [statistics.median(run[index] for run in runs) for index in range(2)]
+            predicted = [runs[0][index][0] for index in range(2)]
+            steps = [statistics.median(run[index][1] for run in runs) for index in range(2)]
             for index, placement in enumerate(placements):
-                found = [run[index] for run in runs]
+                found = [run[index][1] for run in runs]
                 print(
-                    f"{name:16}{placement.name:11}{placement.predicted_s * 1e3:>9.1f}ms"
+                    f"{name:16}{placement.name:11}{predicted[index] * 1e3:>9.1f}ms"
                     f"{steps[index] * 1e3:>9.1f}ms{max(found) / min(found):>8.2f}"
-                    f"{placement.predicted_s / steps[index]:>11.2f}  {placement.split}",
+                    f"{predicted[index] / steps[index]:>11.2f}  {placement.split}",
                     flush=True,
                 )
-            ours, theirs = placements
-            fast, slow = sorted((0, 1), key=lambda i: placements[i].predicted_s)
-            if placements[slow].predicted_s > placements[fast].predicted_s * (1 + ORDER_GAP):
+            fast, slow = sorted((0, 1), key=lambda i: predicted[i])
+            if predicted[slow] > predicted[fast] * (1 + ORDER_GAP):
                 checked += 1
                 held += steps[fast] <= steps[slow]
             print(
                 f"{'':16}measured megatron/syncpass {steps[1] / steps[0]:.2f}x, predicted "
-                f"{theirs.predicted_s / ours.predicted_s:.2f}x"
+                f"{predicted[1] / predicted[0]:.2f}x"
             )
     print(
         f"measured order as predicted: {held} of {checked} model(s) whose placements the "

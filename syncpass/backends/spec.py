@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     from syncpass.contracts.costs import Costs
     from syncpass.frontend.findings import Finding
     from syncpass.runtime.contracts import RunRequest, RunResult, TensorRunRequest, TensorRunResult
-    from syncpass.runtime.prediction import RunPrediction
+    from syncpass.runtime.prediction import RunPrediction, TensorRunPrediction
     from syncpass.transformers.common import CheckpointSite, SyncSite
 
 
@@ -146,6 +146,7 @@ LoadExample = Callable[[str], Any]
 Confirm = Callable[[Confirmation], None]
 TensorRewrite = Callable[[TensorRewriteRequest], TensorRewriteResult]
 TensorRun = Callable[["TensorRunRequest"], "TensorRunResult"]
+TensorPredict = Callable[["TensorRunResult", "Costs"], "TensorRunPrediction"]
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,8 @@ class Backend:
     tensor_rewrite: TensorRewrite | None = None
     #: ``run --tp N``: the rewritten model on N ranks, checked against the unsplit one.
     tensor_run: TensorRun | None = None
+    #: ``run --tp N --costs COSTS``: the cost model's step for the layouts a file carries.
+    tensor_predict: TensorPredict | None = None
     #: ``rewrite --recompute``: ``insert`` that also has the ops of ``CheckpointSite``
     #: recompute in the backward (activation checkpointing); ``None``: the backend's form
     #: cannot carry it, and the rewrite says so.
@@ -222,4 +225,5 @@ _HOOK_NAMES = {
     "load_example": "example loader (it cannot run the user's example)",
     "tensor_rewrite": "tensor-parallel rewrite (it cannot write --strategy tensor)",
     "tensor_run": "tensor-parallel runtime (it cannot run --tp)",
+    "tensor_predict": "tensor-parallel prediction (it cannot predict a --tp run)",
 }

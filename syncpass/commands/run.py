@@ -335,6 +335,12 @@ def _run_tensor(args: argparse.Namespace, backend: Any) -> int:
         )
     file, _ = checked_paths(args)
     run = backend.need("tensor_run", "choose --backend torch")
+    costs = predict = None
+    if args.costs is not None:  # read before the run: a bad cost file fails fast
+        from syncpass.contracts.costs import load_costs
+
+        predict = backend.need("tensor_predict", "drop --costs")
+        costs = load_costs(args.costs)
     result = run(
         TensorRunRequest(
             file=str(file),
@@ -351,11 +357,17 @@ def _run_tensor(args: argparse.Namespace, backend: Any) -> int:
     )
     from syncpass.backends.torch.tensor_run import render_tensor_run
 
-    sys.stdout.write(render_tensor_run(result))
+    everyone = (result, *result.alongside)
+    predictions = [] if predict is None else [predict(one, costs) for one in everyone]
+    sys.stdout.write(render_tensor_run(result, predictions))
     if args.json_report is not None:
         import dataclasses
 
-        write_atomically(args.json_report, json.dumps(dataclasses.asdict(result), indent=2) + "\n")
-    everyone = (result, *result.alongside)
+        from syncpass.runtime.prediction import tensor_prediction_to_json
+
+        document = dataclasses.asdict(result)
+        for one, prediction in zip((document, *document["alongside"]), predictions, strict=False):
+            one["prediction"] = tensor_prediction_to_json(prediction)
+        write_atomically(args.json_report, json.dumps(document, indent=2) + "\n")
     ok = result.verified if args.verify else all(one.collectives_match for one in everyone)
     return EXIT_OK if ok else EXIT_FOUND

@@ -360,6 +360,11 @@ class TensorRunResult:
     expected: tuple[tuple[str, int], ...]
     parameters: int
     alongside: tuple[TensorRunResult, ...] = ()  # the request's other files, in order
+    # What the file splits: module name (a pattern, ``blocks.*.mlp.fc``) -> ``column`` or
+    # ``row`` as written (``column:3``, ``row transposed``), and its form (``eager`` or
+    # ``dtensor``, whose ColwiseParallel and RowwiseParallel are read as column and row).
+    layouts: tuple[tuple[str, str], ...] = ()
+    style: str = "eager"
 
     @property
     def collectives_match(self) -> bool:

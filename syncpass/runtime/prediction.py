@@ -8,6 +8,7 @@ from typing import Any
 
 from syncpass.core.units import num_bytes, percent, seconds
 from syncpass.plan.planner import Plan
+from syncpass.plan.tensor_plan import TensorPlan
 
 
 @dataclass(frozen=True)
@@ -146,4 +147,45 @@ def prediction_to_json(prediction: RunPrediction) -> dict[str, Any]:
             if stage.device < len(prediction.measured_stage_steps_s)
             for measured in (prediction.measured_stage_steps_s[stage.device],)
         ],
+    }
+
+
+@dataclass(frozen=True)
+class TensorRunPrediction:
+    """The tensor-parallel plan of the layouts a file carries, and its run's step (the
+    slowest rank's median)."""
+
+    plan: TensorPlan
+    measured_step_s: float
+
+    @property
+    def ratio(self) -> float:
+        """Predicted over measured step time."""
+        cost = self.plan.cost
+        return cost.step_s / self.measured_step_s if self.measured_step_s else 0.0
+
+
+def render_tensor_prediction(prediction: TensorRunPrediction) -> str:
+    """Predicted beside measured, for a ``run --tp`` file."""
+    cost = prediction.plan.cost
+    split = sum(item.layout != "replicated" for item in prediction.plan.layouts)
+    return (
+        f"predicted by the cost model for the file's layouts ({split} of "
+        f"{len(prediction.plan.layouts)} op(s) split): step {seconds(cost.step_s)} "
+        f"(compute {seconds(cost.compute_s)}, collectives {seconds(cost.comm_s)}: "
+        f"{cost.forward_collectives} forward, {cost.backward_collectives} backward), "
+        f"measured {seconds(prediction.measured_step_s)} (predicted/measured "
+        f"{prediction.ratio:.2f})\n"
+    )
+
+
+def tensor_prediction_to_json(prediction: TensorRunPrediction) -> dict[str, Any]:
+    cost = prediction.plan.cost
+    return {
+        "predicted_step_s": cost.step_s,
+        "predicted_compute_s": cost.compute_s,
+        "predicted_collectives_s": cost.comm_s,
+        "measured_step_s": prediction.measured_step_s,
+        "predicted_over_measured": prediction.ratio,
+        "split_ops": sum(item.layout != "replicated" for item in prediction.plan.layouts),
     }

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from syncpass.frontend.findings import Finding
     from syncpass.plan.schedule import ScheduleOrder
     from syncpass.runtime.contracts import RunRequest, RunResult, TensorRunRequest, TensorRunResult
-    from syncpass.runtime.prediction import RunPrediction
+    from syncpass.runtime.prediction import RunPrediction, TensorRunPrediction
     from syncpass.transformers.common import CheckpointSite, SyncSite
 
 
@@ -238,6 +238,12 @@ def _tensor_run(request: TensorRunRequest) -> TensorRunResult:
     return launch_tensor(request)
 
 
+def _tensor_predict(result: TensorRunResult, costs: Costs) -> TensorRunPrediction:
+    from syncpass.backends.torch.tensor_prediction import predict_tensor_run
+
+    return predict_tensor_run(result, costs)
+
+
 def _load_example(spec: str) -> Example:
     from syncpass.backends.torch.example import load_example
 
@@ -262,6 +268,7 @@ BACKEND = Backend(
     confirm=_confirm,
     tensor_rewrite=_tensor_rewrite,
     tensor_run=_tensor_run,
+    tensor_predict=_tensor_predict,
     preload=tuple(PRELOAD),
 )
 
@@ -291,5 +298,6 @@ STAGES_BACKEND = Backend(
     refused_kinds=("other",),  # PipelineStage sends tensors; numbers and tuples are packed
     tensor_rewrite=_tensor_rewrite,
     tensor_run=_tensor_run,
+    tensor_predict=_tensor_predict,
     preload=tuple(PRELOAD),
 )

@@ -589,7 +589,7 @@ def written_plan(
     only Megatron-LM's layout for it (:func:`megatron_layouts`) where the rewrite writes
     that layout, else runs replicated; the plan then only chooses how values cross."""
     source = _Source(text, path)
-    graph = _site_medians(graph)
+    graph = site_medians(graph)
     allowed: dict[str, tuple[str, ...]] = {
         op.id: WRITABLE.get(op.kind, ("replicated",)) for op in graph.ops
     }
@@ -690,7 +690,7 @@ def dtensor_collectives(graph: TensorGraph, plan: TensorPlan) -> TensorPlan:
     )
 
 
-def _site_medians(graph: TensorGraph) -> TensorGraph:
+def site_medians(graph: TensorGraph) -> TensorGraph:
     """Each op timed as the median of the ops of its source site (a line every layer runs):
     one forward's wall-clock times differ by layer only by noise, and a plan the source
     carries takes one layout per site."""
@@ -929,5 +929,6 @@ __all__: Sequence[str] = (
     "check_plan",
     "dtensor_collectives",
     "rewrite_tensor",
+    "site_medians",
     "written_plan",
 )

@@ -20,6 +20,7 @@ import importlib.util
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from multiprocessing.process import BaseProcess
@@ -35,6 +36,7 @@ from syncpass.runtime.contracts import (
     WorkerDone,
     WorkerFailed,
 )
+from syncpass.runtime.prediction import TensorRunPrediction, render_tensor_prediction
 
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5
@@ -81,9 +83,23 @@ def _written(file: str) -> WrittenForm:
     return WrittenForm(layouts, styles, counts)
 
 
-def _expected(file: str) -> dict[str, int]:
-    """The collectives the written plan runs per rank (``TENSOR_PARALLEL_COLLECTIVES``)."""
-    return _written(file).counts
+#: DTensor's parallel styles as the plan's layouts.
+_STYLE_LAYOUTS = {"ColwiseParallel": "column", "RowwiseParallel": "row"}
+
+
+def _expected(file: str) -> tuple[dict[str, int], dict[str, str], str]:
+    """The collectives the written plan runs per rank (``TENSOR_PARALLEL_COLLECTIVES``), the
+    layout of each module it splits, and its form."""
+    form = _written(file)
+    if form.styles is not None:
+        layouts = {
+            name: _STYLE_LAYOUTS[type(style).__name__]
+            for name, style in form.styles.items()
+            if type(style).__name__ in _STYLE_LAYOUTS
+        }
+        return form.counts, layouts, "dtensor"
+    assert form.layouts is not None
+    return form.counts, {str(k): str(v) for k, v in form.layouts.items()}, "eager"
 
 
 def _entry(request: TensorRunRequest, rank: int, messages: Any) -> None:
@@ -339,7 +355,7 @@ def launch_tensor(request: TensorRunRequest) -> TensorRunResult:
     if len(ranks) != request.tp * len(files):  # pragma: no cover - a rank reports before done
         raise SyncpassError(f"{request.tp * len(files) - len(ranks)} report(s) missing")
     results = []
-    for file, counts in zip(files, expected, strict=True):
+    for file, (counts, layouts, style) in zip(files, expected, strict=True):
         done = tuple(ranks[file, rank] for rank in range(request.tp))
         parameters = len({check.name for rank in done for check in rank.checks})
         results.append(
@@ -348,14 +364,23 @@ def launch_tensor(request: TensorRunRequest) -> TensorRunResult:
                 done,
                 tuple(sorted((str(k), int(v)) for k, v in counts.items())),
                 parameters,
+                layouts=tuple(layouts.items()),
+                style=style,
             )
         )
     return replace(results[0], alongside=tuple(results[1:]))
 
 
-def render_tensor_run(result: TensorRunResult) -> str:
-    """The report of a tensor-parallel run, then each of its ``alongside`` files'."""
+def render_tensor_run(
+    result: TensorRunResult, predictions: Sequence[TensorRunPrediction] = ()
+) -> str:
+    """The report of a tensor-parallel run, then each of its ``alongside`` files', each
+    with its prediction where ``predictions`` has one (``run --costs``)."""
     parts = [_render_one(one) for one in (result, *result.alongside)]
+    parts = [
+        part + (render_tensor_prediction(predictions[i]) if i < len(predictions) else "")
+        for i, part in enumerate(parts)
+    ]
     if not result.alongside:
         return parts[0]
     return "\n".join(

@@ -206,8 +206,9 @@ def test_megatrons_placement_is_written_the_same_way_and_measured_beside_syncpas
 ) -> None:
     """``--tp-placement megatron`` writes Megatron-LM's hand placement: each attention's
     fused qkv and each MLP's first linear by columns, their second linear by rows, two
-    forward all-reduces a layer; ``run --alongside`` verifies it beside syncpass's plan and
-    takes the two files' timed steps in turn."""
+    forward all-reduces a layer; ``run --alongside`` verifies it beside syncpass's plan,
+    takes the two files' timed steps in turn and, with ``--costs``, predicts each file's
+    step from the layouts it carries."""
 
     def make(folder: Path) -> None:
         save_process(folder / "syncpass.json", _rewrite(LM, 2, folder / "lm_syncpass.py"))
@@ -216,9 +217,15 @@ def test_megatrons_placement_is_written_the_same_way_and_measured_beside_syncpas
             "--tp", "2", "--tp-placement", "megatron", "-o", str(folder / "lm_megatron.py"),
         )  # fmt: skip
         save_process(folder / "megatron.json", megatron)
+        profiled = _syncpass(
+            "profile", str(LM), "--example", f"{LM}:example", "--repeats", "1",
+            "--warmup", "0", "-o", str(folder / "lm.costs.json"),
+        )  # fmt: skip
+        assert profiled.returncode == 0, profiled.stderr
         ran = _syncpass(
             "run", str(folder / "lm_syncpass.py"), "--tp", "2", "--verify", "--steps", "2",
             "--alongside", str(folder / "lm_megatron.py"),
+            "--costs", str(folder / "lm.costs.json"),
             "--json-report", str(folder / "report.json"),
         )  # fmt: skip
         save_process(folder / "run.json", ran)
@@ -248,6 +255,13 @@ def test_megatrons_placement_is_written_the_same_way_and_measured_beside_syncpas
     assert other["request"]["file"].endswith("lm_megatron.py")
     for document in (report, other):
         assert all(rank["timed_steps"] == 2 and rank["step_s"] > 0 for rank in document["ranks"])
+        # With --costs, each file's layouts planned on the profile's tensor graph.
+        prediction = document["prediction"]
+        assert prediction["predicted_step_s"] > 0
+        assert prediction["measured_step_s"] == max(rank["step_s"] for rank in document["ranks"])
+    # Megatron's layouts read back from the file: its two all-reduces a layer each way.
+    assert f"{2 * layers} forward, {2 * layers} backward), measured" in ran.stdout
+    assert other["prediction"]["split_ops"] > 0 and report["prediction"]["split_ops"] > 0
 
 
 def _blocks_of_the_example() -> list[object]:
