@@ -170,9 +170,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--tp",
         type=positive_int,
         metavar="N",
-        help="run a file rewritten with --strategy tensor on N gloo ranks (instead of "
-        "pipeline stages); --verify compares the loss and every gradient with the unsplit "
-        "model and the collectives each rank ran with the plan's",
+        help="run a file rewritten with --strategy tensor on N gloo ranks; --verify "
+        "compares the loss and every gradient with the unsplit model and the collectives "
+        "each rank ran with the plan's. With --stages S: each pipeline stage of the file's "
+        "eager stages on N ranks, S x N in all (a tensor-parallel file split into stages)",
     )
     run.set_defaults(handler=run_command)
     return run  # type: ignore[no-any-return]
@@ -246,18 +247,19 @@ def request_from_args(
         timeline=None if args.timeline is None else str(args.timeline.resolve()),
         stages_per_device=per_device,
         alongside=tuple(str(other) for other in getattr(args, "alongside", [])),
+        tp=getattr(args, "tp", None) or 1,
     )
 
 
-def _crowded(stages: int, threads: int, device: str) -> str | None:
-    """Why the stages cannot all run at once on this machine's CPU, or ``None``."""
+def _crowded(ranks: int, threads: int, device: str) -> str | None:
+    """Why the ranks cannot all run at once on this machine's CPU, or ``None``."""
     if device == "cuda":
         return None
     threads = max(1, threads)
-    if stages <= cpu_devices(threads):
+    if ranks <= cpu_devices(threads):
         return None
     return (
-        f"{stages} stages with {threads} thread(s) each, on {cpu_devices()} CPU core(s) if "
+        f"{ranks} ranks with {threads} thread(s) each, on {cpu_devices()} CPU core(s) if "
         "they run on the CPU: they share the cores, so the measured steps show the sharing "
         "more than the plan"
     )
@@ -270,7 +272,7 @@ def run_command(args: argparse.Namespace) -> int:
     (a SyncpassError, exit 2) before anything starts.
     """
     backend = load_backend(getattr(args, "backend", DEFAULT_BACKEND))
-    if getattr(args, "tp", None) is not None:
+    if getattr(args, "tp", None) is not None and args.stages is None:
         return _run_tensor(args, backend)
     if args.stages is None:
         raise SyncpassError(
@@ -286,7 +288,7 @@ def run_command(args: argparse.Namespace) -> int:
 
         predict = backend.need("predict", "drop --costs (syncpass plan shows a plan's figures)")
         costs = load_costs(args.costs)
-    crowded = _crowded(request.stages, request.threads, request.device)
+    crowded = _crowded(request.ranks, request.threads, request.device)
     if crowded is not None:
         print(f"syncpass run: warning: {crowded}", file=sys.stderr)
     result = run(request)
@@ -329,10 +331,6 @@ def _run_tensor(args: argparse.Namespace, backend: Any) -> int:
     """``syncpass run FILE --tp N [--verify]``: the backend's tensor-parallel runtime."""
     from syncpass.runtime.contracts import TensorRunRequest
 
-    if args.stages is not None:
-        raise SyncpassError(
-            "--tp runs tensor-parallel ranks; pipeline and tensor together come later: drop --stages"
-        )
     file, _ = checked_paths(args)
     run = backend.need("tensor_run", "choose --backend torch")
     costs = predict = None

@@ -60,8 +60,14 @@ class RunRequest:
     # Other files splitting the same model otherwise: their stages step in turn with
     # ``file``'s in one run (``syncpass run FILE --alongside OTHER ...``).
     alongside: tuple[str, ...] = ()
+    # Tensor-parallel ranks per pipeline rank (``--stages S --tp T``): the file's
+    # TENSOR_PARALLEL_LAYOUT splits each stage's layers over ``tp`` ranks, ``stages * tp``
+    # in all (:attr:`ranks`), global rank ``stage_rank * tp + tp_rank``.
+    tp: int = 1
 
     def __post_init__(self) -> None:
+        if self.tp < 1:
+            raise ValueError(f"tp must be at least 1, got {self.tp}")
         if self.min_microbatch_size < 1:
             raise ValueError(
                 f"min_microbatch_size must be at least 1, got {self.min_microbatch_size}"
@@ -77,6 +83,11 @@ class RunRequest:
         the same name, and no timeline."""
         function = self.example.rpartition(":")[2] or "example"
         return replace(self, file=file, example=f"{file}:{function}", alongside=(), timeline=None)
+
+    @property
+    def ranks(self) -> int:
+        """The processes of the run: ``stages`` pipeline ranks of ``tp`` ranks each."""
+        return self.stages * self.tp
 
     @property
     def total_stages(self) -> int:
@@ -349,6 +360,8 @@ class TensorRankDone:
     split: int = 0  # parameters this rank holds a slice of
     timed_steps: int = 0  # how many steps ``step_s`` is the median of (0: the checked one)
     file: str = ""  # the run's file these figures are of (it or one of its ``alongside``)
+    # This rank's times of the speed probe after each round of timed steps (StageFigures').
+    speed_probes_s: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -157,6 +157,7 @@ class TensorRunPrediction:
 
     plan: TensorPlan
     measured_step_s: float
+    speed_factor: float = 1.0  # the compute's scale to the run's speed (RunPrediction's)
 
     @property
     def ratio(self) -> float:
@@ -175,7 +176,14 @@ def render_tensor_prediction(prediction: TensorRunPrediction) -> str:
         f"(compute {seconds(cost.compute_s)}, collectives {seconds(cost.comm_s)}: "
         f"{cost.forward_collectives} forward, {cost.backward_collectives} backward), "
         f"measured {seconds(prediction.measured_step_s)} (predicted/measured "
-        f"{prediction.ratio:.2f})\n"
+        f"{prediction.ratio:.2f})"
+        + (
+            ""
+            if prediction.speed_factor == 1.0
+            else f"; compute x{prediction.speed_factor:.2f}, the machine "
+            f"{speed_words(prediction.speed_factor)} than while profiling"
+        )
+        + "\n"
     )
 
 
@@ -188,4 +196,5 @@ def tensor_prediction_to_json(prediction: TensorRunPrediction) -> dict[str, Any]
         "measured_step_s": prediction.measured_step_s,
         "predicted_over_measured": prediction.ratio,
         "split_ops": sum(item.layout != "replicated" for item in prediction.plan.layouts),
+        "speed_factor": prediction.speed_factor,
     }

@@ -96,10 +96,19 @@ def _held(result: RunResult) -> bool:
 
 def _stages_text(result: RunResult) -> str:
     count = result.stage_count
+    tp = result.request.tp
+    split = (
+        ""
+        if tp == 1
+        else f", each split over {tp} tensor-parallel ranks ({result.request.ranks} in all; "
+        "the figures are each stage's first)"
+    )
     if not _held(result):
-        return f"{count} stage(s)"
+        return f"{count} stage(s){split}"
     ranks = len(result.stages)
-    return f"{count} stage(s) on {ranks} rank(s), {result.request.stages_per_device} per rank"
+    return (
+        f"{count} stage(s) on {ranks} rank(s), {result.request.stages_per_device} per rank{split}"
+    )
 
 
 def render_run(result: RunResult) -> str:

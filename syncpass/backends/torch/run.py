@@ -157,7 +157,7 @@ def launch(request: RunRequest) -> RunResult:
         return run_local(
             _worker_entry,
             ready,
-            ready.stages,
+            ready.ranks,
             "syncpass-stage",
             lambda processes, messages: _collect(ready, processes, messages),
         )

@@ -5,17 +5,26 @@ The file's written layouts (``TENSOR_PARALLEL_LAYOUT``, or the DTensor form's pa
 styles) fix each linear of the cost file's tensor graph to what the file splits it as,
 every other linear whole; the plan is then made as the rewrite makes it (the layouts the
 rewrite writes, no sequence parallelism), so it chooses only how values cross, and its
-step is set beside the run's measured one: the slowest rank's median step.
+step is set beside the run's measured one: the slowest rank's median step. The compute is
+taken at the machine's speed during the run, as for a pipeline run
+(:func:`syncpass.plan.retarget.retarget_speed`).
 """
 
 from __future__ import annotations
 
 import re
+import statistics
 
 from syncpass.backends.torch.tensor_rewrite import WRITABLE, dtensor_collectives, site_medians
 from syncpass.contracts.costs import Costs
 from syncpass.core.errors import SyncpassError
-from syncpass.plan.tensor_planner import TensorRequest, link_for, plan_tensor, tensor_graph_of
+from syncpass.plan.tensor_planner import (
+    TensorRequest,
+    link_for,
+    plan_tensor,
+    retarget_tensor_graph,
+    tensor_graph_of,
+)
 from syncpass.runtime.contracts import TensorRunResult
 from syncpass.runtime.prediction import TensorRunPrediction
 
@@ -32,7 +41,12 @@ def predict_tensor_run(result: TensorRunResult, costs: Costs) -> TensorRunPredic
             "the cost file has no tensor graph ($.tensor) to predict a --tp run with: "
             "profile the model again with this syncpass"
         )
-    graph = site_medians(tensor_graph_of(costs))
+    probes = [probe for rank in result.ranks for probe in rank.speed_probes_s]
+    factor = 1.0
+    if probes and costs.speed_probe_s is not None:
+        factor = statistics.median(probes) / costs.speed_probe_s
+    # At the machine's speed during the run (the ranks' speed probes over the profile's).
+    graph = site_medians(retarget_tensor_graph(tensor_graph_of(costs), compute_scale=factor))
     written = [(_pattern(name), layout) for name, layout in result.layouts]
     allowed: dict[str, tuple[str, ...]] = {}
     for op in graph.ops:
@@ -63,4 +77,4 @@ def predict_tensor_run(result: TensorRunResult, costs: Costs) -> TensorRunPredic
     )
     if result.style == "dtensor":
         plan = dtensor_collectives(graph, plan)
-    return TensorRunPrediction(plan, max(rank.step_s for rank in result.ranks))
+    return TensorRunPrediction(plan, max(rank.step_s for rank in result.ranks), factor)

@@ -87,6 +87,20 @@ def _written(file: str) -> WrittenForm:
 _STYLE_LAYOUTS = {"ColwiseParallel": "column", "RowwiseParallel": "row"}
 
 
+def written_layouts(file: str) -> dict[str, str]:
+    """The eager form's TENSOR_PARALLEL_LAYOUT of ``file`` (the pipeline runner's, for
+    ``--stages S --tp T``)."""
+    form = _written(file)
+    if form.layouts is None:
+        raise SyncpassError(
+            "--stages with --tp runs the eager tensor form (TENSOR_PARALLEL_LAYOUT); this "
+            "file has the DTensor form's TENSOR_PARALLEL_PLAN: rewrite it without "
+            "--tp-style dtensor",
+            file,
+        )
+    return {str(name): str(layout) for name, layout in form.layouts.items()}
+
+
 def _expected(file: str) -> tuple[dict[str, int], dict[str, str], str]:
     """The collectives the written plan runs per rank (``TENSOR_PARALLEL_COLLECTIVES``), the
     layout of each module it splits, and its form."""
@@ -167,9 +181,10 @@ def _rank(request: TensorRunRequest, rank: int) -> tuple[TensorRankDone, ...]:
     checked += [_checked(request.alongside_request(file), rank) for file in request.alongside]
     if not request.steps:
         return tuple(done for done, _, _ in checked)
-    times = _steps_in_turn([(model, example) for _, model, example in checked], request.steps)
+    runs = [(model, example) for _, model, example in checked]
+    times, probes = _steps_in_turn(runs, request.steps, request.tp, request.threads)
     return tuple(
-        replace(done, step_s=step_s, timed_steps=request.steps)
+        replace(done, step_s=step_s, timed_steps=request.steps, speed_probes_s=probes)
         for (done, _, _), step_s in zip(checked, times, strict=True)
     )
 
@@ -256,15 +271,25 @@ def _checked(request: TensorRunRequest, rank: int) -> tuple[TensorRankDone, Any,
     return done, model, example
 
 
-def _steps_in_turn(runs: list[tuple[Any, Any]], steps: int) -> list[float]:
+def _steps_in_turn(
+    runs: list[tuple[Any, Any]], steps: int, world: int, threads: int
+) -> tuple[list[float], tuple[float, ...]]:
     """The median time of ``steps`` training steps (forward, loss, backward) of each
     ``(model, example)``, their steps taken in turn (the order rotated each round, each
     step started together on every rank), gradients cleared before each: the machine's
-    load then falls on every split alike."""
+    load then falls on every split alike. After each round the ranks time the speed probe
+    (:mod:`syncpass.backends.torch.speed`; at once where each has a core, else in turn),
+    outside the steps: its times on this rank come second."""
     import statistics
 
     import torch.distributed as dist
 
+    from syncpass.backends.torch.speed import SpeedProbe
+    from syncpass.contracts.hardware import cpu_devices
+
+    probe = SpeedProbe()
+    together = world <= cpu_devices(threads)
+    probes: list[float] = []
     times: list[list[float]] = [[] for _ in runs]
     for round_index in range(steps):
         shift = round_index % len(runs)
@@ -276,7 +301,12 @@ def _steps_in_turn(runs: list[tuple[Any, Any]], steps: int) -> list[float]:
             loss = example.loss_fn(model(*example.args), example.target)
             loss.backward()
             times[place].append(time.perf_counter() - start)
-    return [statistics.median(found) for found in times]
+        dist.barrier()
+        for turn in range(1 if together else world):
+            if together or turn == dist.get_rank():
+                probes.append(probe.time_s())
+            dist.barrier()
+    return [statistics.median(found) for found in times], tuple(probes)
 
 
 def _dtensor_step(

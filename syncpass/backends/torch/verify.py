@@ -234,13 +234,16 @@ def check_stage(
     device: torch.device,
     rtol: float | None,
     atol: float | None,
+    gathered: Mapping[str, torch.Tensor] | None = None,
 ) -> tuple[ParamCheck, ...]:
     """Compare every parameter gradient of one stage with the reference's.
 
     ``replicated`` holds, for parameters that several stages hold copies of,
     the gradient summed over those copies: that sum is what the unsplit model
-    computes.
+    computes. ``gathered`` holds, for parameters split over tensor-parallel ranks, the
+    whole gradient gathered from them.
     """
+    gathered = gathered or {}
     checks = []
     seen = set()
     for local, parameter in stage_module.named_parameters():
@@ -254,10 +257,12 @@ def check_stage(
                 _failed(local, stage_index, parameter.numel(), rel, abs_, "not in the model")
             )
             continue
-        gradient = replicated.get(original, parameter.grad)
+        gradient = replicated.get(original, gathered.get(original, parameter.grad))
         max_abs, max_rel, ok, note = compare(gradient, reference.gradients[original], rel, abs_)
         if original in replicated:
             note = "held by several stages; compared as the sum over them"
+        elif original in gathered:
+            note = "split over the tensor-parallel ranks; gathered"
         checks.append(
             ParamCheck(
                 original, stage_index, parameter.numel(), max_abs, max_rel, ok, rel, abs_, note

@@ -37,7 +37,7 @@ from torch.distributed.pipelining import Pipe, PipelineStage, pipeline
 from torch.distributed.pipelining.microbatch import split_args_kwargs_into_chunks
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from syncpass.backends.torch import verify
+from syncpass.backends.torch import tensor_parallel, verify
 from syncpass.backends.torch.example import Example, load_example
 from syncpass.backends.torch.memory import (
     CPU_MEASURE,
@@ -252,6 +252,12 @@ class StageRun:
     reference: verify.Reference | None
     randomness: str | None = None  # rank 0, with --verify: why the forward is random
     memory: MemoryMeter | None = None  # on a CPU: counts what the memory model counts
+    # With --tp: this rank's place in its stage's tensor-parallel group, the group of the
+    # pipeline it belongs to (its stages' sends; None: every rank), and the parameters the
+    # file's TENSOR_PARALLEL_LAYOUT splits (name -> kind, dimension, chunks).
+    tp_rank: int = 0
+    pipeline_group: Any = None
+    split: dict[str, tuple[str, int, Any]] = field(default_factory=dict)
 
     @property
     def is_first(self) -> bool:
@@ -363,10 +369,13 @@ def _peak_memory(run: StageRun) -> dict[str, Any]:
 
 def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
     """Load the example, trace it, join the process group (unless an earlier run of this
-    process did: ``join`` False) and build this rank's stages."""
+    process did: ``join`` False) and build this rank's stages. ``rank`` is the process's;
+    with ``request.tp`` above 1 it holds the stages of pipeline rank ``rank // tp``, its
+    layers split as the file's TENSOR_PARALLEL_LAYOUT says, part ``rank % tp``."""
     _quiet_torch_warnings()
+    stage_rank, tp_rank = divmod(rank, request.tp)
     try:
-        held = request.stages_of(rank)
+        held = request.stages_of(stage_rank)
     except ValueError as error:
         raise SyncpassError(f"--schedule {request.schedule}: {error}") from None
     torch.set_num_threads(request.threads)
@@ -375,7 +384,7 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),
-        WORLD_SIZE=str(request.stages),
+        WORLD_SIZE=str(request.ranks),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(request.port),
     )
@@ -383,10 +392,17 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
     batch = _split_batch(example, request, device)
     model = example.model.to(device)
     reference_model = copy.deepcopy(model) if request.verify else None
+    split = _tensor_split(model, request, tp_rank)
     # Taken before tracing: the stages hold these very parameter objects.
     aliases = verify.canonical_names(model)
     identity = {id(p): aliases[name] for name, p in model.named_parameters(remove_duplicate=False)}
     stage_modules = eager_stages(model, request)
+    if request.tp > 1 and not stage_modules:
+        raise SyncpassError(
+            "--stages with --tp runs the eager stages' form: rewrite the tensor-parallel "
+            "file with --backend torch_stages (the default), not pipe_split() calls",
+            request.file,
+        )
     pipe = None if stage_modules else _trace(model, batch, request)
 
     if join:
@@ -394,10 +410,11 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
             backend,
             request.port,
             rank,
-            request.stages,
+            request.ranks,
             timedelta(seconds=request.timeout_s),
             device,
         )
+    pipeline_group = _mesh_groups(request, stage_rank, tp_rank) if request.tp > 1 else None
     total = request.total_stages
     loss_fn = example.loss_fn
     clock, log, meter = ComputeClock(device), ActionLog(), MemoryMeter()
@@ -417,6 +434,7 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
                 device,
                 input_args=inputs,
                 output_args=outputs,
+                group=pipeline_group,
             )
             if index == total - 1:
                 loss_fn = StructuredOutput().wrap(stage_modules[index], loss_fn)
@@ -433,18 +451,19 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
     )
     reference, randomness = None, None
     if reference_model is not None:
-        reference = verify.run_reference(
-            reference_model,
-            batch.arg_chunks,
-            batch.target_chunks,
-            example.loss_fn,
-            len(batch.arg_chunks),
-        )
-        if rank == 0:  # after the reference: its extra forwards change no gradient
-            randomness = verify.randomness(reference_model, batch.arg_chunks[0])
+        with tensor_parallel.running_alone():  # the unsplit model: its collectives do nothing
+            reference = verify.run_reference(
+                reference_model,
+                batch.arg_chunks,
+                batch.target_chunks,
+                example.loss_fn,
+                len(batch.arg_chunks),
+            )
+            if rank == 0:  # after the reference: its extra forwards change no gradient
+                randomness = verify.randomness(reference_model, batch.arg_chunks[0])
     run = StageRun(
         request=request,
-        rank=rank,
+        rank=stage_rank,
         device=device,
         backend=backend,
         example=example,
@@ -460,6 +479,9 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
         identity=identity,
         reference=reference,
         randomness=randomness,
+        tp_rank=tp_rank,
+        pipeline_group=pipeline_group,
+        split=split,
     )
     parameters = run.parameters()
     if parameters:
@@ -468,6 +490,33 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
         run.memory = meter
         meter.static = static_bytes(run.parameters, lambda: _buffers(run), lambda: run.optimizer)
     return run
+
+
+def _tensor_split(
+    model: torch.nn.Module, request: RunRequest, tp_rank: int
+) -> dict[str, tuple[str, int, Any]]:
+    """With ``request.tp`` above 1: ``model``'s weights sliced to this rank's part as the
+    file's TENSOR_PARALLEL_LAYOUT says, and the parameters it split."""
+    if request.tp == 1:
+        return {}
+    from syncpass.backends.torch.tensor_run import written_layouts
+
+    layouts = written_layouts(request.file)
+    split = tensor_parallel.split_parameters(layouts, model)
+    tensor_parallel.shard_module(model, layouts, tp_rank, request.tp)
+    return split
+
+
+def _mesh_groups(request: RunRequest, stage_rank: int, tp_rank: int) -> Any:
+    """The (stages, tp) mesh of the ranks as process groups, which every rank makes in the
+    same order: this rank's stage's tensor-parallel group becomes the collectives' group
+    (:func:`tensor_parallel.set_tensor_parallel_group`); its pipeline's group is returned,
+    for its stages' sends and receives."""
+    stages, width = request.stages, request.tp
+    pipelines = [dist.new_group([s * width + t for s in range(stages)]) for t in range(width)]
+    tensors = [dist.new_group([s * width + t for t in range(width)]) for s in range(stages)]
+    tensor_parallel.set_tensor_parallel_group(tensors[stage_rank])
+    return pipelines[tp_rank]
 
 
 def _buffers(run: StageRun) -> list[torch.Tensor]:
@@ -491,7 +540,7 @@ def _timed_steps(
     speed = SpeedProbe() if probe else None
     probes: list[float] = []
     request = runs[0].request
-    together = request.stages <= cpu_devices(request.threads)
+    together = request.ranks <= cpu_devices(request.threads)
     for round_index in range(runs[0].request.steps):
         shift = round_index % len(runs)
         for place in [*range(shift, len(runs)), *range(shift)]:
@@ -506,8 +555,8 @@ def _timed_steps(
             compute_times[place].append(run.clock.total)
         if speed is not None:
             dist.barrier()
-            for turn in range(1 if together else request.stages):
-                if together or turn == runs[0].rank:
+            for turn in range(1 if together else request.ranks):
+                if together or turn == dist.get_rank():
                     probes.append(speed.time_s())
                 dist.barrier()
     timed = [
@@ -523,8 +572,10 @@ def _gather(run: StageRun, figures: StageFigures) -> RunResult | None:
     Rank 0 also holds every rank's executed actions against the order syncpass plans
     with (:func:`schedule_order`) and notes where they differ."""
     request = run.request
+    if run.tp_rank != 0:  # a stage's figures are its first tensor-parallel rank's
+        return None
     gathered: list[StageFigures] | None = [figures] * request.stages if run.rank == 0 else None
-    dist.gather_object(figures, gathered, dst=0)
+    dist.gather_object(figures, gathered, dst=0, group=run.pipeline_group)
     if gathered is None:
         return None
     unplaced: tuple[ParamCheck, ...] = ()
@@ -602,11 +653,11 @@ def _quiet_torch_warnings() -> None:
 def _device(request: RunRequest, rank: int) -> tuple[torch.device, str]:
     """CUDA with NCCL when every stage gets a GPU of its own, else the CPU with gloo."""
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if request.device == "cuda" and gpus < request.stages:
+    if request.device == "cuda" and gpus < request.ranks:
         raise SyncpassError(
-            f"--device cuda needs a GPU per stage: {request.stages} stage(s), {gpus} GPU(s) visible"
+            f"--device cuda needs a GPU per rank: {request.ranks} rank(s), {gpus} GPU(s) visible"
         )
-    if request.device == "cuda" or (request.device == "auto" and gpus >= request.stages):
+    if request.device == "cuda" or (request.device == "auto" and gpus >= request.ranks):
         device = torch.device("cuda", rank)
         torch.cuda.set_device(device)
         return device, "nccl"
@@ -1129,7 +1180,7 @@ def sum_tied_gradients(run: StageRun) -> None:
         for tied in weight.copies:
             if tied.grad is not None:
                 total += tied.grad
-        dist.all_reduce(total)
+        dist.all_reduce(total, group=run.pipeline_group)
         for tied in weight.copies:
             tied.grad = total.clone()
 
@@ -1144,11 +1195,30 @@ def _tied_checks(run: StageRun) -> tuple[TiedCheck, ...]:
         for tied in weight.copies:
             high = torch.maximum(high, tied.detach())
             low = torch.minimum(low, tied.detach())
-        dist.all_reduce(high, op=dist.ReduceOp.MAX)
-        dist.all_reduce(low, op=dist.ReduceOp.MIN)
+        dist.all_reduce(high, op=dist.ReduceOp.MAX, group=run.pipeline_group)
+        dist.all_reduce(low, op=dist.ReduceOp.MIN, group=run.pipeline_group)
         drift = float((high - low).abs().max())
         checks.append(TiedCheck(weight.name, weight.stages, run.request.steps + 1, drift, atol))
     return tuple(checks)
+
+
+def _gathered_gradients(
+    run: StageRun, stage_module: torch.nn.Module, names: dict[str, str]
+) -> dict[str, torch.Tensor]:
+    """The whole gradient of each parameter of ``stage_module`` the tensor-parallel layout
+    split, gathered from the stage's ranks (each joins, in the same order); a row-split
+    layer's bias is rank 0's alone, and kept as it is."""
+    whole: dict[str, torch.Tensor] = {}
+    for local, parameter in stage_module.named_parameters():
+        original = names.get(local, "")
+        if original not in run.split or original in whole:
+            continue
+        _, dim, chunks = run.split[original]
+        if dim < 0:
+            continue
+        grad = parameter.grad if parameter.grad is not None else torch.zeros_like(parameter)
+        whole[original] = tensor_parallel.gather_parameter_grad(grad, dim, chunks, run.request.tp)
+    return whole
 
 
 def _check(
@@ -1161,7 +1231,7 @@ def _check(
     groups, _, own = _shared_groups(run)
     replicated = verify.sum_replicated(groups, own, run.aliases, reference, run.device)
     checks: list[ParamCheck] = []
-    for index, stage_module in modules.items():
+    for index, stage_module in sorted(modules.items()):
         names = verify.stage_parameter_names(stage_module, run.identity, run.aliases)
         checks += verify.check_stage(
             index,
@@ -1172,6 +1242,7 @@ def _check(
             run.device,
             request.rtol,
             request.atol,
+            _gathered_gradients(run, stage_module, names),
         )
     loss_checks: tuple[LossCheck, ...] = ()
     if run.is_last:

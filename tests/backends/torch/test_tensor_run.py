@@ -255,10 +255,12 @@ def test_megatrons_placement_is_written_the_same_way_and_measured_beside_syncpas
     assert other["request"]["file"].endswith("lm_megatron.py")
     for document in (report, other):
         assert all(rank["timed_steps"] == 2 and rank["step_s"] > 0 for rank in document["ranks"])
+        assert all(len(rank["speed_probes_s"]) == 2 for rank in document["ranks"])
         # With --costs, each file's layouts planned on the profile's tensor graph.
         prediction = document["prediction"]
         assert prediction["predicted_step_s"] > 0
         assert prediction["measured_step_s"] == max(rank["step_s"] for rank in document["ranks"])
+        assert prediction["speed_factor"] > 0  # the probes' median over the profile's
     # Megatron's layouts read back from the file: its two all-reduces a layer each way.
     assert f"{2 * layers} forward, {2 * layers} backward), measured" in ran.stdout
     assert other["prediction"]["split_ops"] > 0 and report["prediction"]["split_ops"] > 0

@@ -1,0 +1,85 @@
+"""Pipeline stages and tensor parallelism together (``run --stages S --tp T``): the bundled
+LM rewritten for 2 tensor-parallel ranks, that file split into 2 eager stages, run on 2 x 2
+gloo processes and compared with the unsplit model; a file missing one collective fails."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from once import load_process, save_process, shared
+
+ROOT = Path(__file__).resolve().parents[3]
+LM = ROOT / "examples" / "transformer_lm.py"
+COLLECTIVE = "x = copy_to_tensor_parallel_region(x)"
+
+pytestmark = pytest.mark.slow
+
+
+def _syncpass(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "syncpass", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+    )
+
+
+def _made(folder: Path) -> None:
+    tp, costs, staged = folder / "lm_tp.py", folder / "tp.costs.json", folder / "lm_2d.py"
+    steps = [
+        ("rewrite", str(LM), "--example", f"{LM}:example", "--strategy", "tensor", "--tp", "2",
+         "--tp-placement", "megatron", "-o", str(tp)),
+        ("profile", str(tp), "--example", f"{tp}:example", "--repeats", "1", "--warmup", "0",
+         "-o", str(costs)),
+        ("rewrite", str(tp), "--costs", str(costs), "--stages", "2", "-o", str(staged)),
+    ]  # fmt: skip
+    for number, argv in enumerate(steps):
+        save_process(folder / f"step{number}.json", _syncpass(*argv))
+    text = staged.read_text()
+    (folder / "lm_2d_missing.py").write_text(text.replace(COLLECTIVE, "x = x", 1))
+    for name in ("lm_2d", "lm_2d_missing"):
+        file = folder / f"{name}.py"
+        ran = _syncpass(
+            "run", str(file), "--example", f"{file}:example", "--stages", "2", "--tp", "2",
+            "--verify", "--steps", "1", "--json-report", str(folder / f"{name}.json"),
+        )  # fmt: skip
+        save_process(folder / f"{name}.run.json", ran)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return shared(tmp_path_factory, "pipeline-tensor-lm", _made)
+
+
+def test_a_tensor_parallel_file_split_into_stages_runs_on_2x2_ranks_and_verifies(
+    folder: Path,
+) -> None:
+    for number in range(3):
+        step = load_process(folder / f"step{number}.json")
+        assert step.returncode == 0, step.stderr
+    text = (folder / "lm_2d.py").read_text()
+    # Both kinds of sync point in one source: the stages and the collectives.
+    assert "class TransformerLMStage0(" in text and COLLECTIVE in text
+    assert "TENSOR_PARALLEL_LAYOUT = {" in text
+    ran = load_process(folder / "lm_2d.run.json")
+    assert ran.returncode == 0, ran.stdout + ran.stderr
+    assert "each split over 2 tensor-parallel ranks (4 in all" in ran.stdout
+    report = json.loads((folder / "lm_2d.json").read_text())
+    assert report["verify"]["ok"] is True
+    parameters = report["verify"]["parameters"]
+    gathered = [check for check in parameters if "gathered" in check["note"]]
+    assert gathered and all(check["ok"] for check in parameters)
+    assert {check["stage"] for check in gathered} == {0, 1}  # split layers in both stages
+
+
+def test_a_missing_collective_in_one_stage_is_caught(folder: Path) -> None:
+    ran = load_process(folder / "lm_2d_missing.run.json")
+    assert ran.returncode == 1, ran.stdout + ran.stderr
+    report = json.loads((folder / "lm_2d_missing.json").read_text())
+    assert report["verify"]["ok"] is False
+    assert any(not check["ok"] and check["stage"] == 0 for check in report["verify"]["parameters"])
