@@ -40,6 +40,7 @@ from syncpass.commands.tensor import (
     add_tensor_style_option,
     run_tensor_plan,
     run_tensor_rewrite,
+    tensor_rewritten,
 )
 from syncpass.contracts.config import SCHEDULES, strategy_names
 from syncpass.contracts.costs import Costs, load_costs
@@ -564,6 +565,53 @@ def _saved_plan(args: argparse.Namespace) -> Plan:
     return load_plan(args.plan)
 
 
+def _run_rewrite_both(args: argparse.Namespace) -> int:
+    """``rewrite FILE --example SPEC --strategy tensor --tp T --stages S``: the tensor-parallel
+    plan written in, then that source split into S eager stages as any model is (profiled
+    on its example, outside a process group, where its collectives do nothing), in one
+    file. The tensor-parallel source is kept beside FILE while the stages are planned
+    (``.NAME.syncpass-tp.py``) and removed after."""
+    if args.example is None or args.output in (None, "-") or args.in_place:
+        raise SyncpassError(
+            "rewrite --strategy tensor --stages S needs --example SPEC and -o OUT (the "
+            "stages are planned on a profile of the tensor-parallel source)"
+        )
+    if args.costs is not None or args.plan is not None:
+        raise SyncpassError(
+            "rewrite --strategy tensor --stages S profiles the tensor-parallel source itself: "
+            "drop --costs/--plan (or rewrite in two steps, docs/tensor.md)"
+        )
+    source = Path(args.file)
+    module, _, function = args.example.rpartition(":")
+    if not module or Path(module).resolve() != source.resolve():
+        raise SyncpassError(
+            "rewrite --strategy tensor --stages S needs the example in the model file "
+            f"(--example {source}:FUNC), so that it builds the tensor-parallel model",
+            args.example,
+        )
+    refuse_clobbering({"-o": args.output}, {"the input file": args.file})
+    _, rewritten, summary = tensor_rewritten(args)
+    print(f"syncpass: {summary}", file=sys.stderr)
+    staged = source.with_name(f".{source.stem}.syncpass-tp.py")
+    write_atomically(staged, rewritten)
+    try:
+        return _run_rewrite(
+            argparse.Namespace(
+                **{
+                    **vars(args),
+                    "file": str(staged),
+                    "example": f"{staged}:{function}",
+                    "strategy": None,
+                    "tp": None,
+                    "tp_style": None,
+                    "tp_placement": None,
+                }
+            )
+        )
+    finally:
+        staged.unlink(missing_ok=True)
+
+
 def _run_rewrite(args: argparse.Namespace) -> int:
     from syncpass.commands.confirm import confirmed_rewrite
     from syncpass.frontend.source import read_model_text
@@ -575,8 +623,12 @@ def _run_rewrite(args: argparse.Namespace) -> int:
         getattr(args, "tp_style", None),
         getattr(args, "tp_placement", None),
     )
-    if args.strategy == TENSOR_STRATEGY or tensor_flags != (None, None, None):
+    if (args.strategy == TENSOR_STRATEGY or tensor_flags != (None, None, None)) and (
+        args.stages is None
+    ):
         return run_tensor_rewrite(args)
+    if args.strategy == TENSOR_STRATEGY or tensor_flags != (None, None, None):
+        return _run_rewrite_both(args)
     if args.diff and (args.in_place or args.output not in (None, "-")):
         raise SyncpassError("--diff prints the change instead of writing it; drop -o/--in-place")
     path = "<stdin>" if args.file == "-" else args.file

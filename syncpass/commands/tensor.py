@@ -107,9 +107,10 @@ def add_tensor_placement_option(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def check_tensor_flags(args: argparse.Namespace) -> None:
+def check_tensor_flags(args: argparse.Namespace, with_stages: bool = False) -> None:
     """``--tp`` and ``--tp-style`` belong to ``--strategy tensor``, and pipeline flags do
-    not."""
+    not, unless ``with_stages`` (a rewrite that also splits the result into ``--stages``,
+    which the pipeline flags are for) and ``--stages`` is given."""
     tensor = getattr(args, "strategy", None) == TENSOR_STRATEGY
     if not tensor and getattr(args, "tp", None) is not None:
         raise SyncpassError("--tp plans tensor parallelism: add --strategy tensor")
@@ -121,11 +122,14 @@ def check_tensor_flags(args: argparse.Namespace) -> None:
         return
     if getattr(args, "tp", None) is None:
         raise SyncpassError("--strategy tensor needs --tp N, the number of devices")
+    if with_stages and getattr(args, "stages", None) is not None:
+        return
     for name, flag in _PIPELINE_ONLY:
         if getattr(args, name, None) not in (None, ()):
             raise SyncpassError(
                 f"{flag} is a pipeline setting; --strategy tensor plans one layer's split "
-                "over --tp devices (pipeline and tensor together come later)"
+                "over --tp devices (syncpass rewrite --strategy tensor --tp T --stages S "
+                "also splits the result into stages)"
             )
 
 
@@ -176,15 +180,48 @@ def run_tensor_plan(args: argparse.Namespace, overrides: Overrides) -> int:
 def run_tensor_rewrite(args: argparse.Namespace) -> int:
     """``syncpass rewrite FILE --example SPEC --strategy tensor --tp N``: write the plan's
     collectives into the model's forwards (the backend's ``tensor_rewrite`` hook)."""
+    from syncpass.commands.cliargs import EXIT_FOUND
+
+    text, rewritten, summary = tensor_rewritten(args)
+    changed = rewritten != text
+    if args.diff:
+        import difflib
+
+        sys.stdout.writelines(
+            difflib.unified_diff(
+                text.splitlines(keepends=True),
+                rewritten.splitlines(keepends=True),
+                fromfile=args.file,
+                tofile=args.output or args.file,
+            )
+        )
+        return EXIT_OK
+    if args.check:
+        print(
+            f"{'would rewrite' if changed else 'up to date:'} {args.file}: {summary}",
+            file=sys.stderr,
+        )
+        return EXIT_FOUND if changed else EXIT_OK
+    if args.output is None or args.output == "-":
+        sys.stdout.write(rewritten)
+        print(f"syncpass: {summary}", file=sys.stderr)
+    else:
+        write_atomically(args.output, rewritten)
+        print(f"syncpass: wrote {args.output}: {summary}", file=sys.stderr)
+    return EXIT_OK
+
+
+def tensor_rewritten(args: argparse.Namespace) -> tuple[str, str, str]:
+    """The model's text, the text with the tensor-parallel plan written in, and the summary
+    line; the notes of what stays replicated and why go to stderr."""
     from pathlib import Path
 
     from syncpass.backends.registry import load_backend
     from syncpass.backends.spec import TensorRewriteRequest
-    from syncpass.commands.cliargs import EXIT_FOUND
     from syncpass.core.units import seconds
     from syncpass.frontend.source import read_model_text
 
-    check_tensor_flags(args)
+    check_tensor_flags(args, with_stages=True)
     if args.tp == AUTO:
         raise SyncpassError(
             "--tp auto is a plan's choice: run syncpass plan --costs FILE --strategy tensor "
@@ -230,29 +267,4 @@ def run_tensor_rewrite(args: argparse.Namespace) -> int:
         print(f"syncpass: note: stays replicated: {note}", file=sys.stderr)
     for note in plan.notes:
         print(f"syncpass: note: {note}", file=sys.stderr)
-    changed = result.rewritten != text
-    if args.diff:
-        import difflib
-
-        sys.stdout.writelines(
-            difflib.unified_diff(
-                text.splitlines(keepends=True),
-                result.rewritten.splitlines(keepends=True),
-                fromfile=args.file,
-                tofile=args.output or args.file,
-            )
-        )
-        return EXIT_OK
-    if args.check:
-        print(
-            f"{'would rewrite' if changed else 'up to date:'} {args.file}: {summary}",
-            file=sys.stderr,
-        )
-        return EXIT_FOUND if changed else EXIT_OK
-    if args.output is None or args.output == "-":
-        sys.stdout.write(result.rewritten)
-        print(f"syncpass: {summary}", file=sys.stderr)
-    else:
-        write_atomically(args.output, result.rewritten)
-        print(f"syncpass: wrote {args.output}: {summary}", file=sys.stderr)
-    return EXIT_OK
+    return text, result.rewritten, summary

@@ -156,3 +156,18 @@ def test_rewrite_with_tp_auto_says_to_plan_first(capsys: pytest.CaptureFixture[s
     argv = ["rewrite", str(model), "--example", f"{model}:example", "--strategy", "tensor"]
     assert main([*argv, "--tp", "auto"]) == 2
     assert "--tp auto is a plan's choice" in capsys.readouterr().err
+
+
+def test_tensor_and_stages_in_one_rewrite_need_the_example_in_the_file_and_an_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    model = tmp_path / "transformer_lm.py"
+    model.write_text((REPO / "examples" / "transformer_lm.py").read_text())
+    argv = ["rewrite", str(model), "--strategy", "tensor", "--tp", "2", "--stages", "2"]
+    assert main([*argv, "--example", f"{model}:example"]) == 2  # no -o
+    assert "needs --example SPEC and -o OUT" in capsys.readouterr().err
+    other = REPO / "examples" / "transformer_lm.py"
+    out = tmp_path / "out.py"
+    assert main([*argv, "--example", f"{other}:example", "-o", str(out)]) == 2
+    assert "needs the example in the model file" in capsys.readouterr().err
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == [model.name]

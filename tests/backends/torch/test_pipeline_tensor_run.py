@@ -1,6 +1,7 @@
-"""Pipeline stages and tensor parallelism together (``run --stages S --tp T``): the bundled
-LM rewritten for 2 tensor-parallel ranks, that file split into 2 eager stages, run on 2 x 2
-gloo processes and compared with the unsplit model; a file missing one collective fails."""
+"""Pipeline stages and tensor parallelism together (``rewrite --strategy tensor --tp T
+--stages S``, ``run --stages S --tp T``): the bundled LM rewritten for 2 tensor-parallel
+ranks and split into 2 eager stages in one command, run on 2 x 2 gloo processes and
+compared with the unsplit model; a file missing one collective fails."""
 
 from __future__ import annotations
 
@@ -30,16 +31,14 @@ def _syncpass(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def _made(folder: Path) -> None:
-    tp, costs, staged = folder / "lm_tp.py", folder / "tp.costs.json", folder / "lm_2d.py"
-    steps = [
-        ("rewrite", str(LM), "--example", f"{LM}:example", "--strategy", "tensor", "--tp", "2",
-         "--tp-placement", "megatron", "-o", str(tp)),
-        ("profile", str(tp), "--example", f"{tp}:example", "--repeats", "1", "--warmup", "0",
-         "-o", str(costs)),
-        ("rewrite", str(tp), "--costs", str(costs), "--stages", "2", "-o", str(staged)),
-    ]  # fmt: skip
-    for number, argv in enumerate(steps):
-        save_process(folder / f"step{number}.json", _syncpass(*argv))
+    model, staged = folder / "transformer_lm.py", folder / "lm_2d.py"
+    model.write_text(LM.read_text())
+    # One command: the tensor-parallel plan written in, then that source split into stages.
+    rewritten = _syncpass(
+        "rewrite", str(model), "--example", f"{model}:example", "--strategy", "tensor",
+        "--tp", "2", "--tp-placement", "megatron", "--stages", "2", "-o", str(staged),
+    )  # fmt: skip
+    save_process(folder / "rewrite.json", rewritten)
     text = staged.read_text()
     (folder / "lm_2d_missing.py").write_text(text.replace(COLLECTIVE, "x = x", 1))
     for name in ("lm_2d", "lm_2d_missing"):
@@ -59,9 +58,10 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_tensor_parallel_file_split_into_stages_runs_on_2x2_ranks_and_verifies(
     folder: Path,
 ) -> None:
-    for number in range(3):
-        step = load_process(folder / f"step{number}.json")
-        assert step.returncode == 0, step.stderr
+    rewritten = load_process(folder / "rewrite.json")
+    assert rewritten.returncode == 0, rewritten.stderr
+    assert "Megatron-LM's placement" in rewritten.stderr and "2 stage(s)" in rewritten.stderr
+    assert sorted(path.name for path in folder.glob(".*syncpass-tp*")) == []  # cleaned up
     text = (folder / "lm_2d.py").read_text()
     # Both kinds of sync point in one source: the stages and the collectives.
     assert "class TransformerLMStage0(" in text and COLLECTIVE in text
