@@ -396,3 +396,30 @@ def test_real_model_splits_by_tensor_parallelism_and_verifies(
     assert status == 0, ran.out + ran.err
     assert "collectives: match" in ran.out
     assert f"verify: ok: {parameters} parameter(s)" in ran.out
+
+
+@pytest.mark.slow  # records, profiles and plans in one rewrite, then 4 gloo ranks: ~60 s
+def test_hf_llama_splits_into_stages_of_tensor_parallel_ranks_and_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Hugging Face's Llama, its attention split by heads and its MLP as Megatron's over 2
+    tensor-parallel ranks and the result split into 2 eager stages in one rewrite, runs on
+    2 x 2 gloo ranks with every gradient (the split ones gathered) equal to the unsplit
+    model's."""
+    every = (*CORPUS.MODELS, *CORPUS.HELD_OUT, *CORPUS.FOURTH_BATCH)
+    model = next(model for model in every if model.name == "hf_llama")
+    source = prepared(model, tmp_path)
+    out = tmp_path / "hf_llama_2x2.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--strategy", "tensor"]
+    argv += ["--tp", "2", "--stages", "2", "-o", str(out)]
+    argv += ["--hardware", str(REPO / "tests" / "data" / "fast_link.toml")]
+    assert main(argv) == 0, capsys.readouterr().err
+    written = out.read_text()
+    assert '"model.layers.*.self_attn.o_proj": "row",' in written
+    assert written.count("# syncpass sync ") == 1  # one cut, two stages
+    run = ["run", str(out), "--example", f"{out}:example", "--stages", "2", "--tp", "2"]
+    status = main([*run, "--verify", "--steps", "1"])
+    ran = capsys.readouterr()
+    assert status == 0, ran.out + ran.err
+    assert "each split over 2 tensor-parallel ranks" in ran.out
+    assert "verify: ok: 57 of 57 parameter(s)" in ran.out
