@@ -14,7 +14,7 @@ import difflib
 import json
 import shutil
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from syncpass import __version__
@@ -70,7 +70,7 @@ from syncpass.plan.recompute_plan import (
     render_recompute,
 )
 from syncpass.plan.report import render_plan, render_sweep
-from syncpass.plan.retarget import sweep_batch, sweep_to_json
+from syncpass.plan.retarget import retarget_tensor_parallel, sweep_batch, sweep_to_json
 from syncpass.plan.schedule import OrderSource, single_stage_order
 from syncpass.runtime.example import example_location
 from syncpass.runtime.guard import call_guarded
@@ -570,7 +570,9 @@ def _run_rewrite_both(args: argparse.Namespace) -> int:
     plan written in, then that source split into S eager stages as any model is (profiled
     on its example, outside a process group, where its collectives do nothing), in one
     file. The tensor-parallel source is kept beside FILE while the stages are planned
-    (``.NAME.syncpass-tp.py``) and removed after."""
+    (``.NAME.syncpass-tp.py``) and removed after; the stages are planned with each op's
+    time as one rank computes it under the tensor-parallel plan
+    (:func:`retarget_tensor_parallel`)."""
     if args.example is None or args.output in (None, "-") or args.in_place:
         raise SyncpassError(
             "rewrite --strategy tensor --stages S needs --example SPEC and -o OUT (the "
@@ -590,7 +592,7 @@ def _run_rewrite_both(args: argparse.Namespace) -> int:
             args.example,
         )
     refuse_clobbering({"-o": args.output}, {"the input file": args.file})
-    _, rewritten, summary = tensor_rewritten(args)
+    _, rewritten, summary, tensor_plan = tensor_rewritten(args)
     print(f"syncpass: {summary}", file=sys.stderr)
     staged = source.with_name(f".{source.stem}.syncpass-tp.py")
     write_atomically(staged, rewritten)
@@ -606,13 +608,21 @@ def _run_rewrite_both(args: argparse.Namespace) -> int:
                     "tp_style": None,
                     "tp_placement": None,
                 }
-            )
+            ),
+            # The stages' times as one rank of each stage computes them.
+            adjust=lambda costs: _noted(retarget_tensor_parallel(costs, tensor_plan)),
         )
     finally:
         staged.unlink(missing_ok=True)
 
 
-def _run_rewrite(args: argparse.Namespace) -> int:
+def _noted(costs: Costs) -> Costs:
+    """``costs``, its last note (what was just done to its figures) said on stderr."""
+    print(f"syncpass: note: {costs.notes[-1]}", file=sys.stderr)
+    return costs
+
+
+def _run_rewrite(args: argparse.Namespace, adjust: Callable[[Costs], Costs] | None = None) -> int:
     from syncpass.commands.confirm import confirmed_rewrite
     from syncpass.frontend.source import read_model_text
     from syncpass.rewrite.driver import rewrite_text
@@ -648,6 +658,8 @@ def _run_rewrite(args: argparse.Namespace) -> int:
         result = rewrite_text(text, path, backend, None, class_name=settings.model, plan=plan)
     else:
         costs = _rewrite_costs(args, text, settings, backend)
+        if adjust is not None:
+            costs = adjust(costs)
         result = rewrite_text(
             text,
             path,

@@ -17,7 +17,7 @@ from syncpass.contracts.costs import load_costs
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import refuse_clobbering, write_atomically
 from syncpass.plan.tensor_baselines import PLACEMENTS
-from syncpass.plan.tensor_plan import tensor_plan_to_json
+from syncpass.plan.tensor_plan import TensorPlan, tensor_plan_to_json
 from syncpass.plan.tensor_planner import (
     TensorRequest,
     check_tensor_request,
@@ -182,7 +182,7 @@ def run_tensor_rewrite(args: argparse.Namespace) -> int:
     collectives into the model's forwards (the backend's ``tensor_rewrite`` hook)."""
     from syncpass.commands.cliargs import EXIT_FOUND
 
-    text, rewritten, summary = tensor_rewritten(args)
+    text, rewritten, summary, _ = tensor_rewritten(args)
     changed = rewritten != text
     if args.diff:
         import difflib
@@ -211,9 +211,9 @@ def run_tensor_rewrite(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def tensor_rewritten(args: argparse.Namespace) -> tuple[str, str, str]:
-    """The model's text, the text with the tensor-parallel plan written in, and the summary
-    line; the notes of what stays replicated and why go to stderr."""
+def tensor_rewritten(args: argparse.Namespace) -> tuple[str, str, str, TensorPlan]:
+    """The model's text, the text with the tensor-parallel plan written in, the summary
+    line and the plan; the notes of what stays replicated and why go to stderr."""
     from pathlib import Path
 
     from syncpass.backends.registry import load_backend
@@ -267,4 +267,4 @@ def tensor_rewritten(args: argparse.Namespace) -> tuple[str, str, str]:
         print(f"syncpass: note: stays replicated: {note}", file=sys.stderr)
     for note in plan.notes:
         print(f"syncpass: note: {note}", file=sys.stderr)
-    return text, result.rewritten, summary
+    return text, result.rewritten, summary, plan

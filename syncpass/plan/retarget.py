@@ -26,6 +26,7 @@ from syncpass.contracts.costs import Costs
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import Plan, PlanCache, PlanRequest, make_plan
 from syncpass.plan.schedule import OrderSource, single_stage_order
+from syncpass.plan.tensor_plan import TensorPlan
 
 
 def retarget_batch(costs: Costs, batch_size: int) -> Costs:
@@ -88,6 +89,56 @@ def retarget_speed(costs: Costs, probe_s: float) -> tuple[Costs, float]:
         ),
         factor,
     )
+
+
+def retarget_tensor_parallel(costs: Costs, plan: TensorPlan) -> Costs:
+    """``costs`` (of a model profiled whole) for stages whose layers ``plan`` splits over
+    ``plan.tp`` ranks: each op's time that scales (not its fixed part per call) multiplied
+    by the share one rank computes of the tensor-parallel ops inside it (those whose id is
+    the op's or starts with it and a dot: ``blocks.3.attn.qkv`` inside ``blocks.3``; a split
+    op computes a ``1/tp`` share), and the plan's collectives inside it added, forward and
+    backward. An op with no tensor-parallel op inside keeps its times. A note says so."""
+    shares: dict[str, tuple[float, float]] = {}  # op -> (per rank, whole)
+    collectives: dict[str, tuple[float, float]] = {}  # op -> (forward, backward)
+    prefixes = sorted((op.id for op in costs.ops), key=len, reverse=True)
+
+    def owner(name: str) -> str | None:
+        return next((p for p in prefixes if name == p or name.startswith(p + ".")), None)
+
+    for layout in plan.layouts:
+        found = owner(layout.op)
+        if found is None:
+            continue
+        whole = layout.compute_s * (1 if layout.layout == "replicated" else plan.tp)
+        rank, total = shares.get(found, (0.0, 0.0))
+        shares[found] = (rank + layout.compute_s, total + whole)
+    for item in plan.collectives:
+        found = owner(item.value)
+        if found is None or item.within is not None:
+            continue
+        forward, backward = collectives.get(found, (0.0, 0.0))
+        if item.direction == "forward":
+            collectives[found] = (forward + item.time_s, backward)
+        else:
+            collectives[found] = (forward, backward + item.time_s)
+    ops = []
+    for op in costs.ops:
+        rank, total = shares.get(op.id, (0.0, 0.0))
+        scaled = op.with_compute_scaled(rank / total) if total > 0 else op
+        forward, backward = collectives.get(op.id, (0.0, 0.0))
+        ops.append(
+            dataclasses.replace(
+                scaled,
+                compute_s=scaled.compute_s + forward,
+                backward_s=scaled.backward_s + backward,
+            )
+        )
+    split = sum(1 for rank, total in shares.values() if total > 0 and rank < total)
+    note = (
+        f"tensor-parallel over {plan.tp} ranks: {split} op(s) computed as one rank's share "
+        "of the split layers inside them, with their collectives added"
+    )
+    return dataclasses.replace(costs, ops=tuple(ops), notes=(*costs.notes, note))
 
 
 #: What a stage holds per byte of weights besides its optimizer state, when training:

@@ -19,9 +19,11 @@ from syncpass.plan.planner import PlanRequest, make_plan
 from syncpass.plan.retarget import (
     retarget_batch,
     retarget_speed,
+    retarget_tensor_parallel,
     shard_optimizer_state,
     sweep_batch,
 )
+from syncpass.plan.tensor_plan import OpLayout, PlanCost, PlannedCollective, TensorPlan
 
 
 def test_compute_and_bytes_scale_parameters_and_latency_do_not() -> None:
@@ -58,6 +60,50 @@ def test_a_slower_machine_scales_every_op_time_and_nothing_else() -> None:
     # A cost file that measured no speed is taken as it is.
     unprobed = parse_costs(data)
     assert retarget_speed(unprobed, 0.003) == (unprobed, 1.0)
+
+
+def test_stages_of_tensor_parallel_ranks_compute_one_ranks_share_and_their_collectives() -> None:
+    data = cost_dict([1.0, 4.0, 4.0, 2.0], [8, 8, 8], backward=[2.0, 8.0, 8.0, 4.0])
+    for op, name in zip(data["ops"], ("embed", "blocks.0", "blocks.1", "head"), strict=True):
+        op["id"] = name
+    for cut, name in zip(data["cuts"], ("embed", "blocks.0", "blocks.1"), strict=True):
+        cut["after"] = name
+    data["ops"][1].update(fixed_s=0.5)  # not divided: every call pays it
+    costs = parse_costs(data)
+
+    def layout(op: str, how: str, compute: float) -> OpLayout:
+        return OpLayout(op, "linear", how, ("R",), "R", compute, 0.0)
+
+    def collective(value: str, direction: str, time_s: float) -> PlannedCollective:
+        return PlannedCollective("all-reduce", direction, value, "P", "R", 64, time_s, value)
+
+    plan = TensorPlan(
+        tp=2,
+        batch_size=8,
+        training=True,
+        sequence_parallel=False,
+        layouts=(
+            layout("blocks.0.fc", "column", 1.0),  # a rank's half of 2.0
+            layout("blocks.0.ln", "replicated", 0.5),
+            layout("blocks.1.fc", "column", 1.0),
+            layout("blocks.1.ln", "replicated", 0.5),
+            layout("head", "replicated", 3.0),
+        ),
+        collectives=(
+            collective("blocks.0.proj", "forward", 0.25),
+            collective("blocks.0.fc", "backward", 0.5),
+        ),
+        cost=PlanCost("syncpass", 1.0, 1.0, 0.0, 0.0, True, 1, 1),
+    )
+    split = retarget_tensor_parallel(costs, plan)
+    share = (1.0 + 0.5) / (2.0 + 0.5)  # what one rank computes of blocks.N
+    embed, first, second, head = split.ops
+    assert (embed.compute_s, head.compute_s) == (1.0, 2.0)  # nothing of them split
+    assert first.compute_s == pytest.approx(0.5 + 3.5 * share + 0.25)
+    assert first.backward_s == pytest.approx(8.0 * share + 0.5)
+    assert second.compute_s == pytest.approx(4.0 * share)
+    assert "tensor-parallel over 2 ranks: 2 op(s)" in split.notes[-1]
+    assert split.cuts == costs.cuts and split.hardware == costs.hardware
 
 
 def sweep_costs() -> dict[str, object]:

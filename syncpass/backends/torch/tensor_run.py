@@ -16,17 +16,16 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import importlib.util
-import sys
 import time
 import warnings
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import timedelta
 from multiprocessing.process import BaseProcess
 from pathlib import Path
 from typing import Any
 
+from syncpass.backends.torch.tensor_form import expected_of, written_form
 from syncpass.core.errors import SyncpassError
 from syncpass.runtime.contracts import (
     ParamCheck,
@@ -40,80 +39,6 @@ from syncpass.runtime.prediction import TensorRunPrediction, render_tensor_predi
 
 DEFAULT_RTOL = 1e-4
 DEFAULT_ATOL = 1e-5
-
-
-@dataclass(frozen=True)
-class WrittenForm:
-    """What ``syncpass rewrite --strategy tensor`` wrote after the model: the eager form's
-    ``TENSOR_PARALLEL_LAYOUT`` (``shard_module``'s), or the ``dtensor`` form's
-    ``TENSOR_PARALLEL_PLAN`` (``parallelize_module``'s parallel styles); and
-    ``TENSOR_PARALLEL_COLLECTIVES``."""
-
-    layouts: dict[str, str] | None
-    styles: dict[str, Any] | None
-    counts: dict[str, int]
-
-
-def _written(file: str) -> WrittenForm:
-    """The file's written form (:class:`WrittenForm`)."""
-    spec = importlib.util.spec_from_file_location("_syncpass_tensor_file", file)
-    if spec is None or spec.loader is None:  # pragma: no cover - a .py path
-        raise SyncpassError("cannot import this file", file)
-    module = importlib.util.module_from_spec(spec)
-    # Registered while it runs, as an import would: code that looks its own module up
-    # (Hugging Face's docstring decorators, dataclasses) finds it.
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    layouts = getattr(module, "TENSOR_PARALLEL_LAYOUT", None)
-    styles = getattr(module, "TENSOR_PARALLEL_PLAN", None)
-    counts = getattr(module, "TENSOR_PARALLEL_COLLECTIVES", None)
-    if not isinstance(layouts, dict | None) or not isinstance(styles, dict | None):
-        raise SyncpassError(
-            "TENSOR_PARALLEL_LAYOUT and TENSOR_PARALLEL_PLAN must be dicts by module name", file
-        )
-    if (layouts is None) == (styles is None) or not isinstance(counts, dict):
-        raise SyncpassError(
-            "no TENSOR_PARALLEL_LAYOUT (or TENSOR_PARALLEL_PLAN) and TENSOR_PARALLEL_COLLECTIVES "
-            "in this file: run syncpass rewrite --strategy tensor --tp N on the model first",
-            file,
-        )
-    return WrittenForm(layouts, styles, counts)
-
-
-#: DTensor's parallel styles as the plan's layouts.
-_STYLE_LAYOUTS = {"ColwiseParallel": "column", "RowwiseParallel": "row"}
-
-
-def written_layouts(file: str) -> dict[str, str]:
-    """The eager form's TENSOR_PARALLEL_LAYOUT of ``file`` (the pipeline runner's, for
-    ``--stages S --tp T``)."""
-    form = _written(file)
-    if form.layouts is None:
-        raise SyncpassError(
-            "--stages with --tp runs the eager tensor form (TENSOR_PARALLEL_LAYOUT); this "
-            "file has the DTensor form's TENSOR_PARALLEL_PLAN: rewrite it without "
-            "--tp-style dtensor",
-            file,
-        )
-    return {str(name): str(layout) for name, layout in form.layouts.items()}
-
-
-def _expected(file: str) -> tuple[dict[str, int], dict[str, str], str]:
-    """The collectives the written plan runs per rank (``TENSOR_PARALLEL_COLLECTIVES``), the
-    layout of each module it splits, and its form."""
-    form = _written(file)
-    if form.styles is not None:
-        layouts = {
-            name: _STYLE_LAYOUTS[type(style).__name__]
-            for name, style in form.styles.items()
-            if type(style).__name__ in _STYLE_LAYOUTS
-        }
-        return form.counts, layouts, "dtensor"
-    assert form.layouts is not None
-    return form.counts, {str(k): str(v) for k, v in form.layouts.items()}, "eager"
 
 
 def _entry(request: TensorRunRequest, rank: int, messages: Any) -> None:
@@ -197,7 +122,7 @@ def _checked(request: TensorRunRequest, rank: int) -> tuple[TensorRankDone, Any,
     from syncpass.backends.torch import tensor_parallel as tp
     from syncpass.backends.torch.example import load_example
 
-    form = _written(request.file)
+    form = written_form(request.file)
     example = load_example(request.example)
     model = example.model
     reference = copy.deepcopy(model) if request.verify else None
@@ -368,7 +293,7 @@ def launch_tensor(request: TensorRunRequest) -> TensorRunResult:
     with contextlib.ExitStack() as held:
         held.enter_context(preloading_imports_of(request.file))
         expected = [
-            call_guarded(_expected, file, what="the rewritten file", timeout_s=request.timeout_s)
+            call_guarded(expected_of, file, what="the rewritten file", timeout_s=request.timeout_s)
             for file in files
         ]
         if request.port == 0:

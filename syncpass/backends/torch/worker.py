@@ -414,7 +414,7 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
             timedelta(seconds=request.timeout_s),
             device,
         )
-    pipeline_group = _mesh_groups(request, stage_rank, tp_rank) if request.tp > 1 else None
+    pipeline_group = _mesh_groups(request, device) if request.tp > 1 else None
     total = request.total_stages
     loss_fn = example.loss_fn
     clock, log, meter = ComputeClock(device), ActionLog(), MemoryMeter()
@@ -499,7 +499,7 @@ def _tensor_split(
     file's TENSOR_PARALLEL_LAYOUT says, and the parameters it split."""
     if request.tp == 1:
         return {}
-    from syncpass.backends.torch.tensor_run import written_layouts
+    from syncpass.backends.torch.tensor_form import written_layouts
 
     layouts = written_layouts(request.file)
     split = tensor_parallel.split_parameters(layouts, model)
@@ -507,16 +507,18 @@ def _tensor_split(
     return split
 
 
-def _mesh_groups(request: RunRequest, stage_rank: int, tp_rank: int) -> Any:
-    """The (stages, tp) mesh of the ranks as process groups, which every rank makes in the
-    same order: this rank's stage's tensor-parallel group becomes the collectives' group
-    (:func:`tensor_parallel.set_tensor_parallel_group`); its pipeline's group is returned,
-    for its stages' sends and receives."""
-    stages, width = request.stages, request.tp
-    pipelines = [dist.new_group([s * width + t for s in range(stages)]) for t in range(width)]
-    tensors = [dist.new_group([s * width + t for t in range(width)]) for s in range(stages)]
-    tensor_parallel.set_tensor_parallel_group(tensors[stage_rank])
-    return pipelines[tp_rank]
+def _mesh_groups(request: RunRequest, device: torch.device) -> Any:
+    """The ranks as torch's ``DeviceMesh`` of shape (stages, tp), rank ``r`` at
+    ``(r // tp, r % tp)``: this rank's stage's tensor-parallel group becomes the
+    collectives' group (:func:`tensor_parallel.set_tensor_parallel_group`); its pipeline's
+    group is returned, for its stages' sends and receives."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    mesh = init_device_mesh(
+        device.type, (request.stages, request.tp), mesh_dim_names=("pipeline", "tensor")
+    )
+    tensor_parallel.set_tensor_parallel_group(mesh["tensor"].get_group())
+    return mesh["pipeline"].get_group()
 
 
 def _buffers(run: StageRun) -> list[torch.Tensor]:

@@ -61,6 +61,10 @@ def test_a_tensor_parallel_file_split_into_stages_runs_on_2x2_ranks_and_verifies
     rewritten = load_process(folder / "rewrite.json")
     assert rewritten.returncode == 0, rewritten.stderr
     assert "Megatron-LM's placement" in rewritten.stderr and "2 stage(s)" in rewritten.stderr
+    # The stages were planned with the blocks' time as one rank computes it.
+    assert "note: tensor-parallel over 2 ranks: 6 op(s) computed as one rank's share" in (
+        rewritten.stderr
+    )
     assert sorted(path.name for path in folder.glob(".*syncpass-tp*")) == []  # cleaned up
     text = (folder / "lm_2d.py").read_text()
     # Both kinds of sync point in one source: the stages and the collectives.
