@@ -21,6 +21,9 @@ import statistics
 import time
 
 import torch
+import torch.distributed as dist
+
+from syncpass.contracts.hardware import cpu_devices
 
 #: Rows and width of the probe's step: small enough to stay in a core's cache.
 ROWS, WIDTH = 128, 256
@@ -50,3 +53,17 @@ class SpeedProbe:
             self._step()
             times.append(time.perf_counter() - started)
         return statistics.median(times)
+
+    def on_ranks(self, ranks: int, threads: int) -> list[float]:
+        """The probe timed on every rank of the default process group (each calls it):
+        all at once, as their steps run, where each rank has cores of its own; else one
+        rank after another, since predictions count ranks sharing cores apart. This rank's
+        time, in a list (empty on none)."""
+        dist.barrier()
+        together = ranks <= cpu_devices(threads)
+        found = []
+        for turn in range(1 if together else ranks):
+            if together or turn == dist.get_rank():
+                found.append(self.time_s())
+            dist.barrier()
+        return found

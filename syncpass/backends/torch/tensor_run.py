@@ -203,17 +203,14 @@ def _steps_in_turn(
     ``(model, example)``, their steps taken in turn (the order rotated each round, each
     step started together on every rank), gradients cleared before each: the machine's
     load then falls on every split alike. After each round the ranks time the speed probe
-    (:mod:`syncpass.backends.torch.speed`; at once where each has a core, else in turn),
-    outside the steps: its times on this rank come second."""
+    outside the steps (:meth:`SpeedProbe.on_ranks`): its times on this rank come second."""
     import statistics
 
     import torch.distributed as dist
 
     from syncpass.backends.torch.speed import SpeedProbe
-    from syncpass.contracts.hardware import cpu_devices
 
     probe = SpeedProbe()
-    together = world <= cpu_devices(threads)
     probes: list[float] = []
     times: list[list[float]] = [[] for _ in runs]
     for round_index in range(steps):
@@ -226,11 +223,7 @@ def _steps_in_turn(
             loss = example.loss_fn(model(*example.args), example.target)
             loss.backward()
             times[place].append(time.perf_counter() - start)
-        dist.barrier()
-        for turn in range(1 if together else world):
-            if together or turn == dist.get_rank():
-                probes.append(probe.time_s())
-            dist.barrier()
+        probes += probe.on_ranks(world, threads)
     return [statistics.median(found) for found in times], tuple(probes)
 
 

@@ -51,7 +51,6 @@ from syncpass.backends.torch.schedules import SCHEDULE_CLASSES, schedule_order
 from syncpass.backends.torch.speed import SpeedProbe
 from syncpass.backends.torch.traceable import values_past_the_next_stage
 from syncpass.contracts.config import SINGLE_STAGE_SCHEDULES
-from syncpass.contracts.hardware import cpu_devices
 from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import raised_microbatches_note
 from syncpass.plan.schedule import Action
@@ -532,17 +531,14 @@ def _timed_steps(
     (step, compute) times per run. Several runs take their steps in turn, in an order
     rotated each round, so that the machine's load falls on all of them alike.
 
-    With ``probe``, after each round the ranks time the speed probe
-    (:mod:`syncpass.backends.torch.speed`) outside the timed steps: all at once, as their
-    steps run, where each rank has cores of its own; else one after another, since the
-    prediction counts ranks sharing cores apart (``Plan.shared_step_s``). This rank's
-    probe times come second."""
+    With ``probe``, after each round the ranks time the speed probe outside the timed
+    steps (:meth:`SpeedProbe.on_ranks`; ranks sharing cores apart, as the prediction counts
+    them: ``Plan.shared_step_s``). This rank's probe times come second."""
     step_times: list[list[float]] = [[] for _ in runs]
     compute_times: list[list[float]] = [[] for _ in runs]
     speed = SpeedProbe() if probe else None
     probes: list[float] = []
     request = runs[0].request
-    together = request.ranks <= cpu_devices(request.threads)
     for round_index in range(runs[0].request.steps):
         shift = round_index % len(runs)
         for place in [*range(shift, len(runs)), *range(shift)]:
@@ -556,11 +552,7 @@ def _timed_steps(
             step_times[place].append(time.perf_counter() - start)
             compute_times[place].append(run.clock.total)
         if speed is not None:
-            dist.barrier()
-            for turn in range(1 if together else request.ranks):
-                if together or turn == dist.get_rank():
-                    probes.append(speed.time_s())
-                dist.barrier()
+            probes += speed.on_ranks(request.ranks, request.threads)
     timed = [
         (tuple(steps), tuple(computes))
         for steps, computes in zip(step_times, compute_times, strict=True)
