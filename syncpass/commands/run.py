@@ -283,11 +283,6 @@ def run_command(args: argparse.Namespace) -> int:
         args, backend.schedules[0] if backend.schedules else "1f1b", backend.schedules
     )
     costs = predict = None
-    if args.costs is not None and request.tp > 1:
-        raise SyncpassError(
-            "--costs predicts a pipeline run (--stages) or a tensor-parallel one (--tp), not "
-            "the two together yet: drop --costs"
-        )
     if args.costs is not None:  # checked and read before the run: a bad cost file fails fast
         from syncpass.contracts.costs import load_costs
 

@@ -29,7 +29,7 @@ from syncpass.frontend.match import container_sizes, match_costs
 from syncpass.frontend.source import parse_source
 from syncpass.plan.planner import PlanCache, PlanRequest, make_plan
 from syncpass.plan.recompute_plan import stage_memory_model, with_recomputation
-from syncpass.plan.retarget import retarget_speed
+from syncpass.plan.retarget import retarget_speed, retarget_tensor_parallel
 from syncpass.rewrite.source import KnownOps
 from syncpass.runtime.contracts import RunResult
 from syncpass.runtime.prediction import RunPrediction
@@ -121,7 +121,17 @@ def predict_stages_run(text: str, path: str, costs: Costs, result: RunResult) ->
     recomputed = written_recomputes(text)
     # The stages' times pay each checkpointed block's forward again in its backward.
     timed = with_recomputation(costs, recomputed)
+    if result.request.tp > 1:  # each stage's layers split as the file's layout says
+        from syncpass.backends.torch.tensor_prediction import (
+            literal_layouts,
+            written_layouts_plan,
+        )
+
+        split = written_layouts_plan(costs, literal_layouts(text), result.request.tp)
+        timed = retarget_tensor_parallel(timed, split)
     prediction = predict_cuts(source.graph, cuts, path, timed, result, carries_values=True)
+    if result.request.tp > 1:  # the memory model counts a stage's weights whole
+        return prediction
     return with_memory(prediction, recomputed, costs, result)
 
 

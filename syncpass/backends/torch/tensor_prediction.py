@@ -12,12 +12,15 @@ taken at the machine's speed during the run, as for a pipeline run
 
 from __future__ import annotations
 
+import ast
 import re
 import statistics
+from collections.abc import Sequence
 
 from syncpass.backends.torch.tensor_rewrite import WRITABLE, dtensor_collectives, site_medians
 from syncpass.contracts.costs import Costs
 from syncpass.core.errors import SyncpassError
+from syncpass.plan.tensor_plan import TensorPlan
 from syncpass.plan.tensor_planner import (
     TensorRequest,
     link_for,
@@ -36,18 +39,31 @@ def _pattern(name: str) -> re.Pattern[str]:
 
 def predict_tensor_run(result: TensorRunResult, costs: Costs) -> TensorRunPrediction:
     """Plan the layouts ``result``'s file carries on ``costs``, beside the run."""
+    probes = [probe for rank in result.ranks for probe in rank.speed_probes_s]
+    factor = 1.0
+    if probes and costs.speed_probe_s is not None:
+        factor = statistics.median(probes) / costs.speed_probe_s
+    plan = written_layouts_plan(costs, result.layouts, result.request.tp, result.style, factor)
+    return TensorRunPrediction(plan, max(rank.step_s for rank in result.ranks), factor)
+
+
+def written_layouts_plan(
+    costs: Costs,
+    layouts: Sequence[tuple[str, str]],
+    tp: int,
+    style: str = "eager",
+    speed_factor: float = 1.0,
+) -> TensorPlan:
+    """The tensor-parallel plan of ``layouts`` (module pattern -> ``column``/``row`` as a
+    file writes them) on ``costs``' tensor graph, its compute scaled by ``speed_factor``
+    (the run's speed over the profile's)."""
     if costs.tensor is None:
         raise SyncpassError(
             "the cost file has no tensor graph ($.tensor) to predict a --tp run with: "
             "profile the model again with this syncpass"
         )
-    probes = [probe for rank in result.ranks for probe in rank.speed_probes_s]
-    factor = 1.0
-    if probes and costs.speed_probe_s is not None:
-        factor = statistics.median(probes) / costs.speed_probe_s
-    # At the machine's speed during the run (the ranks' speed probes over the profile's).
-    graph = site_medians(retarget_tensor_graph(tensor_graph_of(costs), compute_scale=factor))
-    written = [(_pattern(name), layout) for name, layout in result.layouts]
+    graph = site_medians(retarget_tensor_graph(tensor_graph_of(costs), compute_scale=speed_factor))
+    written = [(_pattern(name), layout) for name, layout in layouts]
     allowed: dict[str, tuple[str, ...]] = {}
     for op in graph.ops:
         if op.kind != "linear":
@@ -60,11 +76,7 @@ def predict_tensor_run(result: TensorRunResult, costs: Costs) -> TensorRunPredic
         base = None if found is None else re.match(r"column|row", found)
         allowed[op.id] = ("replicated",) if base is None else (base[0],)
     request = TensorRequest(
-        result.request.tp,
-        sequence_parallel=False,
-        baselines=False,
-        explain=False,
-        allowed=tuple(allowed.items()),
+        tp, sequence_parallel=False, baselines=False, explain=False, allowed=tuple(allowed.items())
     )
     plan = plan_tensor(
         graph,
@@ -75,6 +87,17 @@ def predict_tensor_run(result: TensorRunResult, costs: Costs) -> TensorRunPredic
         hardware=costs.hardware.name,
         model=costs.model,
     )
-    if result.style == "dtensor":
-        plan = dtensor_collectives(graph, plan)
-    return TensorRunPrediction(plan, max(rank.step_s for rank in result.ranks), factor)
+    return dtensor_collectives(graph, plan) if style == "dtensor" else plan
+
+
+def literal_layouts(text: str) -> tuple[tuple[str, str], ...]:
+    """The ``TENSOR_PARALLEL_LAYOUT = {...}`` a rewritten source assigns, read as the literal
+    it is (the file is not run); none when it has none."""
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.Assign) and [
+            getattr(target, "id", None) for target in node.targets
+        ] == ["TENSOR_PARALLEL_LAYOUT"]:
+            value = ast.literal_eval(node.value)
+            if isinstance(value, dict):
+                return tuple((str(name), str(layout)) for name, layout in value.items())
+    return ()

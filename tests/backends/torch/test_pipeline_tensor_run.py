@@ -39,6 +39,12 @@ def _made(folder: Path) -> None:
         "--tp", "2", "--tp-placement", "megatron", "--stages", "2", "-o", str(staged),
     )  # fmt: skip
     save_process(folder / "rewrite.json", rewritten)
+    # A profile of the written file is one of the tensor-parallel source (stages stripped).
+    profiled = _syncpass(
+        "profile", str(staged), "--example", f"{staged}:example", "--repeats", "1",
+        "--warmup", "0", "-o", str(folder / "costs.json"),
+    )  # fmt: skip
+    save_process(folder / "profile.json", profiled)
     text = staged.read_text()
     (folder / "lm_2d_missing.py").write_text(text.replace(COLLECTIVE, "x = x", 1))
     for name in ("lm_2d", "lm_2d_missing"):
@@ -46,6 +52,7 @@ def _made(folder: Path) -> None:
         ran = _syncpass(
             "run", str(file), "--example", f"{file}:example", "--stages", "2", "--tp", "2",
             "--verify", "--steps", "1", "--json-report", str(folder / f"{name}.json"),
+            "--costs", str(folder / "costs.json"),
         )  # fmt: skip
         save_process(folder / f"{name}.run.json", ran)
 
@@ -79,6 +86,11 @@ def test_a_tensor_parallel_file_split_into_stages_runs_on_2x2_ranks_and_verifies
     gathered = [check for check in parameters if "gathered" in check["note"]]
     assert gathered and all(check["ok"] for check in parameters)
     assert {check["stage"] for check in gathered} == {0, 1}  # split layers in both stages
+    # --costs: the stages' times as one rank computes them, beside the run.
+    assert load_process(folder / "profile.json").returncode == 0
+    prediction = report["prediction"]
+    assert prediction["predicted_step_s"] > 0 and prediction["measured_step_s"] > 0
+    assert len(prediction["stages"]) == 2
 
 
 def test_a_missing_collective_in_one_stage_is_caught(folder: Path) -> None:
