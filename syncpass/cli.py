@@ -595,6 +595,12 @@ def _run_rewrite_both(args: argparse.Namespace) -> int:
     _, rewritten, summary, tensor_plan = tensor_rewritten(args)
     print(f"syncpass: {summary}", file=sys.stderr)
     staged = source.with_name(f".{source.stem}.syncpass-tp.py")
+    if staged.exists():
+        raise SyncpassError(
+            "is in the way of the tensor-parallel source rewrite keeps while it plans the "
+            "stages (another rewrite running, or one stopped): remove it",
+            str(staged),
+        )
     write_atomically(staged, rewritten)
     try:
         return _run_rewrite(
@@ -633,11 +639,10 @@ def _run_rewrite(args: argparse.Namespace, adjust: Callable[[Costs], Costs] | No
         getattr(args, "tp_style", None),
         getattr(args, "tp_placement", None),
     )
-    if (args.strategy == TENSOR_STRATEGY or tensor_flags != (None, None, None)) and (
-        args.stages is None
-    ):
+    tensor = args.strategy == TENSOR_STRATEGY or tensor_flags != (None, None, None)
+    if tensor and args.stages is None:
         return run_tensor_rewrite(args)
-    if args.strategy == TENSOR_STRATEGY or tensor_flags != (None, None, None):
+    if tensor:
         return _run_rewrite_both(args)
     if args.diff and (args.in_place or args.output not in (None, "-")):
         raise SyncpassError("--diff prints the change instead of writing it; drop -o/--in-place")

@@ -7,7 +7,7 @@ the profile's own repeats can say which speed a later run gets. So ``syncpass pr
 times this probe beside its timed runs (each run's op times are brought to the probe's
 median, and the median is written to the cost file as ``speed_probe_s``), and ``syncpass
 run`` times it on each rank between its timed steps: the prediction beside a run is the
-cost model's at the speed the run had (:func:`speed_ratio`).
+cost model's at the speed the run had (:func:`syncpass.plan.retarget.retarget_speed`).
 
 The workload is a small training step of its own (two linear layers, a GELU, a mean
 square loss, forward and backward) on the threads torch has: the kinds of work a
