@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from once import load_process, save_process, shared
+from once import load_process, save_process
 
 ROOT = Path(__file__).resolve().parents[3]
 LM = ROOT / "examples" / "transformer_lm.py"
@@ -57,14 +57,13 @@ def _made(folder: Path) -> None:
         save_process(folder / f"{name}.run.json", ran)
 
 
-@pytest.fixture(scope="module")
-def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return shared(tmp_path_factory, "pipeline-tensor-lm", _made)
-
-
 def test_a_tensor_parallel_file_split_into_stages_runs_on_2x2_ranks_and_verifies(
-    folder: Path,
+    tmp_path: Path,
 ) -> None:
+    # One test for both files' runs: a second test would wait idle for them on another
+    # worker.
+    folder = tmp_path
+    _made(folder)
     rewritten = load_process(folder / "rewrite.json")
     assert rewritten.returncode == 0, rewritten.stderr
     assert "Megatron-LM's placement" in rewritten.stderr and "2 stage(s)" in rewritten.stderr
@@ -92,8 +91,7 @@ def test_a_tensor_parallel_file_split_into_stages_runs_on_2x2_ranks_and_verifies
     assert prediction["predicted_step_s"] > 0 and prediction["measured_step_s"] > 0
     assert len(prediction["stages"]) == 2
 
-
-def test_a_missing_collective_in_one_stage_is_caught(folder: Path) -> None:
+    # A file that lost one collective in stage 0 fails there.
     ran = load_process(folder / "lm_2d_missing.run.json")
     assert ran.returncode == 1, ran.stdout + ran.stderr
     report = json.loads((folder / "lm_2d_missing.json").read_text())
