@@ -37,6 +37,8 @@ _KEYS = (
     "flops_per_s",
     "stage_overhead_s",
     "devices",
+    "collective_alpha_s",
+    "collective_beta_bytes_per_s",
 )
 
 
@@ -102,6 +104,8 @@ def load_profile(name_or_path: str) -> HardwareProfile:
             flops_per_s=data.get("flops_per_s"),
             stage_overhead_s=data.get("stage_overhead_s", 0.0),
             devices=data.get("devices"),
+            collective_alpha_s=data.get("collective_alpha_s"),
+            collective_beta_bytes_per_s=data.get("collective_beta_bytes_per_s"),
         )
     except KeyError as error:
         raise SyncpassError(f"missing required field {error.args[0]!r}", where) from None

@@ -67,8 +67,16 @@ def check_tensor_request(graph: TensorGraph, tp: int, devices: int | None = None
 
 
 def link_for(hardware: Hardware) -> Link:
-    """The group's link and device memory from a hardware profile."""
-    return Link(hardware.alpha_s, hardware.beta_bytes_per_s, hardware.device_memory_bytes)
+    """The group's link for collectives and device memory from a hardware profile: its
+    collectives' own latency and bandwidth where calibrated, else the point-to-point
+    link's."""
+    alpha = hardware.collective_alpha_s
+    beta = hardware.collective_beta_bytes_per_s
+    return Link(
+        hardware.alpha_s if alpha is None else alpha,
+        hardware.beta_bytes_per_s if beta is None else beta,
+        hardware.device_memory_bytes,
+    )
 
 
 def retarget_tensor_graph(

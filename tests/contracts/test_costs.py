@@ -283,3 +283,17 @@ def test_the_speed_probe_round_trips_and_is_written_only_when_measured() -> None
     assert parse_costs(json.loads(json.dumps(costs_to_json(probed)))) == probed
     with pytest.raises(ValueError, match="speed_probe_s"):
         dataclasses.replace(costs, speed_probe_s=-1.0)
+
+
+def test_the_collectives_link_round_trips_and_is_checked() -> None:
+    data = copy.deepcopy(ISSUE_EXAMPLE)
+    data["hardware"].update(collective_alpha_s=1.4e-4, collective_beta_bytes_per_s=1.35e9)
+    costs = parse_costs(data)
+    assert (costs.hardware.collective_alpha_s, costs.hardware.collective_beta_bytes_per_s) == (
+        1.4e-4,
+        1.35e9,
+    )
+    assert parse_costs(json.loads(json.dumps(costs_to_json(costs)))) == costs
+    data["hardware"]["collective_beta_bytes_per_s"] = 0
+    with pytest.raises(SyncpassError, match=re.escape("$.hardware.collective_beta_bytes_per_s")):
+        parse_costs(data)

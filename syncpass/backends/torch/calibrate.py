@@ -620,6 +620,7 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
     backend; comment lines keep the measured table, which no field holds.
     """
     request = measurements.request
+    collective = collective_fit(measurements)
     hardware = Hardware(
         alpha_s=_round(fit.alpha_s),
         beta_bytes_per_s=_round(fit.beta_bytes_per_s),
@@ -629,6 +630,10 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
         flops_per_s=_round(measurements.flops_per_s),
         stage_overhead_s=_round(measurements.stage_overhead_s),
         devices=measurements.devices,
+        collective_alpha_s=None if collective is None else _round(collective.alpha_s),
+        collective_beta_bytes_per_s=None
+        if collective is None
+        else _round(collective.beta_bytes_per_s),
     )
     first, last = measurements.times[0].size_bytes, measurements.times[-1].size_bytes
     errors = [
@@ -649,6 +654,13 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
         f"of one {OVERHEAD_WIDTH}-wide linear layer per process, {OVERHEAD_MICROBATCHES} "
         f"micro-batches, time inside the stage's forward and backward calls less the same "
         f"layer's, per action, median of {OVERHEAD_STEPS} steps and of the processes"
+        + (
+            ""
+            if collective is None
+            else "; collective_alpha_s and collective_beta_bytes_per_s: the ring model "
+            f"(2(N-1) alpha + 2(N-1)/N bytes/beta for N = {request.procs}) fitted the same way "
+            "to the all-reduce times"
+        )
     )
     lines = [
         f"# Measured by syncpass calibrate on {when:%Y-%m-%d %H:%M} UTC.",
@@ -669,7 +681,33 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
     lines.append(f"stage_overhead_s = {hardware.stage_overhead_s!r}")
     if hardware.devices is not None:
         lines.append(f"devices = {hardware.devices}")
+    if hardware.collective_alpha_s is not None:
+        lines.append(f"collective_alpha_s = {hardware.collective_alpha_s!r}")
+        lines.append(f"collective_beta_bytes_per_s = {hardware.collective_beta_bytes_per_s!r}")
     return "\n".join(lines) + "\n"
+
+
+def collective_fit(measurements: Measurements) -> LinkFit | None:
+    """The ring model's latency and bandwidth whose all-reduce over the calibrated processes
+    takes the measured times: ``t = A + bytes / B`` fitted as the link is
+    (:func:`fit_link`), then ``alpha = A / (2(N-1))`` and ``beta = B * 2(N-1) / N``; None
+    for a single process, or times that give no bandwidth."""
+    procs = measurements.request.procs
+    if procs < 2:
+        return None
+    try:
+        fitted = fit_link(
+            [entry.size_bytes for entry in measurements.times],
+            [entry.all_reduce_s for entry in measurements.times],
+        )
+    except SyncpassError:
+        return None
+    steps = 2 * (procs - 1)
+    return replace(
+        fitted,
+        alpha_s=fitted.alpha_s / steps,
+        beta_bytes_per_s=fitted.beta_bytes_per_s * steps / procs,
+    )
 
 
 def _round(value: float) -> float:

@@ -38,6 +38,8 @@ from syncpass.commands.calibrate import calibrate_command, register
 from syncpass.contracts.hardware import load_profile
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import write_atomically
+from syncpass.plan.collectives import ALL_REDUCE, collective_s
+from syncpass.plan.tensor_planner import link_for
 
 WHEN = datetime(2026, 3, 4, 5, 6, tzinfo=timezone.utc)
 SIZES = [float(size) for size in DEFAULT_SIZES]
@@ -201,6 +203,19 @@ def test_the_profile_reads_back_with_load_profile(tmp_path: Path) -> None:
     assert "median of 7 after 1 warm-up" in profile.source
     # The measured table rides along as comments.
     assert f"# {DEFAULT_SIZES[-1]}  " in path.read_text()
+    # The collectives' ring model gives back the measured all-reduce times of 2 processes.
+    assert hardware.collective_alpha_s is not None and hardware.collective_beta_bytes_per_s
+    for entry in measurements.times:
+        ring = collective_s(
+            ALL_REDUCE,
+            entry.size_bytes,
+            2,
+            hardware.collective_alpha_s,
+            hardware.collective_beta_bytes_per_s,
+        )
+        assert ring == pytest.approx(entry.all_reduce_s, rel=1e-3)
+    assert link_for(hardware).alpha_s == hardware.collective_alpha_s  # what TP plans with
+    assert "fitted the same way to the all-reduce times" in profile.source
 
 
 def test_gpu_memory_goes_into_the_profile(tmp_path: Path) -> None:
