@@ -616,16 +616,10 @@ def _run_rewrite_both(args: argparse.Namespace) -> int:
                 }
             ),
             # The stages' times as one rank of each stage computes them.
-            adjust=lambda costs: _noted(retarget_tensor_parallel(costs, tensor_plan)),
+            adjust=lambda costs: retarget_tensor_parallel(costs, tensor_plan),
         )
     finally:
         staged.unlink(missing_ok=True)
-
-
-def _noted(costs: Costs) -> Costs:
-    """``costs``, its last note (what was just done to its figures) said on stderr."""
-    print(f"syncpass: note: {costs.notes[-1]}", file=sys.stderr)
-    return costs
 
 
 def _run_rewrite(args: argparse.Namespace, adjust: Callable[[Costs], Costs] | None = None) -> int:
