@@ -5,6 +5,7 @@ import importlib.util
 import multiprocessing
 import multiprocessing.forkserver
 import os
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -44,6 +45,18 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def syncpass_process(*args: str) -> subprocess.CompletedProcess[str]:
+    """``syncpass ARGS`` in a process of its own, from the repository's root, as a user runs
+    it (its status and output kept)."""
+    return subprocess.run(
+        [sys.executable, "-m", "syncpass", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
 
 
 def bench_script(name: str) -> ModuleType:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,16 @@ def retarget_batch(costs: Costs, batch_size: int) -> Costs:
     )
 
 
+def speed_factor(costs: Costs, probes_s: Sequence[float]) -> float:
+    """How much slower the machine ran where the speed probe took ``probes_s`` (their
+    median) than while ``costs`` were measured: 1 without probes on either side."""
+    measured = costs.speed_probe_s
+    found = [probe for probe in probes_s if probe > 0]
+    if measured is None or not found:
+        return 1.0
+    return statistics.median(found) / measured
+
+
 def retarget_speed(costs: Costs, probe_s: float) -> tuple[Costs, float]:
     """``costs`` as measured on the same machine at the speed where syncpass's speed probe
     takes ``probe_s`` (``syncpass run`` times it between its steps), and the factor every
@@ -73,9 +84,9 @@ def retarget_speed(costs: Costs, probe_s: float) -> tuple[Costs, float]:
     as it is, with factor 1. Link and runtime overhead are the hardware profile's and
     stay as they are."""
     measured = costs.speed_probe_s
-    if measured is None or not probe_s > 0:
+    factor = speed_factor(costs, (probe_s,))
+    if measured is None or factor == 1.0:
         return costs, 1.0
-    factor = probe_s / measured
     note = (
         f"op times x{factor:.3g}: the machine's speed probe took {probe_s * 1e3:.2f} ms "
         f"here, {measured * 1e3:.2f} ms while the ops were measured"

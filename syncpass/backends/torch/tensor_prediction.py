@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import ast
 import re
-import statistics
 from collections.abc import Sequence
 
 from syncpass.backends.torch.tensor_rewrite import WRITABLE, dtensor_collectives, site_medians
 from syncpass.contracts.costs import Costs
 from syncpass.core.errors import SyncpassError
+from syncpass.plan.retarget import speed_factor
 from syncpass.plan.tensor_plan import TensorPlan
 from syncpass.plan.tensor_planner import (
     TensorRequest,
@@ -39,10 +39,7 @@ def _pattern(name: str) -> re.Pattern[str]:
 
 def predict_tensor_run(result: TensorRunResult, costs: Costs) -> TensorRunPrediction:
     """Plan the layouts ``result``'s file carries on ``costs``, beside the run."""
-    probes = [probe for rank in result.ranks for probe in rank.speed_probes_s]
-    factor = 1.0
-    if probes and costs.speed_probe_s is not None:
-        factor = statistics.median(probes) / costs.speed_probe_s
+    factor = speed_factor(costs, [probe for rank in result.ranks for probe in rank.speed_probes_s])
     plan = written_layouts_plan(costs, result.layouts, result.request.tp, result.style, factor)
     return TensorRunPrediction(plan, max(rank.step_s for rank in result.ranks), factor)
 

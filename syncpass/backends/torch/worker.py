@@ -17,6 +17,7 @@ import collections
 import contextlib
 import copy
 import dataclasses
+import functools
 import inspect
 import io
 import logging
@@ -413,7 +414,9 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
             timedelta(seconds=request.timeout_s),
             device,
         )
-    pipeline_group = _mesh_groups(request, device) if request.tp > 1 else None
+    pipeline_group = (
+        _mesh_groups(request.stages, request.tp, device.type) if request.tp > 1 else None
+    )
     total = request.total_stages
     loss_fn = example.loss_fn
     clock, log, meter = ComputeClock(device), ActionLog(), MemoryMeter()
@@ -506,16 +509,16 @@ def _tensor_split(
     return split
 
 
-def _mesh_groups(request: RunRequest, device: torch.device) -> Any:
+@functools.cache
+def _mesh_groups(stages: int, tp: int, device_type: str) -> Any:
     """The ranks as torch's ``DeviceMesh`` of shape (stages, tp), rank ``r`` at
-    ``(r // tp, r % tp)``: this rank's stage's tensor-parallel group becomes the
-    collectives' group (:func:`tensor_parallel.set_tensor_parallel_group`); its pipeline's
-    group is returned, for its stages' sends and receives."""
+    ``(r // tp, r % tp)``, made once per process (the files ``--alongside`` run in the
+    same groups): this rank's stage's tensor-parallel group becomes the collectives'
+    group (:func:`tensor_parallel.set_tensor_parallel_group`); its pipeline's group is
+    returned, for its stages' sends and receives."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(
-        device.type, (request.stages, request.tp), mesh_dim_names=("pipeline", "tensor")
-    )
+    mesh = init_device_mesh(device_type, (stages, tp), mesh_dim_names=("pipeline", "tensor"))
     tensor_parallel.set_tensor_parallel_group(mesh["tensor"].get_group())
     return mesh["pipeline"].get_group()
 

@@ -6,11 +6,10 @@ compared with the unsplit model; a file missing one collective fails."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import syncpass_process
 from once import load_process, save_process
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -20,27 +19,17 @@ COLLECTIVE = "x = copy_to_tensor_parallel_region(x)"
 pytestmark = pytest.mark.slow
 
 
-def _syncpass(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "syncpass", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-
-
 def _made(folder: Path) -> None:
     model, staged = folder / "transformer_lm.py", folder / "lm_2d.py"
     model.write_text(LM.read_text())
     # One command: the tensor-parallel plan written in, then that source split into stages.
-    rewritten = _syncpass(
+    rewritten = syncpass_process(
         "rewrite", str(model), "--example", f"{model}:example", "--strategy", "tensor",
         "--tp", "2", "--tp-placement", "megatron", "--stages", "2", "-o", str(staged),
     )  # fmt: skip
     save_process(folder / "rewrite.json", rewritten)
     # A profile of the written file is one of the tensor-parallel source (stages stripped).
-    profiled = _syncpass(
+    profiled = syncpass_process(
         "profile", str(staged), "--example", f"{staged}:example", "--repeats", "1",
         "--warmup", "0", "-o", str(folder / "costs.json"),
     )  # fmt: skip
@@ -49,7 +38,7 @@ def _made(folder: Path) -> None:
     (folder / "lm_2d_missing.py").write_text(text.replace(COLLECTIVE, "x = x", 1))
     for name in ("lm_2d", "lm_2d_missing"):
         file = folder / f"{name}.py"
-        ran = _syncpass(
+        ran = syncpass_process(
             "run", str(file), "--example", f"{file}:example", "--stages", "2", "--tp", "2",
             "--verify", "--steps", "1", "--json-report", str(folder / f"{name}.json"),
             "--costs", str(folder / "costs.json"),

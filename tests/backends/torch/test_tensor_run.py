@@ -9,10 +9,10 @@ from __future__ import annotations
 import itertools
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import syncpass_process
 from once import load_process, save_process, shared
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -26,27 +26,19 @@ FAST_LINK = ROOT / "tests" / "data" / "fast_link.toml"
 pytestmark = pytest.mark.slow
 
 
-def _syncpass(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "syncpass", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=600,
-    )
-
-
 def _rewrite(
     model: Path, tp: int, out: Path, style: str = "eager"
 ) -> subprocess.CompletedProcess[str]:
-    return _syncpass(
+    return syncpass_process(
         "rewrite", str(model), "--example", f"{model}:example", "--strategy", "tensor",
         "--tp", str(tp), "--hardware", str(FAST_LINK), "--tp-style", style, "-o", str(out),
     )  # fmt: skip
 
 
 def _run(file: Path, tp: int) -> subprocess.CompletedProcess[str]:
-    return _syncpass("run", str(file), "--example", f"{file}:example", "--tp", str(tp), "--verify")
+    return syncpass_process(
+        "run", str(file), "--example", f"{file}:example", "--tp", str(tp), "--verify"
+    )
 
 
 Case = tuple[Path, str, subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]
@@ -201,7 +193,7 @@ def test_a_missing_gradient_all_reduce_is_caught(
     assert "MISMATCH" in ran.stdout
 
 
-def test_megatrons_placement_is_written_the_same_way_and_measured_beside_syncpass(
+def test_megatrons_placement_is_written_the_same_way_and_measured_besidesyncpass_process(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """``--tp-placement megatron`` writes Megatron-LM's hand placement: each attention's
@@ -212,17 +204,17 @@ def test_megatrons_placement_is_written_the_same_way_and_measured_beside_syncpas
 
     def make(folder: Path) -> None:
         save_process(folder / "syncpass.json", _rewrite(LM, 2, folder / "lm_syncpass.py"))
-        megatron = _syncpass(
+        megatron = syncpass_process(
             "rewrite", str(LM), "--example", f"{LM}:example", "--strategy", "tensor",
             "--tp", "2", "--tp-placement", "megatron", "-o", str(folder / "lm_megatron.py"),
         )  # fmt: skip
         save_process(folder / "megatron.json", megatron)
-        profiled = _syncpass(
+        profiled = syncpass_process(
             "profile", str(LM), "--example", f"{LM}:example", "--repeats", "1",
             "--warmup", "0", "-o", str(folder / "lm.costs.json"),
         )  # fmt: skip
         assert profiled.returncode == 0, profiled.stderr
-        ran = _syncpass(
+        ran = syncpass_process(
             "run", str(folder / "lm_syncpass.py"), "--tp", "2", "--verify", "--steps", "2",
             "--alongside", str(folder / "lm_megatron.py"),
             "--costs", str(folder / "lm.costs.json"),
