@@ -7,6 +7,7 @@ verified run (with the cost model's prediction beside it) is ``tests/test_plans_
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -53,7 +54,9 @@ def test_depth_2_places_sync_points_inside_sequential_stages(tmp_path: Path) -> 
         == 0
     )
     text = rewritten.read_text()
-    # The pinned sync point after layer1.1; the plan may put another inside layer1 (the
-    # timings decide), so the second piece starts at 2 and ends where it likes.
-    assert "x = self.layer1[:2](x)" in text and "x = self.layer1[2:" in text
+    # The pinned sync point after layer1.1: one piece ends at layer1's index 2 and the
+    # next starts there. The timings may put another sync point inside layer1, before
+    # (the piece then starts at 1) or after it (the next ends before the end).
+    assert re.search(r"x = self\.layer1\[1?:2\]\(x\)", text), text
+    assert "x = self.layer1[2:" in text
     assert main(["run", str(rewritten), "--stages", "4", "--verify", "--steps", "1"]) == 0
