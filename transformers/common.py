@@ -755,3 +755,20 @@ def _joined_iter(first: cst.BaseExpression, second: cst.BaseExpression) -> cst.B
             args[0] = args[0].with_changes(comma=cst.MaybeSentinel.DEFAULT)
         return first.with_changes(args=args)
     return _sliced(first, start, stop)
+
+
+def imports_laid_out(code: str, modules: Sequence[str], width: int = 100) -> str:
+    """``code`` with each one-line ``from MODULE import a, b, ...`` of ``modules`` longer than
+    ``width`` laid out one name a line, in parentheses, as black and ruff lay it out."""
+    lines = code.splitlines(keepends=True)
+    for index, line in enumerate(lines):
+        for module in set(modules):
+            head = f"from {module} import "
+            body = line.rstrip("\r\n")
+            if not body.startswith(head) or len(body) <= width or "(" in body or "#" in body:
+                continue
+            newline = line[len(body) :]
+            names = [name.strip() for name in body[len(head) :].split(",")]
+            inner = "".join(f"    {name},{newline}" for name in names)
+            lines[index] = f"{head}({newline}{inner}){newline}"
+    return "".join(lines)

@@ -353,7 +353,7 @@ def _run_tensor(args: argparse.Namespace, backend: Any) -> int:
             alongside=tuple(str(other) for other in args.alongside),
         )
     )
-    from syncpass.backends.torch.tensor_run import render_tensor_run
+    from syncpass.runtime.tensor_report import render_tensor_run
 
     everyone = (result, *result.alongside)
     predictions = [] if predict is None else [predict(one, costs) for one in everyone]

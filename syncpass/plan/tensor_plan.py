@@ -11,8 +11,15 @@ This module imports neither libcst nor torch.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
+
+
+def family(name: str) -> str:
+    """Ops of repeated layers share a family (``h.3.attn.c_proj`` -> ``h.*.attn.c_proj``)."""
+    return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", name)
+
 
 TENSOR_PLAN_VERSION = 1
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,7 @@ from syncpass.plan.tensor_optimizer import (
     layouts,
     solve,
 )
-from syncpass.plan.tensor_plan import OpLayout, PlanCost, PlannedCollective, TensorPlan
+from syncpass.plan.tensor_plan import OpLayout, PlanCost, PlannedCollective, TensorPlan, family
 from syncpass.plan.tensor_rules import STATE_NAMES, Mode, contribution
 
 
@@ -321,11 +320,6 @@ def _baseline(problem: TensorProblem, name: str, chosen: Mapping[str, str]) -> P
     return dataclasses.replace(_score(name, scored, _collectives(problem, scored)), note=note)
 
 
-def _family(op_id: str) -> str:
-    """Ops of repeated layers share a family (``h.3.attn.c_proj`` -> ``h.*.attn.c_proj``)."""
-    return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", op_id)
-
-
 class _Explainer:
     """Prices the layouts around each collective: the least step with that op forced to
     each other layout it can take, against the plan's (exact: one solve each; ops of
@@ -341,9 +335,9 @@ class _Explainer:
         return self.best.modes[self.graph.index[op_id]]
 
     def alternatives(self, op_id: str) -> str:
-        family = _family(op_id)
-        if family in self._priced:
-            return self._priced[family]
+        group = family(op_id)
+        if group in self._priced:
+            return self._priced[group]
         position = self.graph.index[op_id]
         chosen = self.best.modes[position]
         parts = []
@@ -361,7 +355,7 @@ class _Explainer:
                 continue
             parts.append(f"{mode.layout} +{seconds(other.step_s - self.best.step_s)}")
         text = ", ".join(parts) if parts else "no other layout"
-        self._priced[family] = text
+        self._priced[group] = text
         return text
 
     def describe(self, op_id: str) -> str:

@@ -378,6 +378,7 @@ class TensorRunResult:
     # ``dtensor``, whose ColwiseParallel and RowwiseParallel are read as column and row).
     layouts: tuple[tuple[str, str], ...] = ()
     style: str = "eager"
+    engine: str = "gloo rank(s)"  # what ran the ranks, as the report names them
 
     @property
     def collectives_match(self) -> bool:

@@ -10,12 +10,17 @@ from typing import TYPE_CHECKING
 
 from syncpass.backends.jax.analysis import analyse
 from syncpass.backends.jax.rewrite import insert, remove, strip_jax_sync_points
-from syncpass.backends.spec import Backend, MeasureRequest
+from syncpass.backends.spec import (
+    Backend,
+    MeasureRequest,
+    TensorRewriteRequest,
+    TensorRewriteResult,
+)
 
 if TYPE_CHECKING:
     from syncpass.backends.jax.example import JaxExample
     from syncpass.contracts.costs import Costs
-    from syncpass.runtime.contracts import RunRequest, RunResult
+    from syncpass.runtime.contracts import RunRequest, RunResult, TensorRunRequest, TensorRunResult
 
 
 def _measure(request: MeasureRequest) -> Costs:
@@ -28,6 +33,18 @@ def _run(request: RunRequest) -> RunResult:
     from syncpass.backends.jax.run import run_jax
 
     return run_jax(request)
+
+
+def _tensor_rewrite(request: TensorRewriteRequest) -> TensorRewriteResult:
+    from syncpass.backends.jax.tensor_rewrite import rewrite_flax_tensor
+
+    return rewrite_flax_tensor(request)
+
+
+def _tensor_run(request: TensorRunRequest) -> TensorRunResult:
+    from syncpass.backends.jax.tensor_run import launch_jax_tensor
+
+    return launch_jax_tensor(request)
 
 
 def _load_example(spec: str) -> JaxExample:
@@ -48,4 +65,6 @@ BACKEND = Backend(
     schedules=("gpipe",),
     carries_values=True,  # each transfer moves every live value, so any value reaches any stage
     load_example=_load_example,
+    tensor_rewrite=_tensor_rewrite,
+    tensor_run=_tensor_run,
 )

@@ -34,10 +34,7 @@ plan's collectives and step say so (:func:`dtensor_collectives`).
 from __future__ import annotations
 
 import collections
-import dataclasses
 import json
-import re
-import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,9 +48,19 @@ from syncpass.contracts.tensor import TensorGraph, TensorOp
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
 from syncpass.plan.tensor_baselines import PLACEMENTS, megatron_layouts
-from syncpass.plan.tensor_plan import PlannedCollective, TensorPlan
-from syncpass.plan.tensor_planner import TensorRequest, link_for, plan_tensor
-from syncpass.transformers.common import import_in_order
+from syncpass.plan.tensor_plan import TensorPlan
+from syncpass.plan.tensor_planner import TensorRequest, link_for
+from syncpass.plan.tensor_sites import (
+    Refusal,
+    collapse,
+    per_reader_gradient_reduces,
+    plan_the_source_carries,
+    refusal_notes,
+    site_key,
+    site_medians,
+    tail,
+)
+from syncpass.transformers.common import import_in_order, imports_laid_out
 from syncpass.transformers.torch_tensor import (
     RUNTIME_MODULE,
     CallSite,
@@ -96,7 +103,6 @@ _SIZED = {"view", "reshape", "split"}
 _COPY = "copy_to_tensor_parallel_region"
 _REDUCE = "reduce_from_tensor_parallel_region"
 _GATHER = "gather_from_tensor_parallel_region"
-MAX_ROUNDS = 64
 #: How a plan is written: ``eager`` (the conjugate functions in the forwards, weights sliced
 #: by ``shard_module``) or ``dtensor`` (torch's parallel styles, for ``parallelize_module``).
 STYLES = ("eager", "dtensor")
@@ -112,15 +118,6 @@ _DTENSOR_MODULE = "torch.distributed.tensor.parallel"
 #: written ``column transposed`` (DTensor's styles slice ``nn.Linear`` only).
 _WEIGHTS = {"eager": ("Linear", "Conv1D"), "dtensor": ("Linear",)}
 _TRANSPOSED = {"Conv1D"}
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """An op that may not take ``layout``, and why."""
-
-    op: str
-    layout: str
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -160,23 +157,11 @@ class _Source:
         return [c for c in self.calls if c.start <= line <= c.end and c.name == name]
 
 
-def _tail(op: TensorOp) -> str:
-    return op.id.rsplit(".", 1)[-1]
-
-
 def _callee_of(op: TensorOp, shape: OpShape | None) -> str:
     """The name the op's call has in the source: a submodule's attribute, a function's."""
     if op.module is not None:
         return op.module.rsplit(".", 1)[-1]
     return shape.function if shape is not None else ""
-
-
-def _site_key(op: TensorOp) -> tuple[str, str, str]:
-    return (op.source or op.id, op.kind, re.sub(r"#\d+$", "", _tail(op)))
-
-
-def _family(name: str) -> str:
-    return re.sub(r"(^|\.)\d+(?=\.|$)", r"\1*", name)
 
 
 class _Checker:
@@ -221,7 +206,7 @@ class _Checker:
     def sites(self) -> None:
         groups: dict[tuple[str, str, str], list[str]] = collections.defaultdict(list)
         for op in self.graph.ops:
-            groups[_site_key(op)].append(op.id)
+            groups[site_key(op)].append(op.id)
         members: list[str]
         for members in groups.values():
             layouts = collections.Counter(self.layout[op].layout for op in members)
@@ -540,10 +525,10 @@ class _Checker:
         )
         if item is None:  # pragma: no cover - placed only for planned collectives
             return "syncpass tensor"
-        tail = _tail(op)
+        name = tail(op)
         figures = f"{num_bytes(item.bytes)}, {seconds(item.time_s)} predicted"
         if direction == "backward":
-            readers = ", ".join(sorted({_tail(self.graph.op(r)) for r in item.readers}))
+            readers = ", ".join(sorted({tail(self.graph.op(r)) for r in item.readers}))
             return (
                 f"syncpass tensor: all-reduce of its gradient in the backward ({readers} "
                 f"column-split); {figures}"
@@ -551,7 +536,7 @@ class _Checker:
         made = self.layout[op.id].layout
         what = "partial sums" if item.kind == "all-reduce" else "slices"
         how = f"{made}-split" if made in ("row", "column") else "split"
-        return f"syncpass tensor: {item.kind} of {tail}'s {what} ({how}); {figures}"
+        return f"syncpass tensor: {item.kind} of {name}'s {what} ({how}); {figures}"
 
 
 def check_plan(
@@ -599,21 +584,13 @@ def written_plan(
             op: (hand[op],) if hand.get(op) in layouts else ("replicated",)
             for op, layouts in allowed.items()
         }
-    refusals: list[Refusal] = []
-    for _ in range(MAX_ROUNDS):
-        request = dataclasses.replace(
-            plan_with, allowed=tuple(allowed.items()), sequence_parallel=False, explain=False
-        )
-        made = plan_tensor(graph, request=request, **plan)  # type: ignore[arg-type]
-        found, checker = check_plan(graph, shapes, source, made, style, tied)
-        if not found:
-            break
-        for refusal in found:
-            kept = tuple(x for x in allowed[refusal.op] if x != refusal.layout)
-            allowed[refusal.op] = kept or ("replicated",)
-        refusals += found
-    else:  # pragma: no cover - each round takes a layout away
-        raise SyncpassError("the tensor-parallel plan did not settle; plan it with --no-baselines")
+    made, refusals, checker = plan_the_source_carries(
+        graph,
+        plan_with,
+        plan,
+        allowed,
+        lambda made: check_plan(graph, shapes, source, made, style, tied),
+    )
     layouts: dict[str, str] = {}
     for item in made.layouts:
         op = graph.op(item.op)
@@ -632,7 +609,7 @@ def written_plan(
     return WrittenPlan(
         made,
         tuple(checker.edits.values()),
-        tuple(_collapse(layouts).items()),
+        tuple(collapse(layouts).items()),
         tuple(sorted(counts.items())),
         tuple(refusals),
     )
@@ -650,80 +627,8 @@ def _chunks_code(sizes: tuple[int, ...]) -> str:
 
 def dtensor_collectives(graph: TensorGraph, plan: TensorPlan) -> TensorPlan:
     """``plan`` as DTensor's styles run it: each ``ColwiseParallel`` layer all-reduces the
-    gradient of its input on its own, so a value ``k`` column-split layers read has ``k``
-    backward all-reduces (the eager form sums the gradients first: one). The step and the
-    counts take the extra ones; a note says where."""
-    layout = {item.op: item for item in plan.layouts}
-    collectives: list[PlannedCollective] = []
-    extra_s = 0.0
-    extra = 0
-    notes: list[str] = []
-    for item in plan.collectives:
-        columns = sorted(
-            reader
-            for reader in graph.consumers[item.value]
-            if graph.op(reader).kind == "linear" and layout[reader].layout == "column"
-        )
-        if item.direction != "backward" or item.kind != "all-reduce" or len(columns) < 2:
-            collectives.append(item)
-            continue
-        collectives += [dataclasses.replace(item, readers=(reader,)) for reader in columns]
-        extra += len(columns) - 1
-        extra_s += (len(columns) - 1) * item.time_s
-        notes.append(
-            f"{_family(item.value)}: its gradient is all-reduced by each of the "
-            f"{len(columns)} ColwiseParallel layers that read it "
-            f"({', '.join(sorted({_tail(graph.op(r)) for r in columns}))}), where the eager "
-            "form sums it first and all-reduces once"
-        )
-    if not extra:
-        return plan
-    cost = dataclasses.replace(
-        plan.cost,
-        step_s=plan.cost.step_s + extra_s,
-        comm_s=plan.cost.comm_s + extra_s,
-        backward_collectives=plan.cost.backward_collectives + extra,
-    )
-    unique = tuple(dict.fromkeys(notes))
-    return dataclasses.replace(
-        plan, collectives=tuple(collectives), cost=cost, notes=(*plan.notes, *unique)
-    )
-
-
-def site_medians(graph: TensorGraph) -> TensorGraph:
-    """Each op timed as the median of the ops of its source site (a line every layer runs):
-    one forward's wall-clock times differ by layer only by noise, and a plan the source
-    carries takes one layout per site."""
-    groups: dict[tuple[str, str, str], list[TensorOp]] = collections.defaultdict(list)
-    for op in graph.ops:
-        groups[_site_key(op)].append(op)
-    medians = {
-        key: (
-            statistics.median(op.compute_s for op in ops),
-            statistics.median(op.backward_s for op in ops),
-        )
-        for key, ops in groups.items()
-    }
-    ops = tuple(
-        dataclasses.replace(
-            op, compute_s=medians[_site_key(op)][0], backward_s=medians[_site_key(op)][1]
-        )
-        for op in graph.ops
-    )
-    return dataclasses.replace(graph, ops=ops)
-
-
-def _collapse(layouts: Mapping[str, str]) -> dict[str, str]:
-    """Module names as patterns (``blocks.*.mlp.fc``) where every layer agrees."""
-    families: dict[str, set[str]] = collections.defaultdict(set)
-    for name, layout in layouts.items():
-        families[_family(name)].add(layout)
-    found: dict[str, str] = {}
-    for name, layout in layouts.items():
-        family = _family(name)
-        key = family if len(families[family]) == 1 else name
-        found.setdefault(key, layout)
-    return found
+    gradient of its input on its own (:func:`per_reader_gradient_reduces`)."""
+    return per_reader_gradient_reduces(graph, plan, "ColwiseParallel layers")
 
 
 def _footer(model: str, tp: int, written: WrittenPlan, style: str) -> str:
@@ -888,39 +793,13 @@ def rewrite_tensor(request: TensorRewriteRequest) -> TensorRewriteResult:
         )
     for name in dict.fromkeys(module for module, _ in imports):
         result = import_in_order(result, name)
-    code = _imports_laid_out(result.code, [module for module, _ in imports])
+    code = imports_laid_out(result.code, [module for module, _ in imports])
     try:
         cst.parse_module(code)
     except cst.ParserSyntaxError as error:  # pragma: no cover - built from parsed snippets
         raise SyncpassError(f"the rewritten source does not parse: {error}", request.file) from None
     lines = sum(edit.kind != "divide" for edit in written.edits)
-    return TensorRewriteResult(code, written.plan, _notes(written), lines)
-
-
-def _imports_laid_out(code: str, modules: Sequence[str], width: int = 100) -> str:
-    """``code`` with each one-line ``from MODULE import a, b, ...`` of ``modules`` longer than
-    ``width`` laid out one name a line, in parentheses, as black and ruff lay it out."""
-    lines = code.splitlines(keepends=True)
-    for index, line in enumerate(lines):
-        for module in set(modules):
-            head = f"from {module} import "
-            body = line.rstrip("\r\n")
-            if not body.startswith(head) or len(body) <= width or "(" in body or "#" in body:
-                continue
-            newline = line[len(body) :]
-            names = [name.strip() for name in body[len(head) :].split(",")]
-            inner = "".join(f"    {name},{newline}" for name in names)
-            lines[index] = f"{head}({newline}{inner}){newline}"
-    return "".join(lines)
-
-
-def _notes(written: WrittenPlan) -> tuple[str, ...]:
-    """Why ops stay replicated, one note per source site and reason."""
-    seen: dict[str, str] = {}
-    for refusal in written.refusals:
-        key = _family(refusal.op)
-        seen.setdefault(f"{key} {refusal.layout}", f"{key} not {refusal.layout}: {refusal.reason}")
-    return tuple(seen.values())
+    return TensorRewriteResult(code, written.plan, refusal_notes(written.refusals), lines)
 
 
 __all__: Sequence[str] = (

@@ -55,19 +55,19 @@ def test_each_column_split_reader_all_reduces_its_gradient_itself(tp: int) -> No
 
 
 def test_a_long_runtime_import_is_laid_out_as_a_formatter_lays_it_out() -> None:
-    from syncpass.backends.torch.tensor_rewrite import _imports_laid_out
+    from syncpass.transformers.common import imports_laid_out
 
     module = "syncpass.backends.torch.tensor_parallel"
     names = ["copy_to_tensor_parallel_region", "reduce_from_tensor_parallel_region", "tp_size"]
     code = f"import torch\nfrom {module} import {', '.join(names)}\nx = 1\n"
-    laid = _imports_laid_out(code, [module])
+    laid = imports_laid_out(code, [module])
     assert laid == (
         f"import torch\nfrom {module} import (\n"
         + "".join(f"    {name},\n" for name in names)
         + ")\nx = 1\n"
     )
     short = f"from {module} import tp_size\n"
-    assert _imports_laid_out(short, [module]) == short
+    assert imports_laid_out(short, [module]) == short
 
 
 def test_the_recorder_says_which_sizes_a_view_infers_and_what_an_operand_broadcasts() -> None:

@@ -1,0 +1,425 @@
+"""Record a Flax model's tensor graph from its traced program (``jax.make_jaxpr``).
+
+One forward of the example is traced while :func:`flax.linen.intercept_methods` notes each
+module called: its path, its class and the class of the module that owns it. Each
+equation of the program carries the module path it ran in (its name stack) and the line
+of the model's file that called it (its traceback). From those:
+
+* a call of a module of a known class is one op (all the equations under its path):
+  ``Dense`` a ``linear``; ``Embed`` an ``embedding``; ``LayerNorm``, ``RMSNorm``,
+  ``GroupNorm`` a ``norm``; an attention module (``MultiHeadDotProductAttention`` and
+  its kin) ``other``: it runs replicated, its projections inside Flax's own code;
+* every other equation is an op of its own: ``add`` a sum; a point-wise primitive or a
+  jitted activation (``gelu``, ``silu``, ...) reading only values of its own shape (and
+  scalars) ``elementwise``; ``softmax`` a softmax; anything else ``other``;
+* an equation that reads nothing the forward was given (``iota``, a causal mask) is a
+  constant, not an op; weights are not values (an op reading a weight owns it).
+
+Data flow is exact: it is the program's own variables. Sizes are the program's shapes.
+Compute is priced, not timed: a ``linear`` by its FLOPs at the hardware's rate, every
+other op by the bytes it reads and writes at :data:`MEMORY_BYTES_PER_S` (backward twice
+the forward for ops with weights, once for the rest, as the torch recorder estimates).
+The loss of the example (``loss_fn(logits, targets)``) is one ``loss`` op after the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from syncpass.backends.jax.example import JaxExample
+from syncpass.contracts.tensor import TensorGraph, TensorOp
+from syncpass.core.errors import SyncpassError
+
+#: Bytes a second an op that computes little moves on a CPU core (a streaming read).
+MEMORY_BYTES_PER_S = 1e10
+_LEAF_KINDS = {
+    "Dense": "linear",
+    "Embed": "embedding",
+    "LayerNorm": "norm",
+    "RMSNorm": "norm",
+    "GroupNorm": "norm",
+    "MultiHeadDotProductAttention": "other",
+    "MultiHeadAttention": "other",
+    "SelfAttention": "other",
+}
+_POINTWISE = {
+    "abs", "add", "add_any", "convert_element_type", "cos", "div", "erf", "exp", "exp2",
+    "integer_pow", "log", "log1p", "logistic", "max", "min", "mul", "neg", "pow", "rsqrt",
+    "select_n", "sign", "sin", "sqrt", "square", "sub", "tanh",
+}  # fmt: skip
+_ACTIVATIONS = {"gelu", "silu", "swish", "relu", "relu6", "sigmoid", "elu", "celu", "selu",
+                "leaky_relu", "soft_sign", "softplus", "tanh", "hard_tanh", "mish"}  # fmt: skip
+_SOFTMAX = {"softmax", "_softmax", "log_softmax"}
+
+
+@dataclass(frozen=True)
+class ModuleCall:
+    """A module the forward called: its path (``blocks_0.fc``), class, and the class of
+    the module that owns it (where its construction and its call are in the source)."""
+
+    path: str
+    cls: str
+    owner_cls: str | None
+
+
+@dataclass(frozen=True)
+class JaxTensorRecording:
+    """The tensor graph and the modules behind its ops (by module path)."""
+
+    graph: TensorGraph
+    modules: tuple[ModuleCall, ...]
+    model_file: str
+
+    def module(self, path: str) -> ModuleCall | None:
+        return next((call for call in self.modules if call.path == path), None)
+
+
+def _nbytes(aval: Any) -> int:
+    size = 1
+    for dim in aval.shape:
+        size *= int(dim)
+    return int(size * aval.dtype.itemsize)
+
+
+def _is_var(atom: Any) -> bool:
+    return not hasattr(atom, "val")  # a Literal has .val
+
+
+def _jit_name(equation: Any) -> str:
+    name = str(equation.params.get("name", ""))
+    return name.lstrip("_") if name.lstrip("_") in _ACTIVATIONS else name
+
+
+def _line(equation: Any, model_file: Path) -> int | None:
+    """The line of ``model_file`` that made ``equation``, the innermost one."""
+    traceback = equation.source_info.traceback
+    if traceback is None:
+        return None
+    for frame in traceback.frames:
+        if Path(frame.file_name).resolve() == model_file:
+            return int(frame.line_num)
+    return None
+
+
+def record_jax_tensor_graph(
+    example: JaxExample, model_file: Path, flops_per_s: float | None
+) -> JaxTensorRecording:
+    """The tensor graph of ``example``'s Flax model, traced once; ``model_file`` is the
+    file whose lines ops are placed at."""
+    import flax.linen as nn
+    import jax
+
+    if example.is_function:
+        raise SyncpassError(
+            "--backend jax --strategy tensor splits a Flax module's Dense layers; "
+            f"{example.name} is a function: write it as a flax.linen Module",
+            example.origin,
+        )
+    rate = flops_per_s or 5e10
+    modules: dict[str, ModuleCall] = {}
+
+    def note(next_fun: Any, args: Any, kwargs: Any, context: Any) -> Any:
+        module = context.module
+        if context.method_name == "__call__":
+            path = ".".join(module.path)
+            owner = module.parent if isinstance(module.parent, nn.Module) else None
+            modules.setdefault(
+                path,
+                ModuleCall(path, type(module).__name__, type(owner).__name__ if owner else None),
+            )
+        return next_fun(*args, **kwargs)
+
+    with nn.intercept_methods(note):
+        closed = jax.make_jaxpr(lambda variables, *args: example.apply(variables, *args))(
+            example.params, *example.args
+        )
+    jaxpr = closed.jaxpr
+    params = len(jax.tree_util.tree_leaves(example.params))
+    root = type(example.model).__name__
+    model_file = model_file.resolve()
+    builder = _Builder(modules, root, model_file, rate)
+    for position, var in enumerate(jaxpr.invars[params:]):
+        builder.input(var, f"input.{position}")
+    for var in jaxpr.invars[:params]:
+        builder.weights.add(var)
+    for equation in jaxpr.eqns:
+        builder.equation(equation)
+    builder.close()
+    outputs = [
+        builder.producer[var] for var in jaxpr.outvars if _is_var(var) and var in builder.producer
+    ]
+    if not outputs:
+        raise SyncpassError("the model returns nothing computed from its inputs", example.origin)
+    graph_outputs = builder.finish(outputs, example)
+    graph = TensorGraph(tuple(builder.ops), tuple(graph_outputs), _batch(example))
+    return JaxTensorRecording(graph, tuple(modules.values()), str(model_file))
+
+
+def _batch(example: JaxExample) -> int:
+    leaves = [leaf for leaf in example.args if getattr(leaf, "ndim", 0) >= 1]
+    return int(leaves[0].shape[0]) if leaves else 1
+
+
+class _Builder:
+    """Turns the program's equations into tensor ops, in order."""
+
+    def __init__(
+        self, modules: dict[str, ModuleCall], root: str, model_file: Path, flops_per_s: float
+    ) -> None:
+        self.modules = modules
+        self.root = root
+        self.model_file = model_file
+        self.flops_per_s = flops_per_s
+        self.ops: list[TensorOp] = []
+        self.producer: dict[Any, str] = {}  # a data value -> the op that made it
+        self.weights: set[Any] = set()
+        self.open: tuple[str, str, list[Any]] | None = None  # the module call being gathered
+        self.names: dict[str, int] = {}
+        self.shapes: dict[str, tuple[int, ...]] = {}  # each op's output shape
+
+    def input(self, var: Any, name: str) -> None:
+        grad = var.aval.dtype.kind == "f"
+        self.ops.append(
+            TensorOp(
+                name, "input", out_bytes=_nbytes(var.aval), tokens=var.aval.ndim >= 2, grad=grad
+            )
+        )
+        self.producer[var] = name
+        self.shapes[name] = tuple(var.aval.shape)
+
+    def _unique(self, name: str) -> str:
+        count = self.names.get(name, 0) + 1
+        self.names[name] = count
+        return name if count == 1 else f"{name}#{count}"
+
+    def _owner(self, equation: Any) -> str | None:
+        """The outermost module of a known class the equation ran in."""
+        parts = [part for part in str(equation.source_info.name_stack).split("/") if part]
+        if parts and parts[0] == self.root:
+            parts = parts[1:]
+        for end in range(1, len(parts) + 1):
+            call = self.modules.get(".".join(parts[:end]))
+            if call is not None and call.cls in _LEAF_KINDS:
+                return call.path
+        return None
+
+    def _scope(self, equation: Any) -> str:
+        parts = [part for part in str(equation.source_info.name_stack).split("/") if part]
+        if parts and parts[0] == self.root:
+            parts = parts[1:]
+        known = [part for part in parts if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part)]
+        path = ""
+        for part in known:
+            candidate = f"{path}.{part}" if path else part
+            if candidate not in self.modules:
+                break
+            path = candidate
+        return path
+
+    def equation(self, equation: Any) -> None:
+        reads_data = any(
+            _is_var(atom) and (atom in self.producer or atom in self.weights)
+            for atom in equation.invars
+        )
+        owner = self._owner(equation)
+        if owner is not None and self.open is not None and self.open[0] == owner:
+            self._gather(equation)
+            return
+        if not reads_data:
+            return  # a constant: made from nothing the forward was given
+        self.close()
+        if owner is not None:
+            self.open = (owner, self._unique(owner), [])
+            self._gather(equation)
+            return
+        self._primitive(equation)
+
+    def _gather(self, equation: Any) -> None:
+        assert self.open is not None
+        self.open[2].append(equation)
+        for var in equation.outvars:
+            self.producer[var] = self.open[1]
+
+    def close(self) -> None:
+        """End the module call being gathered: its op."""
+        if self.open is None:
+            return
+        path, op_id, equations = self.open
+        self.open = None
+        self._module_op(path, op_id, equations)
+
+    def _reads(self, equations: Sequence[Any]) -> tuple[list[str], list[Any], list[Any]]:
+        """The ops whose values ``equations`` read, the weights they read, and the
+        non-data values (constants) they read."""
+        made = {var for equation in equations for var in equation.outvars}
+        inputs: list[str] = []
+        weights: list[Any] = []
+        constants: list[Any] = []
+        for equation in equations:
+            for atom in equation.invars:
+                if not _is_var(atom) or atom in made:
+                    continue
+                if atom in self.producer:
+                    if self.producer[atom] not in (*inputs, *self._making(equations)):
+                        inputs.append(self.producer[atom])
+                elif atom in self.weights:
+                    weights.append(atom)
+                else:
+                    constants.append(atom)
+        return inputs, weights, constants
+
+    def _making(self, equations: Sequence[Any]) -> tuple[str, ...]:
+        """The op id the open module call is gathered under, when ``equations`` are it."""
+        if self.open is not None and equations is self.open[2]:
+            return (self.open[1],)
+        return ()
+
+    def _source(self, equations: Sequence[Any]) -> str | None:
+        for equation in equations:
+            line = _line(equation, self.model_file)
+            if line is not None:
+                return f"{self.model_file}:{line}"
+        return None
+
+    def _add(self, op: TensorOp, equations: Sequence[Any]) -> None:
+        self.ops.append(op)
+        self.shapes[op.id] = tuple(equations[-1].outvars[0].aval.shape)
+        for equation in equations:
+            for var in equation.outvars:
+                self.producer[var] = op.id
+
+    def _module_op(self, path: str, op_id: str, equations: Sequence[Any]) -> None:
+        call = self.modules[path]
+        kind = _LEAF_KINDS[call.cls]
+        inputs, weights, _ = self._reads(equations)
+        out = equations[-1].outvars[0].aval
+        param_bytes = float(sum(_nbytes(var.aval) for var in weights))
+        fields: dict[str, Any] = {}
+        kernels = [var.aval.shape for var in weights if var.aval.ndim >= 2]
+        if kind == "linear":
+            if len(kernels) != 1 or len(kernels[0]) != 2:
+                kind = "other"
+            else:
+                fields = {"in_features": int(kernels[0][0]), "out_features": int(kernels[0][1])}
+        if kind == "embedding":
+            if len(kernels) != 1:
+                kind = "other"
+            else:
+                fields = {"in_features": int(kernels[0][0]), "out_features": int(kernels[0][1])}
+        if kind in ("norm", "linear") and len(inputs) != 1:
+            kind = "other"
+        if kind == "embedding" and len(inputs) != 1:
+            kind = "other"
+            fields = {}
+        moved = float(_nbytes(out)) + param_bytes
+        for equation in equations:
+            moved += sum(_nbytes(atom.aval) for atom in equation.invars if _is_var(atom)) / len(
+                equations
+            )
+        flops = 0.0
+        if kind == "linear":
+            tokens = _nbytes(out) // out.dtype.itemsize // fields["out_features"]
+            flops = 2.0 * tokens * fields["in_features"] * fields["out_features"]
+        forward = max(flops / self.flops_per_s, moved / MEMORY_BYTES_PER_S)
+        self._add(
+            TensorOp(
+                op_id,
+                kind,
+                tuple(inputs),
+                out_bytes=float(_nbytes(out)),
+                compute_s=forward,
+                backward_s=(2.0 if param_bytes else 1.0) * forward,
+                param_bytes=param_bytes,
+                tokens=out.ndim >= 3,
+                grad=out.dtype.kind == "f",
+                source=self._source(equations),
+                module=path,
+                **fields,
+            ),
+            equations,
+        )
+
+    def _primitive(self, equation: Any) -> None:
+        inputs, weights, constants = self._reads([equation])
+        out = equation.outvars[0].aval
+        name = equation.primitive.name
+        if name in ("jit", "pjit"):
+            name = _jit_name(equation)
+        shaped = (
+            all(self._shape_of(op_id) == out.shape for op_id in inputs)
+            and all(atom.aval.ndim == 0 for atom in constants)
+            and not weights
+        )
+        if name in ("add", "add_any") and len(inputs) >= 2 and shaped:
+            kind = "add"
+        elif (name in _POINTWISE or name in _ACTIVATIONS) and shaped:
+            kind = "elementwise"
+        elif name in _SOFTMAX and len(inputs) == 1 and shaped:
+            kind = "softmax"
+        else:
+            kind = "other"
+        moved = float(_nbytes(out)) + sum(
+            _nbytes(atom.aval) for atom in equation.invars if _is_var(atom)
+        )
+        forward = moved / MEMORY_BYTES_PER_S
+        scope = self._scope(equation)
+        base = f"{scope}.{name}" if scope else name
+        self._add(
+            TensorOp(
+                self._unique(base),
+                kind,
+                tuple(inputs),
+                out_bytes=float(_nbytes(out)),
+                compute_s=forward,
+                backward_s=forward,
+                param_bytes=float(sum(_nbytes(var.aval) for var in weights)),
+                tokens=out.ndim >= 3,
+                grad=out.dtype.kind == "f",
+                source=self._source([equation]),
+            ),
+            [equation],
+        )
+
+    def _shape_of(self, op_id: str) -> tuple[int, ...] | None:
+        return self.shapes.get(op_id)
+
+    def finish(self, outputs: list[str], example: JaxExample) -> list[str]:
+        """Add the loss op when the model returns one array of
+        logits and the example has targets. The graph's outputs."""
+        outputs = list(dict.fromkeys(outputs))
+        target = example.target
+        if len(outputs) != 1 or target is None or not hasattr(target, "shape"):
+            return outputs
+        logits = self.ops[-1] if self.ops[-1].id == outputs[0] else None
+        classes = self._shape_of(outputs[0])
+        if logits is None or not classes:
+            return outputs
+        self.ops.append(
+            TensorOp(
+                "targets",
+                "input",
+                out_bytes=float(target.size * target.dtype.itemsize),
+                tokens=False,
+                grad=False,
+            )
+        )
+        forward = 2 * logits.out_bytes / MEMORY_BYTES_PER_S
+        self.ops.append(
+            dataclasses.replace(
+                TensorOp("loss", "loss", (outputs[0], "targets")),
+                out_bytes=4.0,
+                compute_s=forward,
+                backward_s=forward,
+                in_features=int(classes[-1]),
+                tokens=False,
+            )
+        )
+        return ["loss"]
+
+
+__all__ = ["MEMORY_BYTES_PER_S", "JaxTensorRecording", "ModuleCall", "record_jax_tensor_graph"]
