@@ -68,7 +68,8 @@ class FlaxEdit:
     """One change at the call of ``self.ATTRIBUTE`` that starts on ``line``: ``wrap`` puts
     the call in ``function(...)``; ``wrap-argument`` puts its first argument in it;
     ``divide`` divides the features of the construction of ``self.ATTRIBUTE`` on ``line``
-    by ``tp_size()``. ``comment`` (without ``#``) goes on a line of its own above the
+    by ``tp_size()``; ``heads`` divides an attention module's ``num_heads`` and
+    ``qkv_features`` (given as ``features`` where the call leaves it to its default). ``comment`` (without ``#``) goes on a line of its own above the
     statement that holds the call."""
 
     kind: str
@@ -76,6 +77,7 @@ class FlaxEdit:
     attribute: str
     function: str = ""
     comment: str = ""
+    features: int = 0  # ``heads``: the module's input features, its default ``qkv_features``
 
 
 def _self_attribute(node: cst.BaseExpression) -> str | None:
@@ -184,6 +186,36 @@ def _divided(value: cst.BaseExpression) -> cst.BinaryOperation:
     )
 
 
+def _heads_divided(call: cst.Call, features: int) -> cst.Call:
+    """An attention module's construction with ``num_heads`` (its keyword or first
+    positional argument) and ``qkv_features`` (given, else ``features``) divided."""
+    args = list(call.args)
+    positional = [i for i, arg in enumerate(args) if arg.keyword is None and not arg.star]
+    named = {arg.keyword.value: i for i, arg in enumerate(args) if arg.keyword is not None}
+    heads = named.get("num_heads", positional[0] if positional else None)
+    if heads is not None:
+        args[heads] = args[heads].with_changes(value=_divided(args[heads].value))
+    if "qkv_features" in named:
+        at = named["qkv_features"]
+        args[at] = args[at].with_changes(value=_divided(args[at].value))
+    else:
+        if args:
+            args[-1] = args[-1].with_changes(
+                comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            )
+        args.append(
+            cst.Arg(
+                keyword=cst.Name("qkv_features"),
+                value=_divided(cst.Integer(str(features))),
+                equal=cst.AssignEqual(
+                    whitespace_before=cst.SimpleWhitespace(""),
+                    whitespace_after=cst.SimpleWhitespace(""),
+                ),
+            )
+        )
+    return call.with_changes(args=args)
+
+
 class InsertFlaxCollectivesCommand(VisitorBasedCodemodCommand):
     """Carries out :class:`FlaxEdit` s and appends ``footer`` after the last statement."""
 
@@ -228,11 +260,14 @@ class InsertFlaxCollectivesCommand(VisitorBasedCodemodCommand):
         if len(original_node.targets) != 1 or not isinstance(updated_node.value, cst.Call):
             return updated_node
         attribute = _self_attribute(original_node.targets[0].target)
-        edits = [] if attribute is None else self._at(original_node, ("divide",), attribute)
+        edits = [] if attribute is None else self._at(original_node, ("divide", "heads"), attribute)
         if not edits:
             return updated_node
         call = updated_node.value
         args = list(call.args)
+        if edits[0].kind == "heads":
+            self.done.update(edits)
+            return updated_node.with_changes(value=_heads_divided(call, edits[0].features))
         for index, arg in enumerate(args):
             if (arg.keyword is None and not arg.star) or (
                 arg.keyword is not None and arg.keyword.value == "features"

@@ -130,7 +130,9 @@ def collapse(
     return found
 
 
-def per_reader_gradient_reduces(graph: TensorGraph, plan: TensorPlan, form: str) -> TensorPlan:
+def per_reader_gradient_reduces(
+    graph: TensorGraph, plan: TensorPlan, form: str, family_of: Callable[[str], str] = family
+) -> TensorPlan:
     """``plan`` where each column-split layer all-reduces the gradient of its input on its
     own (``form`` says who does: DTensor's ``ColwiseParallel``, a ``copy_to`` wrapped around
     each call), so a value ``k`` such layers read has ``k`` backward all-reduces where a
@@ -154,7 +156,7 @@ def per_reader_gradient_reduces(graph: TensorGraph, plan: TensorPlan, form: str)
         extra += len(columns) - 1
         extra_s += (len(columns) - 1) * item.time_s
         notes.append(
-            f"{family(item.value)}: its gradient is all-reduced by each of the "
+            f"{family_of(item.value)}: its gradient is all-reduced by each of the "
             f"{len(columns)} {form} that read it "
             f"({', '.join(sorted({tail(graph.op(r)) for r in columns}))}), where the eager "
             "form sums it first and all-reduces once"

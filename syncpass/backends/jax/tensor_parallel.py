@@ -22,8 +22,9 @@ replicated. Outside a ``shard_map`` over the axis every function is the identity
 
 Weights: :func:`shard_variables` gives the model's variables as global arrays and the
 :class:`~jax.sharding.PartitionSpec` of each (``in_specs`` of the ``shard_map``): a
-column-split ``Dense`` is sharded on its output features (kernel and bias), a row-split
-one on its input features, with its bias on the first device only (zeros on the others:
+column-split ``Dense`` is sharded on its output features (kernel and bias; a ``DenseGeneral``
+of attention heads on its heads), a row-split one on its input features, with its bias on
+the first device only (zeros on the others:
 the all-reduce after it adds it once). Gradients come back in the same global form; a
 row-split bias's gradient is its first block (:func:`unshard_gradients`).
 """
@@ -137,8 +138,9 @@ def shard_variables(variables: Any, layout: Mapping[str, str], tp: int) -> tuple
         kind = layout_of(module, layout)
         if kind is None or leaf.ndim == 0:
             return leaf, spec()
-        if kind == "column":
-            return leaf, spec(*([None] * (leaf.ndim - 1)), axis)
+        if kind == "column":  # the first output axis: a kernel's second, a bias's first
+            split = 1 if name == "kernel" and leaf.ndim >= 2 else 0
+            return leaf, spec(*(axis if i == split else None for i in range(leaf.ndim)))
         if name == "bias":  # a row-split layer adds its bias on the first device only
             zeros = jnp.zeros((tp - 1) * leaf.shape[0], leaf.dtype)
             return jnp.concatenate([leaf, zeros]), spec(axis)

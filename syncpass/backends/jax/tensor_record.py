@@ -39,14 +39,17 @@ from syncpass.core.errors import SyncpassError
 MEMORY_BYTES_PER_S = 1e10
 _LEAF_KINDS = {
     "Dense": "linear",
+    "DenseGeneral": "linear",
     "Embed": "embedding",
     "LayerNorm": "norm",
     "RMSNorm": "norm",
     "GroupNorm": "norm",
-    "MultiHeadDotProductAttention": "other",
-    "MultiHeadAttention": "other",
-    "SelfAttention": "other",
 }
+#: Flax's attention modules: their projections (``query``, ``key``, ``value``, ``out``) are
+#: ops of their own, and what the module computes between them is one ``attention`` op.
+ATTENTION_CLASSES = frozenset(
+    {"MultiHeadDotProductAttention", "MultiHeadAttention", "SelfAttention"}
+)
 _POINTWISE = {
     "abs", "add", "add_any", "convert_element_type", "cos", "div", "erf", "exp", "exp2",
     "integer_pow", "log", "log1p", "logistic", "max", "min", "mul", "neg", "pow", "rsqrt",
@@ -65,6 +68,8 @@ class ModuleCall:
     path: str
     cls: str
     owner_cls: str | None
+    out_dims: int = 1  # a DenseGeneral's output axes (its ``features``)
+    heads: int | None = None  # an attention module's ``num_heads``
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,13 @@ def _nbytes(aval: Any) -> int:
     for dim in aval.shape:
         size *= int(dim)
     return int(size * aval.dtype.itemsize)
+
+
+def _product(dims: Sequence[int]) -> int:
+    total = 1
+    for dim in dims:
+        total *= dim
+    return total
 
 
 def _is_var(atom: Any) -> bool:
@@ -128,9 +140,17 @@ def record_jax_tensor_graph(
         if context.method_name == "__call__":
             path = ".".join(module.path)
             owner = module.parent if isinstance(module.parent, nn.Module) else None
+            features = getattr(module, "features", None)
+            heads = getattr(module, "num_heads", None)
             modules.setdefault(
                 path,
-                ModuleCall(path, type(module).__name__, type(owner).__name__ if owner else None),
+                ModuleCall(
+                    path,
+                    type(module).__name__,
+                    type(owner).__name__ if owner else None,
+                    len(features) if isinstance(features, tuple | list) else 1,
+                    heads if isinstance(heads, int) else None,
+                ),
             )
         return next_fun(*args, **kwargs)
 
@@ -206,6 +226,10 @@ class _Builder:
             call = self.modules.get(".".join(parts[:end]))
             if call is not None and call.cls in _LEAF_KINDS:
                 return call.path
+            if call is not None and call.cls in ATTENTION_CLASSES:
+                child = self.modules.get(".".join(parts[: end + 1])) if end < len(parts) else None
+                if child is None:
+                    return call.path  # the attention module's own work, between its projections
         return None
 
     def _scope(self, equation: Any) -> str:
@@ -295,17 +319,29 @@ class _Builder:
 
     def _module_op(self, path: str, op_id: str, equations: Sequence[Any]) -> None:
         call = self.modules[path]
-        kind = _LEAF_KINDS[call.cls]
+        kind = "attention" if call.cls in ATTENTION_CLASSES else _LEAF_KINDS[call.cls]
         inputs, weights, _ = self._reads(equations)
         out = equations[-1].outvars[0].aval
         param_bytes = float(sum(_nbytes(var.aval) for var in weights))
         fields: dict[str, Any] = {}
-        kernels = [var.aval.shape for var in weights if var.aval.ndim >= 2]
+        # The kernel is the largest weight (a bias has the output's shape, a scale one axis).
+        largest = max(weights, key=lambda var: (var.aval.ndim, _nbytes(var.aval)), default=None)
+        kernels = [largest.aval.shape] if largest is not None and largest.aval.ndim >= 2 else []
         if kind == "linear":
-            if len(kernels) != 1 or len(kernels[0]) != 2:
+            if len(kernels) != 1 or not 1 <= call.out_dims < len(kernels[0]):
                 kind = "other"
             else:
-                fields = {"in_features": int(kernels[0][0]), "out_features": int(kernels[0][1])}
+                kernel = [int(dim) for dim in kernels[0]]
+                cut = len(kernel) - call.out_dims
+                fields = {
+                    "in_features": _product(kernel[:cut]),
+                    "out_features": _product(kernel[cut:]),
+                }
+        if kind == "attention":
+            if len(inputs) != 3 or call.heads is None:
+                kind = "other"
+            else:
+                fields = {"heads": call.heads}
         if kind == "embedding":
             if len(kernels) != 1:
                 kind = "other"

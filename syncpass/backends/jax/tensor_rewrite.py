@@ -41,7 +41,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from syncpass.backends.jax.tensor_record import JaxTensorRecording
+from syncpass.backends.jax.tensor_record import ATTENTION_CLASSES, JaxTensorRecording, ModuleCall
 from syncpass.backends.spec import TensorRewriteRequest, TensorRewriteResult
 from syncpass.contracts.tensor import TensorGraph, TensorOp
 from syncpass.core.errors import SyncpassError
@@ -73,12 +73,20 @@ WRITABLE: Mapping[str, tuple[str, ...]] = {
     "linear": ("replicated", "column", "row"),
     "elementwise": ("replicated", "split"),
     "add": ("replicated", "split"),
+    "attention": ("replicated", "heads"),
 }
+#: How the ops of a Flax attention module split together: by heads, or not at all.
+_BY_HEADS = {"query": "column", "key": "column", "value": "column", "out": "row", "": "heads"}
 _COPY = "copy_to_tensor_parallel_region"
 _REDUCE = "reduce_from_tensor_parallel_region"
 _GATHER = "gather_from_tensor_parallel_region"
 #: The layer classes whose weights :func:`shard_variables` splits.
 _SPLIT_CLASSES = ("Dense",)
+
+
+def tail_of(path: str) -> str:
+    """A module path's last name (``blocks_0.attn`` -> ``attn``)."""
+    return path.rsplit(".", 1)[-1]
 
 
 def flax_family(name: str) -> str:
@@ -142,9 +150,19 @@ class _FlaxChecker:
         file, _, line = op.source.rpartition(":")
         return int(line) if file == self.recording.model_file and line.isdigit() else None
 
+    def container(self, op: TensorOp) -> ModuleCall | None:
+        """The Flax attention module ``op`` is part of (its projections and its own work)."""
+        parts = (op.module or "").split(".")
+        for end in range(len(parts), 0, -1):
+            call = self.recording.module(".".join(parts[:end]))
+            if call is not None and call.cls in ATTENTION_CLASSES:
+                return call
+        return None
+
     def call_site(self, op: TensorOp) -> FlaxCallSite | None:
-        """The one ``self.NAME(...)`` call of ``op``'s layer on its line, if one."""
-        call = self.recording.module(op.module or "")
+        """The one ``self.NAME(...)`` call of ``op``'s layer on its line (of its attention
+        module, for one of its parts), if one."""
+        call = self.container(op) or self.recording.module(op.module or "")
         line = self._line(op)
         if call is None or line is None or call.owner_cls is None:
             return None
@@ -159,7 +177,7 @@ class _FlaxChecker:
         return found[0] if len(found) == 1 else None
 
     def construction(self, op: TensorOp) -> FlaxConstruction | None:
-        call = self.recording.module(op.module or "")
+        call = self.container(op) or self.recording.module(op.module or "")
         if call is None:
             return None
         attribute = call.path.rsplit(".", 1)[-1]
@@ -192,9 +210,12 @@ class _FlaxChecker:
             item = self.layout[op.id]
             if item.layout == "replicated":
                 continue
-            if op.kind == "linear":
+            container = self.container(op)
+            if container is not None:
+                self.by_heads(op, container)
+            elif op.kind == "linear":
                 self.linear(op, item.layout)
-            if item.layout in ("row", "split"):
+            if item.layout in ("row", "split", "heads"):
                 for name in op.inputs:
                     if self.layout[name].output != "C":
                         self.refuse(
@@ -202,6 +223,42 @@ class _FlaxChecker:
                             f"it reads {name}, which is whole on every device; the rewrite "
                             "does not slice a replicated value",
                         )
+
+    def by_heads(self, op: TensorOp, container: ModuleCall) -> None:
+        """A part of a Flax attention module splits only as the whole module splits by
+        heads (q, k, v by columns, its work by heads, ``out`` by rows): what the module's
+        ``num_heads`` and ``qkv_features`` divided by ``tp_size()`` make it compute."""
+        prefix = container.path + "."
+        parts = {
+            (name.module or "")[len(prefix) :] if name.module != container.path else "": name.id
+            for name in self.graph.ops
+            if name.module == container.path or (name.module or "").startswith(prefix)
+        }
+        wrong = [
+            part for part, layout in _BY_HEADS.items()
+            if part not in parts or self.layout[parts[part]].layout != layout
+        ]  # fmt: skip
+        if wrong:
+            self.refuse(
+                op.id,
+                f"{container.cls} splits only by heads as a whole (query, key, value by "
+                "columns, out by rows), which the plan did not choose for "
+                + ", ".join(part or "its attention" for part in wrong),
+            )
+            return
+        if self.call_site(op) is None:
+            self.refuse(op.id, f"no single call self.{tail_of(container.path)}(...) on its line")
+            return
+        built = self.construction(op)
+        if built is None or built.callee not in ATTENTION_CLASSES:
+            self.refuse(
+                op.id,
+                f"{container.owner_cls}.setup does not build self.{tail_of(container.path)} "
+                f"as nn.{container.cls}(...), where the rewrite divides its heads",
+            )
+            return
+        query = self.graph.op(parts["query"])
+        self.edit(FlaxEdit("heads", built.line, built.attribute, features=query.in_features or 0))
 
     def linear(self, op: TensorOp, layout: str) -> None:
         call = self.recording.module(op.module or "")
@@ -288,9 +345,12 @@ class _FlaxChecker:
         if site.positional < 1:
             self.refuse(reader.id, f"self.{tail(reader)}(...) has no positional input to wrap")
             return
+        container = self.container(reader)
+        name = tail(reader) if container is None else tail_of(container.path)
+        split = tail(reader) if container is None else "query, key, value"
         comment = (
-            f"syncpass tensor: backward all-reduce of {tail(reader)}'s input gradient "
-            f"({tail(reader)} column-split); {num_bytes(item.bytes)}, {seconds(item.time_s)}"
+            f"syncpass tensor: backward all-reduce of {name}'s input gradient "
+            f"({split} column-split); {num_bytes(item.bytes)}, {seconds(item.time_s)}"
         )
         self.edit(FlaxEdit("wrap-argument", site.start, site.attribute, _COPY, comment))
 
@@ -346,7 +406,9 @@ def written_flax_plan(
         and item.layout in ("column", "row")
         and op.module is not None
     }
-    made = per_reader_gradient_reduces(graph, made, "copy_to_tensor_parallel_region calls")
+    # JAX makes a replicated input varying at each column-split projection that reads it
+    # (an explicit copy or its own): one backward all-reduce per projection.
+    made = per_reader_gradient_reduces(graph, made, "column-split projections", flax_family)
     counts = collections.Counter(
         f"{item.direction} {item.kind}" for item in made.collectives if item.within is None
     )

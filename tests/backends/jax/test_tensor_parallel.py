@@ -107,7 +107,13 @@ def test_the_recorder_follows_the_flax_lm_module_by_module() -> None:
     assert (head.kind, head.out_features) == ("linear", 256)
     assert graph.op("blocks_0.ln_2").kind == "norm"
     assert graph.op("wte").kind == "embedding"
-    assert graph.op("blocks_0.attn").kind == "other"  # Flax's attention runs whole
+    # Flax's attention: its projections, and its own work between them as one op.
+    attention = graph.op("blocks_0.attn")
+    assert (attention.kind, attention.heads) == ("attention", 4)
+    assert attention.inputs == ("blocks_0.attn.query", "blocks_0.attn.key", "blocks_0.attn.value")
+    query, out = graph.op("blocks_0.attn.query"), graph.op("blocks_0.attn.out")
+    assert (query.kind, query.in_features, query.out_features) == ("linear", 64, 64)
+    assert out.inputs == ("blocks_0.attn",) and out.in_features == 64
     assert fc.source == f"{FLAX_LM}:47" and fc.module == "blocks_0.fc"
     assert fc.inputs == ("blocks_0.ln_2",)
     assert graph.outputs == ("loss",) and graph.op("loss").inputs == ("head", "targets")
@@ -120,7 +126,7 @@ def test_the_recorder_follows_the_flax_lm_module_by_module() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tp", [2, 4])
-def test_flax_lm_splits_its_mlp_as_megatron_and_verifies(
+def test_flax_lm_splits_as_megatron_and_verifies(
     tp: int, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     out, done = made(tp, tmp_path_factory)
@@ -129,7 +135,16 @@ def test_flax_lm_splits_its_mlp_as_megatron_and_verifies(
     assert isinstance(run, subprocess.CompletedProcess)
     text = out.read_text()
     original = FLAX_LM.read_text().splitlines()
-    # From the costs, not a rule: fc by columns, proj by rows, one all-reduce a layer forward.
+    # From the costs, not a rule: attention by heads, fc by columns, proj by rows; two
+    # all-reduces a layer forward.
+    assert (
+        "self.attn = nn.MultiHeadDotProductAttention(num_heads=self.heads // tp_size(), "
+        "qkv_features=64 // tp_size())"
+    ) in text
+    assert (
+        "x = x + reduce_from_tensor_parallel_region(self.attn(copy_to_tensor_parallel_region(h), "
+        "h, mask=mask))"
+    ) in text
     assert "self.fc = nn.Dense(4 * self.width // tp_size())" in text
     assert "self.proj = nn.Dense(self.width)" in text  # a row split keeps its features
     assert (
@@ -137,17 +152,20 @@ def test_flax_lm_splits_its_mlp_as_megatron_and_verifies(
         "copy_to_tensor_parallel_region(self.ln_2(x))))))"
     ) in text
     assert '"blocks_*.fc": "column"' in text and '"blocks_*.proj": "row"' in text
+    assert '"blocks_*.attn.query": "column"' in text and '"blocks_*.attn.out": "row"' in text
     assert "# syncpass tensor: all-reduce of proj's partial sums (row-split)" in text
     # Everything else is byte for byte the original.
     kept = [line for line in text.splitlines() if line in original]
-    assert len(kept) >= len(original) - 4
+    assert len(kept) >= len(original) - 6
     assert run.returncode == 0, run.stdout + run.stderr
     assert "verify: ok: 69 parameter(s) compared" in run.stdout
     assert "collectives: match" in run.stdout
     report = json.loads(out.with_suffix(".json").read_text())
     counts = dict(report["ranks"][0]["counts"])
-    assert counts["forward all-reduce"] == 4  # one per layer, after proj
-    assert counts["backward all-reduce"] >= 4  # one per layer, before fc
+    assert counts["forward all-reduce"] == 8  # two per layer: after attn's out and proj
+    # Per layer: one at each of query, key, value and fc (JAX sums each projection's input
+    # gradient); one at the head.
+    assert counts["backward all-reduce"] == 17
     assert report["engine"].startswith("JAX CPU device(s)")
 
 
