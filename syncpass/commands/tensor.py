@@ -135,7 +135,9 @@ def check_tensor_flags(args: argparse.Namespace, with_stages: bool = False) -> N
 
 def run_tensor_plan(args: argparse.Namespace, overrides: Overrides) -> int:
     """``syncpass plan --strategy tensor``: plan, then print the report or the JSON."""
-    check_tensor_flags(args)
+    check_tensor_flags(args, with_stages=True)
+    if args.stages is not None:
+        return _run_tensor_stages_plan(args, overrides)
     refuse_clobbering({"-o": args.output}, {"the cost file": args.costs})
     settings = resolve_settings(args.costs, overrides)
     measured = load_costs(args.costs)
@@ -268,3 +270,76 @@ def tensor_rewritten(args: argparse.Namespace) -> tuple[str, str, str, TensorPla
     for note in plan.notes:
         print(f"syncpass: note: {note}", file=sys.stderr)
     return text, result.rewritten, summary, plan
+
+
+def _run_tensor_stages_plan(args: argparse.Namespace, overrides: Overrides) -> int:
+    """``plan --strategy tensor --tp N|auto --stages S``: the tensor-parallel plan inside each
+    of S pipeline stages and the pipeline planned on one rank's share of each op
+    (:mod:`syncpass.plan.tensor_stages`); ``auto`` weighs every degree."""
+    from syncpass.plan.planfile import dumps_plan
+    from syncpass.plan.report import render_plan
+    from syncpass.plan.tensor_stages import plan_tensor_stages
+
+    if args.stages == AUTO or not str(args.stages).isdigit():
+        raise SyncpassError(
+            "--strategy tensor --stages S needs a number of stages (--stages auto is a "
+            "pipeline plan's choice)"
+        )
+    refuse_clobbering({"-o": args.output}, {"the cost file": args.costs})
+    settings = resolve_settings(args.costs, overrides)
+    measured = load_costs(args.costs)
+    costs = settings.retarget(measured)
+    graph = tensor_graph_of(costs, measured)
+    stages = int(args.stages)
+    devices = costs.hardware.devices
+    if args.tp == AUTO and devices is None:
+        raise SyncpassError(
+            "--tp auto chooses among the hardware's devices, and this hardware does not say "
+            "how many it has: give --tp N, or --hardware with devices",
+            args.costs,
+        )
+    if args.tp == AUTO:
+        assert devices is not None
+        degrees = [n for n in range(1, devices // stages + 1) if (devices // stages) % n == 0]
+    else:
+        degrees = [args.tp]
+    staged = plan_tensor_stages(
+        costs,
+        graph,
+        link_for(costs.hardware),
+        degrees,
+        devices or stages * int(degrees[0]),
+        TensorRequest(tp=1, sequence_parallel=False, baselines=not args.no_baselines),
+        settings.request(costs),
+        training=costs.training,
+        memory_multiplier=costs.memory_multiplier,
+        hardware=costs.hardware.name,
+        model=costs.model,
+        notes=costs.notes,
+    )
+    if args.tp == AUTO:
+        print(render_degrees(staged.options, staged.tensor.tp, devices, stages), file=sys.stderr)
+    document = (
+        json.dumps(
+            {
+                "tensor": tensor_plan_to_json(staged.tensor),
+                "pipeline": json.loads(dumps_plan(staged.pipeline)),
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    if args.output is not None and str(args.output) == "-":
+        args.json = True
+    elif args.output is not None:
+        write_atomically(args.output, document)
+    if args.json:
+        sys.stdout.write(document)
+        return EXIT_OK
+    sys.stdout.write(render_tensor_plan(staged.tensor))
+    sys.stdout.write(
+        f"\n{stages} pipeline stage(s) of {staged.tensor.tp} tensor-parallel rank(s) each, each "
+        "op's time as one rank of its stage computes it:\n"
+    )
+    sys.stdout.write(render_plan(staged.pipeline, ()).rstrip("\n") + "\n")
+    return EXIT_OK

@@ -431,12 +431,21 @@ def choose_tp(
     return best[1], tuple(options)
 
 
-def render_degrees(options: tuple[DegreeOption, ...], chosen: int) -> str:
-    """The ``--tp auto`` table: each degree's step, gradient all-reduce and throughput."""
+def render_degrees(
+    options: tuple[DegreeOption, ...], chosen: int, devices: int | None = None, stages: int = 1
+) -> str:
+    """The ``--tp auto`` table: each degree's step, gradient all-reduce and throughput;
+    with ``stages``, of pipelines of that many stages of tensor-parallel groups."""
+    devices = devices or options[0].tp * options[0].replicas
+    groups = (
+        "tensor-parallel groups of tp, data-parallel over the groups"
+        if stages == 1
+        else f"pipelines of {stages} stages of tp ranks each, data-parallel over the pipelines; "
+        "the step is the pipeline's"
+    )
     lines = [
-        f"--tp auto: tp {chosen} trains the most sequences a second on "
-        f"{options[0].tp * options[0].replicas} device(s) (tensor-parallel groups of tp, "
-        "data-parallel over the groups):",
+        f"--tp auto: tp {chosen} trains the most sequences a second on {devices} device(s) "
+        f"({groups}):",
         "    tp  replicas       step  grad all-reduce  sequences/s",
     ]
     for option in options:

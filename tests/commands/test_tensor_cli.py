@@ -50,7 +50,8 @@ def test_json_goes_to_stdout_and_to_a_file(
         (("--tp", "3"), "--tp 3 does not divide the 32 heads of h.0.attn.sdpa"),
         (("--tp", "16"), "--tp 16 needs 16 devices and the hardware has 8"),
         ((), "--strategy tensor needs --tp N"),
-        (("--tp", "2", "--stages", "2"), "--stages is a pipeline setting"),
+        (("--tp", "2", "--threshold", "0.2"), "--threshold is a pipeline setting"),
+        (("--tp", "2", "--stages", "auto"), "--strategy tensor --stages S needs a number"),
     ],
 )
 def test_a_bad_request_is_a_clear_error(
@@ -102,6 +103,32 @@ def test_a_tensor_writing_flag_without_the_tensor_strategy_is_an_error(
         capsys.readouterr().err
     )
     assert not out.exists()
+
+
+def test_tp_auto_with_stages_weighs_pipelines_of_tensor_parallel_stages(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    flags = ("--tp", "auto", "--stages", "2", "--schedule", "gpipe", "--json")
+    assert main(_plan(*flags)) == 0
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    chosen = document["tensor"]["tp"]
+    assert len(document["pipeline"]["stages"]) == 2
+    assert "pipelines of 2 stages of tp ranks each" in captured.err
+    units = {"s": 1.0, "ms": 1e-3, "us": 1e-6}
+    rows = {}  # tp -> (replicas, step in seconds, sequences a second)
+    for line in captured.err.splitlines():
+        parts = line.replace("<- chosen", "").split()
+        if len(parts) == 7 and parts[0].isdigit():
+            step = float(parts[2]) * units[parts[3]]
+            rows[int(parts[0])] = (int(parts[1]), step, float(parts[6]))
+    assert set(rows) == {1, 2, 4}  # the degrees that divide 8 devices / 2 stages
+    for tp, (replicas, _, _) in rows.items():
+        assert replicas == 8 // (2 * tp)
+    # Each stage's ops computed as one of its ranks does: the step falls as tp grows.
+    assert rows[1][1] > rows[2][1] > rows[4][1]
+    assert chosen == max(rows, key=lambda tp: rows[tp][2])
+    assert f"--tp auto: tp {chosen} trains the most sequences a second" in captured.err
 
 
 @pytest.mark.slow  # plans four degrees twice, with their explanations: ~8 s
