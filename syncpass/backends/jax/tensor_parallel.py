@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from typing import Any
 
 AXIS = "tp"
+#: A layout's suffix for a layer whose kernel is stored ``(out, in)`` (HF's ``FlaxConv1D``).
+TRANSPOSED = " transposed"
 _axis = [AXIS]
 
 
@@ -125,7 +127,8 @@ def shard_variables(variables: Any, layout: Mapping[str, str], tp: int) -> tuple
     """``variables`` as the global arrays a ``shard_map`` over ``tp`` devices slices, and
     each one's ``PartitionSpec``: split ones on the axis :func:`tensor_parallel_axis`, the
     rest replicated. ``layout`` maps module names (``blocks_0.fc``, or patterns such as
-    ``blocks_*.fc``) to ``column`` or ``row``."""
+    ``blocks_*.fc``) to ``column`` or ``row`` (``column transposed``, ``row transposed``: of a
+    kernel stored ``(out, in)``)."""
     import jax
     import jax.numpy as jnp
     from jax import sharding
@@ -138,13 +141,16 @@ def shard_variables(variables: Any, layout: Mapping[str, str], tp: int) -> tuple
         kind = layout_of(module, layout)
         if kind is None or leaf.ndim == 0:
             return leaf, spec()
-        if kind == "column":  # the first output axis: a kernel's second, a bias's first
-            split = 1 if name == "kernel" and leaf.ndim >= 2 else 0
+        column = kind.startswith("column")
+        kernel = name == "kernel" and leaf.ndim >= 2
+        if column:  # the first output axis: a kernel's second (first when stored (out, in))
+            split = (0 if kind.endswith(TRANSPOSED) else 1) if kernel else 0
             return leaf, spec(*(axis if i == split else None for i in range(leaf.ndim)))
-        if name == "bias":  # a row-split layer adds its bias on the first device only
+        if not kernel:  # a row-split layer adds its bias on the first device only
             zeros = jnp.zeros((tp - 1) * leaf.shape[0], leaf.dtype)
             return jnp.concatenate([leaf, zeros]), spec(axis)
-        return leaf, spec(axis, *([None] * (leaf.ndim - 1)))
+        split = 1 if kind.endswith(TRANSPOSED) else 0  # the input axis
+        return leaf, spec(*(axis if i == split else None for i in range(leaf.ndim)))
 
     pairs = jax.tree_util.tree_map_with_path(one, variables)
     is_pair = lambda x: isinstance(x, tuple) and len(x) == 2  # noqa: E731
@@ -160,7 +166,7 @@ def unshard_gradients(gradients: Any, layout: Mapping[str, str], tp: int) -> Any
 
     def one(path: tuple[Any, ...], leaf: Any) -> Any:
         module, name = _path_name(path)
-        if layout_of(module, layout) == "row" and name == "bias":
+        if (layout_of(module, layout) or "").startswith("row") and name == "bias":
             return leaf[: leaf.shape[0] // tp]
         return leaf
 

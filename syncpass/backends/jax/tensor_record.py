@@ -25,7 +25,6 @@ The loss of the example (``loss_fn(logits, targets)``) is one ``loss`` op after 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +78,8 @@ class JaxTensorRecording:
     graph: TensorGraph
     modules: tuple[ModuleCall, ...]
     model_file: str
+    # Linear layers of no known class whose kernel is stored (out, in) (HF's FlaxConv1D).
+    transposed: frozenset[str] = frozenset()
 
     def module(self, path: str) -> ModuleCall | None:
         return next((call for call in self.modules if call.path == path), None)
@@ -98,6 +99,33 @@ def _product(dims: Sequence[int]) -> int:
     return total
 
 
+def _weight_matmul(equations: Sequence[Any], weights: Sequence[Any]) -> bool | None:
+    """Whether a layer's work is one matrix product of its input's last dimension with a
+    2-D weight of its own: ``False`` for a weight stored ``(in, out)``, ``True`` for one
+    stored ``(out, in)``; ``None`` when it is not."""
+    products = [eq for eq in equations if eq.primitive.name == "dot_general"]
+    if len(products) != 1:
+        return None
+    product = products[0]
+    lhs, rhs = product.invars[:2]
+    (lhs_contract, rhs_contract), (lhs_batch, _) = product.params["dimension_numbers"]
+    if rhs.aval.ndim != 2 or lhs_batch or tuple(lhs_contract) != (lhs.aval.ndim - 1,):
+        return None
+    # The weight may reach the product through a transpose or a cast (``kernel.T``).
+    made = {var: eq for eq in equations for var in eq.outvars}
+    flipped = False
+    while rhs not in weights and rhs in made:
+        step = made[rhs]
+        if step.primitive.name == "transpose" and tuple(step.params["permutation"]) == (1, 0):
+            flipped = not flipped
+        elif step.primitive.name != "convert_element_type":
+            return None
+        rhs = step.invars[0]
+    if rhs not in weights:
+        return None
+    return (tuple(rhs_contract) == (1,)) != flipped
+
+
 def _is_var(atom: Any) -> bool:
     return not hasattr(atom, "val")  # a Literal has .val
 
@@ -107,14 +135,18 @@ def _jit_name(equation: Any) -> str:
     return name.lstrip("_") if name.lstrip("_") in _ACTIVATIONS else name
 
 
-def _line(equation: Any, model_file: Path) -> int | None:
-    """The line of ``model_file`` that made ``equation``, the innermost one."""
+def _line(equation: Any, model_file: Path, inside: str | None = None) -> int | None:
+    """The line of ``model_file`` that made ``equation``, the innermost one outside the
+    methods of class ``inside`` (a module's own code: its call is the line wanted)."""
     traceback = equation.source_info.traceback
     if traceback is None:
         return None
     for frame in traceback.frames:
-        if Path(frame.file_name).resolve() == model_file:
-            return int(frame.line_num)
+        if Path(frame.file_name).resolve() != model_file:
+            continue
+        if inside is not None and str(frame.function_name).startswith(f"{inside}."):
+            continue
+        return int(frame.line_num)
     return None
 
 
@@ -162,7 +194,11 @@ def record_jax_tensor_graph(
     params = len(jax.tree_util.tree_leaves(example.params))
     root = type(example.model).__name__
     model_file = model_file.resolve()
-    builder = _Builder(modules, root, model_file, rate)
+    holders = {
+        ".".join(str(getattr(key, "key", key)) for key in path[1:-1])
+        for path, _ in jax.tree_util.tree_flatten_with_path(example.params)[0]
+    }
+    builder = _Builder(modules, root, model_file, rate, frozenset(holders))
     for position, var in enumerate(jaxpr.invars[params:]):
         builder.input(var, f"input.{position}")
     for var in jaxpr.invars[:params]:
@@ -177,7 +213,9 @@ def record_jax_tensor_graph(
         raise SyncpassError("the model returns nothing computed from its inputs", example.origin)
     graph_outputs = builder.finish(outputs, example)
     graph = TensorGraph(tuple(builder.ops), tuple(graph_outputs), _batch(example))
-    return JaxTensorRecording(graph, tuple(modules.values()), str(model_file))
+    return JaxTensorRecording(
+        graph, tuple(modules.values()), str(model_file), frozenset(builder.transposed)
+    )
 
 
 def _batch(example: JaxExample) -> int:
@@ -189,9 +227,16 @@ class _Builder:
     """Turns the program's equations into tensor ops, in order."""
 
     def __init__(
-        self, modules: dict[str, ModuleCall], root: str, model_file: Path, flops_per_s: float
+        self,
+        modules: dict[str, ModuleCall],
+        root: str,
+        model_file: Path,
+        flops_per_s: float,
+        holders: frozenset[str],
     ) -> None:
         self.modules = modules
+        self.holders = holders  # the modules that hold weights of their own
+        self.transposed: set[str] = set()
         self.root = root
         self.model_file = model_file
         self.flops_per_s = flops_per_s
@@ -230,15 +275,22 @@ class _Builder:
                 child = self.modules.get(".".join(parts[: end + 1])) if end < len(parts) else None
                 if child is None:
                     return call.path  # the attention module's own work, between its projections
+            if call is not None and self._holds_weights_alone(call.path):
+                return call.path  # a layer of a class of its own: a linear if it is one matmul
         return None
+
+    def _holds_weights_alone(self, path: str) -> bool:
+        """``path`` holds weights of its own and calls no module: a layer."""
+        return path in self.holders and not any(
+            other.startswith(path + ".") for other in self.modules
+        )
 
     def _scope(self, equation: Any) -> str:
         parts = [part for part in str(equation.source_info.name_stack).split("/") if part]
         if parts and parts[0] == self.root:
             parts = parts[1:]
-        known = [part for part in parts if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part)]
         path = ""
-        for part in known:
+        for part in parts:
             candidate = f"{path}.{part}" if path else part
             if candidate not in self.modules:
                 break
@@ -303,9 +355,9 @@ class _Builder:
             return (self.open[1],)
         return ()
 
-    def _source(self, equations: Sequence[Any]) -> str | None:
+    def _source(self, equations: Sequence[Any], inside: str | None = None) -> str | None:
         for equation in equations:
-            line = _line(equation, self.model_file)
+            line = _line(equation, self.model_file, inside)
             if line is not None:
                 return f"{self.model_file}:{line}"
         return None
@@ -319,8 +371,18 @@ class _Builder:
 
     def _module_op(self, path: str, op_id: str, equations: Sequence[Any]) -> None:
         call = self.modules[path]
-        kind = "attention" if call.cls in ATTENTION_CLASSES else _LEAF_KINDS[call.cls]
         inputs, weights, _ = self._reads(equations)
+        if call.cls in ATTENTION_CLASSES:
+            kind = "attention"
+        elif call.cls in _LEAF_KINDS:
+            kind = _LEAF_KINDS[call.cls]
+        else:  # a class of its own: a linear when its work is one matmul with its weight
+            kind = "other"
+            oriented = _weight_matmul(equations, weights)
+            if oriented is not None:
+                kind = "linear"
+                if oriented:
+                    self.transposed.add(path)
         out = equations[-1].outvars[0].aval
         param_bytes = float(sum(_nbytes(var.aval) for var in weights))
         fields: dict[str, Any] = {}
@@ -332,6 +394,8 @@ class _Builder:
                 kind = "other"
             else:
                 kernel = [int(dim) for dim in kernels[0]]
+                if path in self.transposed:  # stored (out, in)
+                    kernel.reverse()
                 cut = len(kernel) - call.out_dims
                 fields = {
                     "in_features": _product(kernel[:cut]),
@@ -373,7 +437,7 @@ class _Builder:
                 param_bytes=param_bytes,
                 tokens=out.ndim >= 3,
                 grad=out.dtype.kind == "f",
-                source=self._source(equations),
+                source=self._source(equations, call.cls),
                 module=path,
                 **fields,
             ),

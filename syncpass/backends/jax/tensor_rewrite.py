@@ -41,6 +41,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from syncpass.backends.jax.tensor_parallel import TRANSPOSED
 from syncpass.backends.jax.tensor_record import ATTENTION_CLASSES, JaxTensorRecording, ModuleCall
 from syncpass.backends.spec import TensorRewriteRequest, TensorRewriteResult
 from syncpass.contracts.tensor import TensorGraph, TensorOp
@@ -80,8 +81,6 @@ _BY_HEADS = {"query": "column", "key": "column", "value": "column", "out": "row"
 _COPY = "copy_to_tensor_parallel_region"
 _REDUCE = "reduce_from_tensor_parallel_region"
 _GATHER = "gather_from_tensor_parallel_region"
-#: The layer classes whose weights :func:`shard_variables` splits.
-_SPLIT_CLASSES = ("Dense",)
 
 
 def tail_of(path: str) -> str:
@@ -262,8 +261,8 @@ class _FlaxChecker:
 
     def linear(self, op: TensorOp, layout: str) -> None:
         call = self.recording.module(op.module or "")
-        if call is None or call.cls not in _SPLIT_CLASSES:
-            self.refuse(op.id, "the rewrite splits flax.linen.Dense layers only")
+        if call is None:  # pragma: no cover - a linear is a module's call
+            self.refuse(op.id, "it is no module's call")
             return
         if self.call_site(op) is None:
             self.refuse(
@@ -274,11 +273,15 @@ class _FlaxChecker:
             return
         if layout == "column":
             built = self.construction(op)
-            if built is None or not built.has_features or built.callee not in _SPLIT_CLASSES:
+            if built is None or not built.has_features or built.callee != call.cls:
+                how = (
+                    f"it is built by {built.callee}(...), not {call.cls}(...)"
+                    if built is not None and built.callee != call.cls
+                    else f"{call.owner_cls}.setup does not build it once as "
+                    f"self.{tail(op)} = {call.cls}(FEATURES, ...)"
+                )
                 self.refuse(
-                    op.id,
-                    f"its features are not given where {call.owner_cls}.setup builds it "
-                    f"(self.{tail(op)} = nn.Dense(FEATURES, ...)), where the rewrite divides them",
+                    op.id, f"{how}, where the rewrite would divide its features by tp_size()"
                 )
                 return
             self.edit(FlaxEdit("divide", built.line, built.attribute))
@@ -400,7 +403,7 @@ def written_flax_plan(
         lambda made: check_flax_plan(recording, graph, constructions, calls, made),
     )
     layouts = {
-        op.module: item.layout
+        op.module: item.layout + (TRANSPOSED if op.module in recording.transposed else "")
         for item in made.layouts
         if (op := graph.op(item.op)).kind == "linear"
         and item.layout in ("column", "row")
