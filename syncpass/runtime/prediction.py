@@ -29,6 +29,9 @@ class RunPrediction:
     # cost file's), and the step the plan predicts at the profile's speed where it is not 1.
     speed_factor: float = 1.0
     profile_speed_step_s: float | None = None
+    # The run's ranks where they are more than the plan's pipeline ranks (stages of several
+    # tensor-parallel ranks each); 0: one rank a stage.
+    ranks: int = 0
 
     @property
     def ratio(self) -> float:
@@ -93,7 +96,8 @@ def render_prediction(prediction: RunPrediction) -> str:
         shared = plan.shared_step_s
         lines.append(
             f"  the prediction is for a device per rank (the hardware profile's); here "
-            f"{plan.devices} ranks share fewer, which takes at least {seconds(shared)} a step "
+            f"{prediction.ranks or plan.devices} ranks share fewer, which takes at least "
+            f"{seconds(shared)} a step "
             f"({shared / plan.predicted_step_s:.2f}x the prediction; predicted/measured "
             f"{shared / prediction.measured_step_s:.2f} with it)"
         )
@@ -113,6 +117,7 @@ def prediction_to_json(prediction: RunPrediction) -> dict[str, Any]:
         "measured_step_s": prediction.measured_step_s,
         "predicted_over_measured": prediction.ratio,
         "shared_step_s": plan.shared_step_s,
+        "ranks": prediction.ranks or plan.devices,
         "speed_factor": prediction.speed_factor,
         "profile_speed_step_s": prediction.profile_speed_step_s,
         "predicted_comm_wait_ratio": plan.comm_wait_ratio,

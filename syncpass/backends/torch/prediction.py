@@ -131,8 +131,24 @@ def predict_stages_run(text: str, path: str, costs: Costs, result: RunResult) ->
         timed = retarget_tensor_parallel(timed, split)
     prediction = predict_cuts(source.graph, cuts, path, timed, result, carries_values=True)
     if result.request.tp > 1:  # the memory model counts a stage's weights whole
-        return prediction
+        return with_tensor_ranks(prediction, costs, result.request.tp)
     return with_memory(prediction, recomputed, costs, result)
+
+
+def with_tensor_ranks(prediction: RunPrediction, costs: Costs, tp: int) -> RunPrediction:
+    """``prediction`` of stages of ``tp`` ranks each: where they are more than the hardware
+    has devices, the least step of the ranks sharing them (each of a stage's ranks doing
+    its share of the stage's work) beside the prediction, which is for a device per rank."""
+    plan = prediction.plan
+    ranks = len(plan.stages) * tp
+    devices = costs.hardware.devices
+    if devices is None or ranks <= devices:
+        return dataclasses.replace(prediction, ranks=ranks)
+    work = tp * sum(stage.compute_s + stage.sync_s for stage in plan.stages)
+    shared = max(plan.predicted_step_s, work / devices)
+    return dataclasses.replace(
+        prediction, plan=dataclasses.replace(plan, shared_step_s=shared), ranks=ranks
+    )
 
 
 def written_recomputes(text: str) -> frozenset[str]:

@@ -79,6 +79,13 @@ def test_a_tensor_parallel_file_split_into_stages_runs_on_2x2_ranks_and_verifies
     prediction = report["prediction"]
     assert prediction["predicted_step_s"] > 0 and prediction["measured_step_s"] > 0
     assert len(prediction["stages"]) == 2
+    # 4 ranks: where the profile's machine has fewer cores, the least step of the ranks
+    # sharing them is beside the prediction, which is for a device a rank.
+    assert prediction["ranks"] == 4
+    devices = json.loads((folder / "costs.json").read_text())["hardware"]["devices"]
+    if devices is not None and devices < 4:
+        assert prediction["shared_step_s"] >= prediction["predicted_step_s"]
+        assert "here 4 ranks share fewer" in ran.stdout
 
     # A file that lost one collective in stage 0 fails there.
     ran = load_process(folder / "lm_2d_missing.run.json")
