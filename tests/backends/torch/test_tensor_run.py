@@ -93,14 +93,27 @@ def _footer(text: str) -> dict[str, object]:
     return namespace
 
 
-def test_the_rewritten_model_equals_the_unsplit_one(case: tuple) -> None:
+def test_the_case_is_written_runs_split_and_verifies(case: Case) -> None:
+    """Every check of one case in one test: the case's rewrite and run are made once, and
+    tests of one case on several workers would wait idle for them."""
+    out = case[0]
+    _the_rewritten_model_equals_the_unsplit_one(case)
+    _each_rank_ran_the_plans_collectives_and_some_weights_are_split(case)
+    _the_users_lines_stay_as_they_were_where_nothing_changes(case)
+    if "transformer_lm" in out.name:
+        _the_transformer_gets_its_heads_divided_and_a_fused_qkv(case)
+    if "dtensor" in out.name:
+        _the_dtensor_form_is_torchtitans_plan_with_no_collective_in_the_source(case)
+
+
+def _the_rewritten_model_equals_the_unsplit_one(case: Case) -> None:
     _, _, _, ran = case
     assert ran.returncode == 0, ran.stdout + ran.stderr
     assert "verify: ok:" in ran.stdout
     assert "collectives: match" in ran.stdout
 
 
-def test_each_rank_ran_the_plans_collectives_and_some_weights_are_split(case: tuple) -> None:
+def _each_rank_ran_the_plans_collectives_and_some_weights_are_split(case: Case) -> None:
     out, _, _, ran = case
     namespace = _footer(out.read_text())
     counts = namespace["TENSOR_PARALLEL_COLLECTIVES"]
@@ -114,7 +127,7 @@ def test_each_rank_ran_the_plans_collectives_and_some_weights_are_split(case: tu
     assert all(" 0 split weight" not in line for line in rank_lines)
 
 
-def test_the_users_lines_stay_as_they_were_where_nothing_changes(case: tuple) -> None:
+def _the_users_lines_stay_as_they_were_where_nothing_changes(case: Case) -> None:
     out, original, _, _ = case
     rewritten = out.read_text()
     kept = [line for line in original.splitlines() if line in rewritten.splitlines()]
@@ -128,21 +141,15 @@ def test_the_users_lines_stay_as_they_were_where_nothing_changes(case: tuple) ->
             assert before.strip().startswith("# syncpass tensor:"), line
 
 
-def test_the_transformer_gets_its_heads_divided_and_a_fused_qkv(case: tuple) -> None:
+def _the_transformer_gets_its_heads_divided_and_a_fused_qkv(case: Case) -> None:
     out, _, _, _ = case
-    if "transformer_lm" not in out.name:
-        pytest.skip("the transformer's attention")
     text = out.read_text()
     assert "self.heads // tp_size()" in text
     assert '"blocks.*.attn.qkv": "column:3"' in text
 
 
-def test_the_dtensor_form_is_torchtitans_plan_with_no_collective_in_the_source(
-    case: tuple,
-) -> None:
+def _the_dtensor_form_is_torchtitans_plan_with_no_collective_in_the_source(case: Case) -> None:
     out, _, rewritten, _ = case
-    if "dtensor" not in out.name:
-        pytest.skip("the dtensor form")
     text = out.read_text()
     assert "_tensor_parallel_region(" not in text
     assert "self.heads // tp_size()" in text
