@@ -379,6 +379,8 @@ class TensorRunResult:
     layouts: tuple[tuple[str, str], ...] = ()
     style: str = "eager"
     engine: str = "gloo rank(s)"  # what ran the ranks, as the report names them
+    # One program ran every rank (JAX's shard_map): ``ranks`` holds its one set of figures.
+    one_program: bool = False
 
     @property
     def collectives_match(self) -> bool:

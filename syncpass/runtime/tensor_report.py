@@ -37,15 +37,17 @@ def _render_one(result: TensorRunResult) -> str:
     request = result.request
     lines = [f"syncpass run: {Path(request.file).name} on {request.tp} {result.engine}"]
     expected = ", ".join(f"{count} {kind}" for kind, count in result.expected) or "none"
+    unit = "device" if result.one_program else "rank"
     for rank in result.ranks:
         ran = ", ".join(f"{count} {kind}" for kind, count in rank.counts) or "none"
         timed = f" (median of {rank.timed_steps})" if rank.timed_steps else " (one step)"
+        who = "every device (one program)" if result.one_program else f"rank {rank.rank}"
         lines.append(
-            f"  rank {rank.rank}: loss {rank.loss:.6g}, step {seconds(rank.step_s)}{timed}, "
+            f"  {who}: loss {rank.loss:.6g}, step {seconds(rank.step_s)}{timed}, "
             f"{rank.split} split weight(s); collectives: {ran}"
         )
     verdict = "match" if result.collectives_match else "MISMATCH"
-    lines.append(f"collectives: {verdict}: the plan has {expected} per rank")
+    lines.append(f"collectives: {verdict}: the plan has {expected} per {unit}")
     if request.verify:
         checks = [check for rank in result.ranks for check in rank.checks]
         bad = [check for check in checks if not check.ok]
@@ -57,12 +59,15 @@ def _render_one(result: TensorRunResult) -> str:
         atol = DEFAULT_ATOL if request.atol is None else request.atol
         lines.append(
             f"verify: {ok}: {len(names)} parameter(s) compared with the unsplit model "
-            f"({len(names - {c.name for c in bad})} match; split ones gathered from the ranks), "
-            f"loss on {len(result.ranks)} rank(s); rtol {rtol:g}, atol {atol:g}"
+            f"({len(names - {c.name for c in bad})} match; split ones gathered from the "
+            f"{unit}s), loss on {request.tp if result.one_program else len(result.ranks)} "
+            f"{unit}(s); rtol {rtol:g}, atol {atol:g}"
         )
         lines.append(f"  max abs diff {worst:.3g}; loss max abs diff {loss_diff:.3g}")
         for check in bad[:10]:
             lines.append(
-                f"  MISMATCH {check.name} (rank {check.stage}): max abs diff {check.max_abs:.3g}"
+                f"  MISMATCH {check.name}"
+                + ("" if result.one_program else f" (rank {check.stage})")
+                + f": max abs diff {check.max_abs:.3g}"
             )
     return "\n".join(lines) + "\n"

@@ -109,6 +109,7 @@ def launch_jax_tensor(request: TensorRunRequest) -> TensorRunResult:
         parameters=data["parameters"],
         layouts=tuple(sorted(data["layouts"].items())),
         engine=f"JAX {data['platform']} device(s) under shard_map (one process)",
+        one_program=True,
     )
 
 
