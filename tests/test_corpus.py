@@ -349,6 +349,30 @@ TENSOR_CASES = [
         ),
         45,
     ),
+    # At 4 ranks: GPT-2's 4 heads one a rank. litgpt's 2 key/value heads do not divide by
+    # 4: its fused q, k, v is split by columns and gathered (its heads run whole), and its
+    # MLP stays whole (the notes say why); torchtitan's MLP splits as at 2.
+    (
+        "hf_gpt2",
+        4,
+        "eager",
+        (
+            '"transformer.h.*.mlp.c_fc": "column transposed",',
+            '"transformer.h.*.mlp.c_proj": "row transposed",',
+        ),
+        76,
+    ),
+    ("litgpt_llama", 4, "eager", ('"transformer.h.*.attn.qkv": "column",',), 45),
+    (
+        "titan_llama3",
+        4,
+        "dtensor",
+        (
+            '"layers.*.feed_forward.w1": ColwiseParallel(),',
+            '"layers.*.feed_forward.w2": RowwiseParallel(),',
+        ),
+        45,
+    ),
 ]
 
 
