@@ -349,9 +349,9 @@ TENSOR_CASES = [
         ),
         45,
     ),
-    # At 4 ranks: GPT-2's 4 heads one a rank. litgpt's 2 key/value heads do not divide by
-    # 4: its fused q, k, v is split by columns and gathered (its heads run whole), and its
-    # MLP stays whole (the notes say why); torchtitan's MLP splits as at 2.
+    # At 4 ranks: GPT-2's 4 heads one a rank. litgpt's MLP is litgpt's package's code, not
+    # the model file's (the eager form has no line of it and says so): the DTensor form
+    # splits it as Megatron's; torchtitan's MLP splits as at 2.
     (
         "hf_gpt2",
         4,
@@ -362,7 +362,17 @@ TENSOR_CASES = [
         ),
         76,
     ),
-    ("litgpt_llama", 4, "eager", ('"transformer.h.*.attn.qkv": "column",',), 45),
+    (
+        "litgpt_llama",
+        4,
+        "dtensor",
+        (
+            '"transformer.h.*.mlp.fc_1": ColwiseParallel(),',
+            '"transformer.h.*.mlp.fc_2": ColwiseParallel(),',
+            '"transformer.h.*.mlp.proj": RowwiseParallel(),',
+        ),
+        45,
+    ),
     (
         "titan_llama3",
         4,

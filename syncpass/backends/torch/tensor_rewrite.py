@@ -476,7 +476,7 @@ class _Checker:
             self.edit(TensorEdit("return", line, code, name=call))
             return
         if call is not None:
-            self.refuse(op.id, "its value is not assigned to a name on a line of its own")
+            self.refuse(op.id, self.no_line_reason(op, line))
             for reader in readers:
                 if reader != "<output>":
                     self.refuse(reader, f"{op.id}'s collective has no line of its own")
@@ -495,6 +495,18 @@ class _Checker:
                 return
         for reader in readers:
             self.refuse(reader, f"no line of its own to sum the gradient of {op.id} on")
+
+    def no_line_reason(self, op: TensorOp, line: int | None) -> str:
+        """Why the collective after ``op`` has no line: its code is in another file (a
+        package's layer: the dtensor form splits it without a line), or its value is not
+        assigned on a line of its own."""
+        if line is None and op.source is not None:
+            file = op.source.rpartition(":")[0]
+            return (
+                f"its code is in {file}, not in the file rewritten (--tp-style dtensor splits "
+                "such a layer without changing its code)"
+            )
+        return "its value is not assigned to a name on a line of its own"
 
     def place_in_style(self, op: TensorOp, call: str | None) -> None:
         """The ``dtensor`` form: a collective is a parallel style's, at a layer's edge.
