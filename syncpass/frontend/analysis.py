@@ -1691,6 +1691,9 @@ def build_op_graph(
                 )
             )
             body_writes = tuple(name for name in writes if name not in internal)
+            # After the loop its names hold the last iteration's binding (a later
+            # `if (layer_idx + 1) in repr_layers:` reads it): the last iteration writes them.
+            last_writes = (*body_writes, *(name for name in writes if name in internal))
             for position, iteration in enumerate(iterations):
                 item_path = f"{loop.container}.{iteration}"
                 op_id = _unique(item_path, line, start.column, taken)
@@ -1699,7 +1702,7 @@ def build_op_graph(
                         op_id,
                         _calls(facts, loop.item_paths(item_path)),
                         body_reads,
-                        body_writes,
+                        last_writes if position == len(iterations) - 1 else body_writes,
                         location,
                         index,
                         loop=LoopIteration(loop.container, iteration, loop.zipped_containers),

@@ -267,10 +267,15 @@ def _rewrite_plain(
     matched = steer_by_source(source.graph, match_costs(source.graph, costs))
     if recompute is not None:
         if backend.insert_checkpointed is None and recompute != "none":
+            why = {
+                "torch": "torch's tracer splits the forward as written; write eager stages "
+                "(--backend torch_stages)",
+                "jax": "its rematerialisation (jax.checkpoint, nn.remat) is not written yet; "
+                "syncpass plan --recompute plans it from the same cost file",
+            }.get(backend.name, "write eager stages (--backend torch_stages)")
             raise SyncpassError(
-                f"--recompute {recompute}: this backend's form cannot carry activation "
-                "checkpointing (torch's tracer splits the forward as written); write eager "
-                "stages (--backend torch_stages), or drop --recompute",
+                f"--recompute {recompute}: --backend {backend.name} cannot write activation "
+                f"checkpointing ({why}), or drop --recompute",
                 path,
             )
         if request.stages is None and max_stages is not None:

@@ -128,6 +128,28 @@ def test_container_loops_are_planned_per_iteration() -> None:
     assert str(unknown.regions[0]).startswith("m.py:4-5: ")
 
 
+def test_a_loops_names_read_after_it_are_live_after_its_last_iteration() -> None:
+    """ESM-2's forward reads ``layer_idx`` after its layer loop: a cut after the last layer
+    must carry it (Python keeps the last iteration's binding), and one inside the loop need
+    not (each iteration binds it again)."""
+    source = """
+        class M:
+            def forward(self, x):
+                for layer_idx, layer in enumerate(self.layers):
+                    x = layer(x)
+                x = self.norm(x)
+                if (layer_idx + 1) in self.keep:
+                    x = x * 2
+                return x
+        """
+    graph = graph_of(source, {"layers": 3})
+    assert graph.ops[2].id == "layers.2" and "layer_idx" in graph.ops[2].writes
+    assert "layer_idx" not in graph.ops[1].writes
+    live = {cut.after: cut.live for cut in graph.cuts}
+    assert "layer_idx" in live["layers.2"] and "layer_idx" in live["norm"]
+    assert "layer_idx" not in live["layers.1"]
+
+
 @pytest.mark.parametrize(
     ("block", "reason"),
     [

@@ -226,7 +226,7 @@ def test_pipe_split_form_refuses_recompute(
     argv = [str(LM), "--costs", str(costs), *GPIPE, "--recompute", "auto", "--backend", "torch"]
     status, out, err = rewrite(argv, capsys)
     assert status == 2 and out == ""
-    assert "cannot carry activation checkpointing" in err and "torch_stages" in err
+    assert "cannot write activation checkpointing" in err and "torch_stages" in err
 
 
 def test_no_plan_fits_even_recomputing_every_block_is_an_error(

@@ -35,7 +35,7 @@ import dataclasses
 import functools
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -126,6 +126,23 @@ def _time_piece(
     return forward_s, max(0.0, _median_time(with_backward, repeats, warmup) - forward_s)
 
 
+def _kept_for_backward(
+    function: Callable[..., Any], variables: Sequence[Any], values: list[Any], weights: set[Any]
+) -> tuple[int, int]:
+    """What a piece keeps for its backward, weights left out (the residuals of its
+    ``jax.vjp``: the leaves of the pull-back it returns), and the bytes of the values it
+    reads that are not weights (what a rematerialised piece keeps instead)."""
+    held = [value for var, value in zip(variables, values, strict=True) if var in weights]
+    data = [value for var, value in zip(variables, values, strict=True) if var not in weights]
+    pull_back = jax.vjp(function, *values)[1]
+    saved = sum(
+        int(leaf.nbytes)
+        for leaf in jax.tree_util.tree_leaves(pull_back)
+        if hasattr(leaf, "nbytes") and not any(leaf is weight for weight in held)
+    )
+    return saved, sum(int(getattr(value, "nbytes", 0)) for value in data)
+
+
 def _flops(function: Callable[..., Any], values: list[Any]) -> float | None:
     analysis: Any = jax.jit(function).lower(*values).compile().cost_analysis()
     if isinstance(analysis, list):
@@ -190,6 +207,9 @@ def profile_jax_costs(
                 error, path, f"measuring {where.id} failed", lines, str(where.location)
             ) from None
         env.update(zip(stage.outputs, outputs, strict=True))
+        saved_bytes, input_bytes = _kept_for_backward(
+            stage.function, stage.inputs, values, weight_vars
+        )
         weights = [var for var in stage.inputs if var in weight_vars and var not in counted]
         counted.update(weights)
         param_bytes = nbytes([var.aval for var in weights])
@@ -207,6 +227,8 @@ def profile_jax_costs(
                     out_bytes=out_bytes if own else 0,
                     flops=flops if own else None,
                     source=str(op.location),
+                    saved_bytes=saved_bytes if own else 0,
+                    input_bytes=input_bytes if own else 0,
                 )
             )
         first_op = last_op + 1

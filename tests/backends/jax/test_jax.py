@@ -256,6 +256,21 @@ def test_cli_rewrite_backend_jax_check(tmp_path: Path) -> None:
     assert "jax.device_put" in model.read_text()
 
 
+def test_a_piece_keeps_its_residuals_for_the_backward_but_not_its_weights() -> None:
+    import jax.numpy as jnp
+
+    from syncpass.backends.jax.measure import _kept_for_backward
+
+    weight, x = jnp.ones((8, 8)), jnp.ones((4, 8))
+    saved, read = _kept_for_backward(
+        lambda w, v: jnp.tanh(v @ w) @ w, ["w", "x"], [weight, x], {"w"}
+    )
+    assert read == x.nbytes  # the input, not the weight
+    # x (for the weight's gradient), tanh's output and what its derivative needs: 4 x 8 each
+    assert saved >= 2 * x.nbytes and saved % x.nbytes == 0
+    assert saved < weight.nbytes + 4 * x.nbytes
+
+
 def test_importing_syncpass_does_not_import_jax() -> None:
     code = (
         "import sys, syncpass, syncpass.cli, syncpass.backends.jax.rewrite, syncpass.backends.jax.analysis\n"
@@ -283,6 +298,12 @@ def test_end_to_end_profile_rewrite_run_verify(file: str, stages: int, tmp_path:
         return done.stdout
 
     run("profile", "--backend", "jax", str(model), "-o", str(costs), "--repeats", "2")
+    # What each op keeps for its backward (its pull-back's residuals, weights left out) and
+    # reads: the figures --recompute plans with.
+    measured = json.loads(costs.read_text())["ops"]
+    assert any(op["saved_bytes"] > op["input_bytes"] > 0 for op in measured)
+    planned = run("plan", "--costs", str(costs), "--stages", "2", "--recompute", "all")
+    assert "recompute every block" in planned
     out = tmp_path / "model_sync.py"
     run(
         "rewrite", "--backend", "jax", str(model), "--costs", str(costs),
