@@ -83,6 +83,9 @@ class SyncWriter(Protocol):
     def remove(self) -> Callable[[cst.Module, ModelSource, str], str]: ...
 
     @property
+    def name(self) -> str: ...
+
+    @property
     def carries_values(self) -> bool: ...
 
     @property
