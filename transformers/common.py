@@ -772,3 +772,32 @@ def imports_laid_out(code: str, modules: Sequence[str], width: int = 100) -> str
             inner = "".join(f"    {name},{newline}" for name in names)
             lines[index] = f"{head}({newline}{inner}){newline}"
     return "".join(lines)
+
+
+def divided_by_tp_size(value: cst.BaseExpression) -> cst.BinaryOperation:
+    """``value // tp_size()``, parenthesised where its precedence asks (a product divides
+    as written: ``4 * width // tp_size()`` is ``(4 * width) // tp_size()``)."""
+    plain = isinstance(value, cst.Name | cst.Attribute | cst.Integer | cst.Subscript | cst.Call)
+    product = isinstance(value, cst.BinaryOperation) and isinstance(
+        value.operator, cst.Multiply | cst.FloorDivide
+    )
+    wrapped = (
+        value
+        if plain or product
+        else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
+    )
+    return cst.BinaryOperation(
+        left=wrapped, operator=cst.FloorDivide(), right=cst.Call(func=cst.Name("tp_size"))
+    )
+
+
+def with_footer(module: cst.Module, footer: str) -> cst.Module:
+    """``module`` with the statements of ``footer`` after its last one (the footer's
+    leading comments kept with its first statement)."""
+    if not footer:
+        return module
+    parsed = cst.parse_module(footer)
+    body = list(parsed.body)
+    if body:
+        body[0] = body[0].with_changes(leading_lines=(*parsed.header, *body[0].leading_lines))
+    return module.with_changes(body=(*module.body, *body))

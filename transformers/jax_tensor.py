@@ -24,6 +24,8 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import PositionProvider
 
+from syncpass.transformers.common import divided_by_tp_size, with_footer
+
 __all__ = [
     "RUNTIME_MODULE",
     "FlaxCallSite",
@@ -170,23 +172,7 @@ def gather_flax_sites(module: cst.Module) -> tuple[list[FlaxConstruction], list[
     return visitor.constructions, visitor.calls
 
 
-def _divided(value: cst.BaseExpression) -> cst.BinaryOperation:
-    """``value // tp_size()``, parenthesised where its precedence asks."""
-    plain = isinstance(value, cst.Name | cst.Attribute | cst.Integer | cst.Subscript | cst.Call)
-    product = isinstance(value, cst.BinaryOperation) and isinstance(
-        value.operator, cst.Multiply | cst.FloorDivide
-    )
-    wrapped = (
-        value
-        if plain or product
-        else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    )
-    return cst.BinaryOperation(
-        left=wrapped, operator=cst.FloorDivide(), right=cst.Call(func=cst.Name("tp_size"))
-    )
-
-
-def _heads_divided(call: cst.Call, features: int) -> cst.Call:
+def _headsdivided_by_tp_size(call: cst.Call, features: int) -> cst.Call:
     """An attention module's construction with ``num_heads`` (its keyword or first
     positional argument) and ``qkv_features`` (given, else ``features``) divided."""
     args = list(call.args)
@@ -194,10 +180,10 @@ def _heads_divided(call: cst.Call, features: int) -> cst.Call:
     named = {arg.keyword.value: i for i, arg in enumerate(args) if arg.keyword is not None}
     heads = named.get("num_heads", positional[0] if positional else None)
     if heads is not None:
-        args[heads] = args[heads].with_changes(value=_divided(args[heads].value))
+        args[heads] = args[heads].with_changes(value=divided_by_tp_size(args[heads].value))
     if "qkv_features" in named:
         at = named["qkv_features"]
-        args[at] = args[at].with_changes(value=_divided(args[at].value))
+        args[at] = args[at].with_changes(value=divided_by_tp_size(args[at].value))
     else:
         if args:
             args[-1] = args[-1].with_changes(
@@ -206,7 +192,7 @@ def _heads_divided(call: cst.Call, features: int) -> cst.Call:
         args.append(
             cst.Arg(
                 keyword=cst.Name("qkv_features"),
-                value=_divided(cst.Integer(str(features))),
+                value=divided_by_tp_size(cst.Integer(str(features))),
                 equal=cst.AssignEqual(
                     whitespace_before=cst.SimpleWhitespace(""),
                     whitespace_after=cst.SimpleWhitespace(""),
@@ -267,12 +253,14 @@ class InsertFlaxCollectivesCommand(VisitorBasedCodemodCommand):
         args = list(call.args)
         if edits[0].kind == "heads":
             self.done.update(edits)
-            return updated_node.with_changes(value=_heads_divided(call, edits[0].features))
+            return updated_node.with_changes(
+                value=_headsdivided_by_tp_size(call, edits[0].features)
+            )
         for index, arg in enumerate(args):
             if (arg.keyword is None and not arg.star) or (
                 arg.keyword is not None and arg.keyword.value == "features"
             ):
-                args[index] = arg.with_changes(value=_divided(arg.value))
+                args[index] = arg.with_changes(value=divided_by_tp_size(arg.value))
                 self.done.update(edits)
                 break
         return updated_node.with_changes(value=call.with_changes(args=args))
@@ -306,13 +294,7 @@ class InsertFlaxCollectivesCommand(VisitorBasedCodemodCommand):
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         for name in self.imports:
             AddImportsVisitor.add_needed_import(self.context, RUNTIME_MODULE, name)
-        if not self.footer:
-            return updated_node
-        footer = cst.parse_module(self.footer)
-        body = list(footer.body)
-        if body:  # the footer's leading comments belong to its first statement
-            body[0] = body[0].with_changes(leading_lines=(*footer.header, *body[0].leading_lines))
-        return updated_node.with_changes(body=(*updated_node.body, *body))
+        return with_footer(updated_node, self.footer)
 
 
 def insert_flax_collectives(

@@ -20,6 +20,8 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import PositionProvider
 
+from syncpass.transformers.common import divided_by_tp_size, with_footer
+
 __all__ = [
     "RUNTIME_MODULE",
     "CallSite",
@@ -233,25 +235,19 @@ class InsertTensorCollectivesCommand(VisitorBasedCodemodCommand):
             value = args[index].value
             if isinstance(value, cst.Tuple | cst.List):  # split((q, k, v), ...): each size
                 elements = [
-                    element.with_changes(value=_divided(element.value))
+                    element.with_changes(value=divided_by_tp_size(element.value))
                     for element in value.elements
                 ]
                 args[index] = args[index].with_changes(value=value.with_changes(elements=elements))
             else:
-                args[index] = args[index].with_changes(value=_divided(value))
+                args[index] = args[index].with_changes(value=divided_by_tp_size(value))
             self.done.add(edit)
         return updated_node.with_changes(args=args)
 
     def leave_Module(self, original_node: cst.Module, updated_node: cst.Module) -> cst.Module:
         for module, name in self.imports:
             AddImportsVisitor.add_needed_import(self.context, module, name)
-        if not self.footer:
-            return updated_node
-        footer = cst.parse_module(self.footer)
-        body = list(footer.body)
-        if body:  # the footer's leading comments belong to its first statement
-            body[0] = body[0].with_changes(leading_lines=(*footer.header, *body[0].leading_lines))
-        return updated_node.with_changes(body=(*updated_node.body, *body))
+        return with_footer(updated_node, self.footer)
 
 
 def _return_wrapped(line: cst.SimpleStatementLine, edit: TensorEdit) -> cst.SimpleStatementLine:
@@ -267,18 +263,6 @@ def _return_wrapped(line: cst.SimpleStatementLine, edit: TensorEdit) -> cst.Simp
     return line.with_changes(
         body=(small.with_changes(value=wrapped),),
         leading_lines=(*line.leading_lines, cst.EmptyLine(comment=cst.Comment(comment))),
-    )
-
-
-def _divided(value: cst.BaseExpression) -> cst.BinaryOperation:
-    """``value // tp_size()``, parenthesised where its precedence asks."""
-    wrapped = (
-        value
-        if isinstance(value, cst.Name | cst.Attribute | cst.Integer | cst.Subscript)
-        else value.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-    )
-    return cst.BinaryOperation(
-        left=wrapped, operator=cst.FloorDivide(), right=cst.Call(func=cst.Name("tp_size"))
     )
 
 

@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from syncpass.contracts.tensor import TensorGraph, TensorOp
 from syncpass.core.errors import SyncpassError
+from syncpass.plan.tensor_baselines import megatron_layouts
 from syncpass.plan.tensor_plan import PlannedCollective, TensorPlan, family
 from syncpass.plan.tensor_planner import TensorRequest, plan_tensor
 
@@ -80,6 +81,21 @@ def plan_the_source_carries(
     raise SyncpassError(  # pragma: no cover - each round takes a layout away
         "the tensor-parallel plan did not settle; plan it with --no-baselines"
     )
+
+
+def writable_choices(
+    graph: TensorGraph, writable: Mapping[str, tuple[str, ...]], placement: str
+) -> dict[str, tuple[str, ...]]:
+    """Each op's layouts a rewrite can write (``writable`` by kind, else replicated);
+    ``placement`` ``megatron``: only Megatron-LM's layout for it, where writable."""
+    allowed = {op.id: writable.get(op.kind, ("replicated",)) for op in graph.ops}
+    if placement != "megatron":
+        return allowed
+    hand = megatron_layouts(graph)
+    return {
+        op: (hand[op],) if hand.get(op) in layouts else ("replicated",)
+        for op, layouts in allowed.items()
+    }
 
 
 def refusal_notes(

@@ -105,27 +105,7 @@ def run_jax(request: RunRequest) -> RunResult:
         repr(ATOL if request.atol is None else request.atol),
         str(request.microbatches or 0),
     ]
-    env = dict(os.environ, XLA_FLAGS=_flags(request.stages))
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    try:
-        done = subprocess.run(
-            command,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=request.timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise SyncpassError(
-            f"the JAX run took longer than {request.timeout_s:g} s; stopped it", request.file
-        ) from None
-    data = _document(done.stdout)
-    if data is not None and "error" in data:
-        raise SyncpassError(data["error"], data["location"])
-    if done.returncode != 0 or data is None:
-        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise SyncpassError(lines[-1] if lines else f"the JAX run failed ({done.returncode})")
+    data = run_child(command, request.stages, request.file, request.timeout_s)
     return result_of(request, data)
 
 
@@ -162,15 +142,38 @@ def result_of(request: RunRequest, data: dict[str, Any]) -> RunResult:
     )
 
 
-def _flags(stages: int) -> str:
+def run_child(module_command: list[str], devices: int, file: str, timeout_s: float) -> Any:
+    """The JSON document a JAX child (``python -m ...``) prints last, run on ``devices``
+    CPU devices; its error, or its last line of stderr, as a :class:`SyncpassError`."""
+    env = dict(os.environ, XLA_FLAGS=device_count_flags(devices))
+    env.setdefault("JAX_PLATFORMS", "cpu")
+    try:
+        done = subprocess.run(
+            module_command, env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+        )
+    except subprocess.TimeoutExpired:
+        raise SyncpassError(
+            f"the JAX run took longer than {timeout_s:g} s; stopped it", file
+        ) from None
+    data = child_document(done.stdout)
+    if data is not None and "error" in data:
+        raise SyncpassError(data["error"], data["location"])
+    if done.returncode != 0 or data is None:
+        lines = [line for line in done.stderr.strip().splitlines() if line.strip()]
+        raise SyncpassError(lines[-1] if lines else f"the JAX run failed ({done.returncode})")
+    return data
+
+
+def device_count_flags(devices: int) -> str:
+    """``XLA_FLAGS`` with the host platform's device count set to ``devices``."""
     flags = os.environ.get("XLA_FLAGS", "")
     kept = " ".join(
         part for part in flags.split() if not part.startswith("--xla_force_host_platform_device")
     )
-    return f"{kept} --xla_force_host_platform_device_count={stages}".strip()
+    return f"{kept} --xla_force_host_platform_device_count={devices}".strip()
 
 
-def _document(stdout: str) -> dict[str, Any] | None:
+def child_document(stdout: str) -> dict[str, Any] | None:
     """The child's JSON document: its last line of output, if that is one."""
     lines = stdout.strip().splitlines()
     if not lines:
@@ -409,14 +412,14 @@ def main(argv: list[str] | None = None) -> int:
             int(args.microbatches),
         )
     except SyncpassError as error:
-        return _failed(error)
+        return report_failure(error)
     except Exception as error:  # the model's, or JAX's: reported at the user's line
-        return _failed(model_failure(error, args.file, "the JAX run failed"))
+        return report_failure(model_failure(error, args.file, "the JAX run failed"))
     print(json.dumps(result))
     return 0
 
 
-def _failed(error: SyncpassError) -> int:
+def report_failure(error: SyncpassError) -> int:
     """Report ``error`` to the parent (a JSON document) and to a person reading stderr."""
     print(str(error), file=sys.stderr)
     print(json.dumps({"error": error.message, "location": error.location}))

@@ -47,7 +47,7 @@ from syncpass.backends.spec import TensorRewriteRequest, TensorRewriteResult
 from syncpass.contracts.tensor import TensorGraph, TensorOp
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
-from syncpass.plan.tensor_baselines import PLACEMENTS, megatron_layouts
+from syncpass.plan.tensor_baselines import PLACEMENTS
 from syncpass.plan.tensor_plan import PlannedCollective, TensorPlan
 from syncpass.plan.tensor_planner import TensorRequest, link_for
 from syncpass.plan.tensor_sites import (
@@ -58,6 +58,7 @@ from syncpass.plan.tensor_sites import (
     refusal_notes,
     site_medians,
     tail,
+    writable_choices,
 )
 from syncpass.transformers.common import import_in_order, imports_laid_out
 from syncpass.transformers.jax_tensor import (
@@ -386,15 +387,7 @@ def written_flax_plan(
     ``placement`` ``megatron``: each op only Megatron-LM's layout for it, where written."""
     constructions, calls = gather_flax_sites(cst.parse_module(text))
     graph = site_medians(recording.graph, flax_site_key)
-    allowed: dict[str, tuple[str, ...]] = {
-        op.id: WRITABLE.get(op.kind, ("replicated",)) for op in graph.ops
-    }
-    if placement == "megatron":
-        hand = megatron_layouts(graph)
-        allowed = {
-            op: (hand[op],) if hand.get(op) in layouts else ("replicated",)
-            for op, layouts in allowed.items()
-        }
+    allowed = writable_choices(graph, WRITABLE, placement)
     made, refusals, checker = plan_the_source_carries(
         graph,
         plan_with,

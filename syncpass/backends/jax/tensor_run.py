@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from typing import Any
 
+from syncpass.backends.jax.run import report_failure, run_child
 from syncpass.core.errors import SyncpassError
 from syncpass.runtime.contracts import ParamCheck, TensorRankDone, TensorRunRequest, TensorRunResult
 from syncpass.runtime.tensor_report import DEFAULT_ATOL, DEFAULT_RTOL
@@ -66,31 +65,7 @@ def launch_jax_tensor(request: TensorRunRequest) -> TensorRunResult:
         repr(DEFAULT_RTOL if request.rtol is None else request.rtol),
         repr(DEFAULT_ATOL if request.atol is None else request.atol),
     ]
-    flags = " ".join(
-        part
-        for part in os.environ.get("XLA_FLAGS", "").split()
-        if not part.startswith("--xla_force_host_platform_device")
-    )
-    env = dict(
-        os.environ,
-        XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={request.tp}".strip(),
-    )
-    env.setdefault("JAX_PLATFORMS", "cpu")
-    try:
-        done = subprocess.run(
-            command, env=env, capture_output=True, text=True, timeout=request.timeout_s, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise SyncpassError(
-            f"the JAX run took longer than {request.timeout_s:g} s; stopped it", request.file
-        ) from None
-    lines = done.stdout.strip().splitlines()
-    data = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else None
-    if data is not None and "error" in data:
-        raise SyncpassError(data["error"], data["location"])
-    if done.returncode != 0 or data is None:
-        errors = [line for line in done.stderr.strip().splitlines() if line.strip()]
-        raise SyncpassError(errors[-1] if errors else f"the JAX run failed ({done.returncode})")
+    data = run_child(command, request.tp, request.file, request.timeout_s)
     rank = TensorRankDone(
         rank=0,
         loss=data["loss"],
@@ -242,17 +217,11 @@ def main(argv: list[str] | None = None) -> int:
             float(args.atol),
         )
     except SyncpassError as error:
-        return _failed(error)
+        return report_failure(error)
     except Exception as error:  # the model's, or JAX's: reported at the user's line
-        return _failed(model_failure(error, args.file, "the JAX run failed"))
+        return report_failure(model_failure(error, args.file, "the JAX run failed"))
     print(json.dumps(result))
     return 0
-
-
-def _failed(error: SyncpassError) -> int:
-    print(str(error), file=sys.stderr)
-    print(json.dumps({"error": error.message, "location": error.location}))
-    return 2
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ from syncpass.backends.torch.tensor_record import OpShape
 from syncpass.contracts.tensor import TensorGraph, TensorOp
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes, seconds
-from syncpass.plan.tensor_baselines import PLACEMENTS, megatron_layouts
+from syncpass.plan.tensor_baselines import PLACEMENTS
 from syncpass.plan.tensor_plan import TensorPlan
 from syncpass.plan.tensor_planner import TensorRequest, link_for
 from syncpass.plan.tensor_sites import (
@@ -59,6 +59,7 @@ from syncpass.plan.tensor_sites import (
     site_key,
     site_medians,
     tail,
+    writable_choices,
 )
 from syncpass.transformers.common import import_in_order, imports_laid_out
 from syncpass.transformers.torch_tensor import (
@@ -587,15 +588,7 @@ def written_plan(
     that layout, else runs replicated; the plan then only chooses how values cross."""
     source = _Source(text, path)
     graph = site_medians(graph)
-    allowed: dict[str, tuple[str, ...]] = {
-        op.id: WRITABLE.get(op.kind, ("replicated",)) for op in graph.ops
-    }
-    if placement == "megatron":
-        hand = megatron_layouts(graph)
-        allowed = {
-            op: (hand[op],) if hand.get(op) in layouts else ("replicated",)
-            for op, layouts in allowed.items()
-        }
+    allowed = writable_choices(graph, WRITABLE, placement)
     made, refusals, checker = plan_the_source_carries(
         graph,
         plan_with,
