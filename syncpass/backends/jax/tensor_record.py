@@ -6,14 +6,24 @@ equation of the program carries the module path it ran in (its name stack) and t
 of the model's file that called it (its traceback). From those:
 
 * a call of a module of a known class is one op (all the equations under its path):
-  ``Dense`` a ``linear``; ``Embed`` an ``embedding``; ``LayerNorm``, ``RMSNorm``,
-  ``GroupNorm`` a ``norm``; an attention module (``MultiHeadDotProductAttention`` and
-  its kin) ``other``: it runs replicated, its projections inside Flax's own code;
+  ``Dense`` and ``DenseGeneral`` a ``linear`` (``in_features`` and ``out_features`` the
+  products of its kernel's input and output axes); ``Embed`` an ``embedding``;
+  ``LayerNorm``, ``RMSNorm``, ``GroupNorm`` a ``norm``;
+* an attention module (:data:`ATTENTION_CLASSES`) is its projections (``Dense``-like ops
+  of their own) and one ``attention`` op, with its ``num_heads``, for the work between
+  them;
+* a module of another class that holds weights of its own and calls no module is one op:
+  a ``linear`` when its work is one matrix product of its input's last dimension with a
+  2-D weight (Hugging Face's ``FlaxConv1D``; one stored ``(out, in)`` is noted in
+  :attr:`JaxTensorRecording.transposed`), else ``other``;
 * every other equation is an op of its own: ``add`` a sum; a point-wise primitive or a
   jitted activation (``gelu``, ``silu``, ...) reading only values of its own shape (and
   scalars) ``elementwise``; ``softmax`` a softmax; anything else ``other``;
-* an equation that reads nothing the forward was given (``iota``, a causal mask) is a
-  constant, not an op; weights are not values (an op reading a weight owns it).
+* an equation that reads nothing the forward was given nor a weight (``iota``, a causal
+  mask) is a constant, not an op; weights are not values (an op reading a weight owns it).
+
+A module's op is placed at the innermost line of the model's file outside its own class's
+methods: the line that calls it.
 
 Data flow is exact: it is the program's own variables. Sizes are the program's shapes.
 Compute is priced, not timed: a ``linear`` by its FLOPs at the hardware's rate, every
