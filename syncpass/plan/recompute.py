@@ -75,6 +75,9 @@ class RecomputeProblem:
     recompute_s: FloatArray
     candidate: BoolArray
     in_flight: IntArray
+    # Every candidate recomputes: no store-or-recompute choice left, the threshold read as
+    # for any plan (over the stages' compute without what they recompute).
+    forced: bool = False
 
     def __post_init__(self) -> None:
         n = self.base.num_ops
@@ -100,8 +103,15 @@ class RecomputeProblem:
         """The same instance where no op may recompute (store everything)."""
         return dataclasses.replace(self, candidate=np.zeros_like(self.candidate))
 
+    def every_candidate(self) -> RecomputeProblem:
+        """The same instance where every candidate recomputes, no choice left, and every
+        other figure (the threshold's ratios included) read as for the instance itself:
+        the "recompute every block" plan that sits beside the chosen one."""
+        return dataclasses.replace(self, forced=True)
+
     def recomputing_all(self) -> RecomputeProblem:
-        """The same instance where every candidate recomputes, no choice left."""
+        """The same instance where every candidate recomputes, no choice left, folded into
+        the ops' compute and activations (the least memory any plan needs)."""
         chosen = self.candidate
         base = dataclasses.replace(
             self.base, op_compute=self.base.op_compute + np.where(chosen, self.recompute_s, 0.0)
@@ -143,11 +153,22 @@ class _Front:
     subsets: tuple[int, ...] | None = None
 
 
-def _grow(front: _Front, activation: float, kept: float, cost: float, bit: int | None) -> _Front:
-    """The front once one more op joins: each subset stores it or recomputes it."""
+def _grow(
+    front: _Front,
+    activation: float,
+    kept: float,
+    cost: float,
+    bit: int | None,
+    forced: bool = False,
+) -> _Front:
+    """The front once one more op joins: each subset stores it or recomputes it (only
+    recomputes it when ``forced``)."""
     stores = front.kept + activation
     if bit is None:
         return dataclasses.replace(front, kept=stores)
+    if forced:
+        subsets = None if front.subsets is None else tuple(mask | bit for mask in front.subsets)
+        return _Front(front.kept + kept, front.cost + cost, subsets)
     both_kept = np.concatenate((stores, front.kept + kept))
     both_cost = np.concatenate((front.cost, front.cost + cost))
     subsets = None
@@ -185,6 +206,7 @@ def _least_recompute(problem: RecomputeProblem) -> FloatArray:
                 float(problem.kept[t]),
                 float(problem.recompute_s[t]),
                 1 if chosen else None,
+                problem.forced,
             )
             fixed = weights[end] - weights[start]
             if fixed > limit:
@@ -209,6 +231,7 @@ def _stage_choice(problem: RecomputeProblem, start: int, end: int, place: int) -
             float(problem.kept[t]),
             float(problem.recompute_s[t]),
             1 << (t - start) if chosen else None,
+            problem.forced,
         )
     fixed = base.prefix_memory[end] - base.prefix_memory[start]
     fits = fixed + float(problem.in_flight[place]) * front.kept <= base.memory_limit

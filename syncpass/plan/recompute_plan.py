@@ -21,6 +21,7 @@ import numpy as np
 from syncpass.contracts.costs import Costs
 from syncpass.core.errors import SyncpassError
 from syncpass.core.units import num_bytes as format_bytes
+from syncpass.core.units import percent
 from syncpass.core.units import seconds as format_seconds
 from syncpass.plan.optimizer import Infeasible
 from syncpass.plan.planner import (
@@ -128,7 +129,7 @@ def plan_recompute(costs: Costs, request: PlanRequest, mode: str) -> RecomputePl
     variants = {
         "auto": problem,
         "none": problem.without_choice(),
-        "all": problem.recomputing_all(),
+        "all": problem.every_candidate(),
     }
     plans = []
     for name in (mode, *(other for other in RECOMPUTE_MODES if other != mode)):
@@ -385,10 +386,21 @@ def render_recompute(plan: RecomputePlan, costs: Costs, problem: RecomputeProble
             lines.append(f"  {_NAMES[name]:<22} {_why_not(name, found)}")
         else:
             count = sum(len(ops) for ops in found.recomputed)
+            # The threshold ranks before the bottleneck: a faster plan whose sync points
+            # need it raised loses to one that keeps them within it.
+            chosen = plan.chosen
+            raised = (
+                f"; its sync points need the threshold at {percent(found.threshold_used)}, "
+                f"over the chosen plan's {percent(chosen.threshold_used)}"
+                if isinstance(chosen, RecomputeSolution)
+                and found.threshold_used > chosen.threshold_used * (1 + 1e-9)
+                else ""
+            )
             lines.append(
                 f"  {_NAMES[name]:<22} bottleneck {format_seconds(found.bottleneck)}, "
                 f"{count} block(s) recomputed ({format_seconds(found.total_recompute)}/step), "
                 f"sync points after {', '.join(ids[cut - 1] for cut in found.cuts) or '-'}"
+                f"{raised}"
             )
     return "\n".join(lines) + "\n"
 

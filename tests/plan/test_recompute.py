@@ -223,6 +223,35 @@ def test_a_stack_that_fits_only_recomputing_recomputes_the_fewest_blocks() -> No
     assert isinstance(every, RecomputeSolution) and every.bottleneck == 4.5
 
 
+def test_recomputing_every_block_reads_the_threshold_as_the_choice_does() -> None:
+    """The "recompute every block" plan beside the chosen one: its cut's ratio is over the
+    stage's compute without what it recomputes, as for any plan (folding the recomputation
+    into the compute would let it pass a threshold the choice could not)."""
+    base = Problem(
+        op_compute=np.ones(2),
+        op_memory=np.zeros(2),
+        cut_comm=np.array([0.0, 0.12, 0.0]),
+        admissible=np.array([False, True, False]),
+        pinned=np.zeros(3, dtype=bool),
+        memory_limit=100.0,
+    )
+    problem = RecomputeProblem(
+        base=base,
+        activation=np.full(2, 4.0),
+        kept=np.ones(2),
+        recompute_s=np.full(2, 0.5),
+        candidate=np.ones(2, dtype=bool),
+        in_flight=np.array([2, 1]),
+    )
+    chosen = solve_recompute(problem, 0.1, adaptive=True)
+    every = solve_recompute(problem.every_candidate(), 0.1, adaptive=True)
+    assert isinstance(chosen, RecomputeSolution) and isinstance(every, RecomputeSolution)
+    assert chosen.threshold_used == every.threshold_used == pytest.approx(0.12)
+    assert every.recomputed == ((0,), (1,))
+    assert every.bottleneck == pytest.approx(1.0 + 0.12 + 0.5)
+    assert every.bottleneck >= chosen.bottleneck
+
+
 def test_memory_no_choice_fits_says_the_least_limit() -> None:
     base = Problem(
         op_compute=np.ones(2),
