@@ -24,6 +24,7 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import PositionProvider
 
+from syncpass.frontend.numbers import self_attribute
 from syncpass.transformers.common import divided_by_tp_size, with_footer
 
 __all__ = [
@@ -82,16 +83,6 @@ class FlaxEdit:
     features: int = 0  # ``heads``: the module's input features, its default ``qkv_features``
 
 
-def _self_attribute(node: cst.BaseExpression) -> str | None:
-    if (
-        isinstance(node, cst.Attribute)
-        and isinstance(node.value, cst.Name)
-        and node.value.value == "self"
-    ):
-        return node.attr.value
-    return None
-
-
 def _callee_name(node: cst.BaseExpression) -> str:
     if isinstance(node, cst.Attribute):
         return node.attr.value
@@ -129,7 +120,7 @@ class _GatherFlaxSites(cst.CSTVisitor):
         small = node.body[0]
         if not isinstance(small, cst.Assign) or len(small.targets) != 1:
             return
-        attribute = _self_attribute(small.targets[0].target)
+        attribute = self_attribute(small.targets[0].target)
         if attribute is None or not isinstance(small.value, cst.Call):
             return
         call = small.value
@@ -149,7 +140,7 @@ class _GatherFlaxSites(cst.CSTVisitor):
         self._statements.pop()
 
     def visit_Call(self, node: cst.Call) -> None:
-        attribute = _self_attribute(node.func)
+        attribute = self_attribute(node.func)
         if attribute is None or not self._classes or not self._statements:
             return
         where = self.get_metadata(PositionProvider, node)
@@ -245,7 +236,7 @@ class InsertFlaxCollectivesCommand(VisitorBasedCodemodCommand):
     def leave_Assign(self, original_node: cst.Assign, updated_node: cst.Assign) -> cst.Assign:
         if len(original_node.targets) != 1 or not isinstance(updated_node.value, cst.Call):
             return updated_node
-        attribute = _self_attribute(original_node.targets[0].target)
+        attribute = self_attribute(original_node.targets[0].target)
         edits = [] if attribute is None else self._at(original_node, ("divide", "heads"), attribute)
         if not edits:
             return updated_node
@@ -266,7 +257,7 @@ class InsertFlaxCollectivesCommand(VisitorBasedCodemodCommand):
         return updated_node.with_changes(value=call.with_changes(args=args))
 
     def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
-        attribute = _self_attribute(original_node.func)
+        attribute = self_attribute(original_node.func)
         if attribute is None:
             return updated_node
         edits = self._at(original_node, ("wrap", "wrap-argument"), attribute)

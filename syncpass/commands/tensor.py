@@ -171,12 +171,18 @@ def run_tensor_plan(args: argparse.Namespace, overrides: Overrides) -> int:
         check_tensor_request(graph, args.tp, costs.hardware.devices)
         plan = plan_tensor(graph, link_for(costs.hardware), request, **settings_of_plan)  # type: ignore[arg-type]
     document = json.dumps(tensor_plan_to_json(plan), indent=2) + "\n"
-    if args.output is not None and str(args.output) == "-":
-        args.json = True
-    elif args.output is not None:
-        write_atomically(args.output, document)
-    sys.stdout.write(document if args.json else render_tensor_plan(plan))
+    sys.stdout.write(document if _wants_json(args, document) else render_tensor_plan(plan))
     return EXIT_OK
+
+
+def _wants_json(args: argparse.Namespace, document: str) -> bool:
+    """Write ``document`` to ``-o FILE``; whether stdout gets it too (``--json``, ``-o -``)
+    instead of the report."""
+    if args.output is not None and str(args.output) == "-":
+        return True
+    if args.output is not None:
+        write_atomically(args.output, document)
+    return bool(args.json)
 
 
 def run_tensor_rewrite(args: argparse.Namespace) -> int:
@@ -329,11 +335,7 @@ def _run_tensor_stages_plan(args: argparse.Namespace, overrides: Overrides) -> i
         )
         + "\n"
     )
-    if args.output is not None and str(args.output) == "-":
-        args.json = True
-    elif args.output is not None:
-        write_atomically(args.output, document)
-    if args.json:
+    if _wants_json(args, document):
         sys.stdout.write(document)
         return EXIT_OK
     sys.stdout.write(render_tensor_plan(staged.tensor))
