@@ -318,8 +318,10 @@ def _warm_up(run: StageRun) -> tuple[tuple[ParamCheck, ...], tuple[LossCheck, ..
     checks: tuple[tuple[ParamCheck, ...], tuple[LossCheck, ...]] = ((), ())
     if run.reference is not None:
         checks = _check(run, run.reference, losses)
+    # Every rank joins the tied weights' all-reduces, one with no parameters of its own
+    # (no optimizer) as well: its peers wait for it.
+    sum_tied_gradients(run)
     if run.optimizer is not None:
-        sum_tied_gradients(run)
         run.optimizer.step()
     if run.memory is not None:
         run.memory.sample()  # the optimizer's state exists now
@@ -1114,8 +1116,9 @@ def _step(run: StageRun, timed: bool) -> list[torch.Tensor]:
         run.schedule.step(*inputs, target=run.batch.target, losses=losses)
     else:
         run.schedule.step(*inputs)
-    if timed and run.optimizer is not None:
+    if timed:
         sum_tied_gradients(run)
+    if timed and run.optimizer is not None:
         with run.clock.measure():
             run.optimizer.step()
     return losses
