@@ -988,6 +988,8 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
         # forward's (`[1.0 / (1 + i) for i in range(n)]` reads n, not i).
         self.scoped: list[set[str]] = []
         self.scope_nodes: list[int] = []  # id() of the node each scope belongs to
+        # A keyword argument's name: libcst's context metadata calls it a load.
+        self.keywords: set[int] = set()
         # The forward's own locals (what its statements bind): a module (`torch.cuda.x()`)
         # or a global is no value a method call changes.
         names = _GatherNamesVisitor()
@@ -1045,9 +1047,15 @@ class GatherStatementFactsVisitor(cst.CSTVisitor):
     def _facts(self) -> StatementFacts | None:
         return self.facts[self.current[-1]] if self.current else None
 
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self.keywords.add(id(node.keyword))  # `f(x=y)`: x is no variable
+
     def visit_Name(self, node: cst.Name) -> None:
         facts = self._facts()
         if facts is None or any(node.value in scope for scope in self.scoped):
+            return
+        if id(node) in self.keywords:
             return
         context = self.get_metadata(ExpressionContextProvider, node, None)
         if context == ExpressionContext.STORE:
@@ -1341,6 +1349,10 @@ class _GatherNamesVisitor(cst.CSTVisitor):
 
     def visit_Attribute(self, node: cst.Attribute) -> None:
         self.bound.add(id(node.attr))  # `x.attr`: attr is no variable
+
+    def visit_Arg(self, node: cst.Arg) -> None:
+        if node.keyword is not None:
+            self.bound.add(id(node.keyword))  # `f(x=y)`: x is no variable
 
     def visit_Name(self, node: cst.Name) -> None:
         if id(node) not in self.bound:

@@ -150,6 +150,26 @@ def test_a_loops_names_read_after_it_are_live_after_its_last_iteration() -> None
     assert "layer_idx" not in live["layers.1"]
 
 
+def test_a_keyword_arguments_name_is_no_read() -> None:
+    """T5's forward ends in ``Seq2SeqModelOutput(..., encoder_hidden_states=...)``, and its
+    decoder loop binds a local ``encoder_hidden_states``: the keyword is no read of the
+    local, which the last stage must not be sent (in a loop body either)."""
+    source = """
+        class M:
+            def forward(self, x, mask):
+                for layer in self.layers:
+                    x = layer(x, mask=mask)
+                mask = x.mean()
+                x = self.norm(x)
+                return Output(last=x, mask=x.sum())
+        """
+    graph = graph_of(source, {"layers": 2})
+    assert graph.ops[-1].reads == ("x",)
+    assert "mask" in graph.ops[0].reads
+    live = {cut.after: cut.live for cut in graph.cuts}
+    assert "mask" not in live["norm"] and "mask" not in live[graph.ops[2].id]
+
+
 @pytest.mark.parametrize(
     ("block", "reason"),
     [
