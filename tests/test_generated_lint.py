@@ -25,23 +25,32 @@ JAX = {"jax_mlp": None, "flax_lm": "TransformerLM"}
 STAGES = (2, 3, 4)
 
 
+#: The layer lists of the JAX examples, as the profile counts them.
+JAX_SIZES = {"flax_lm": {"blocks": 4}}
+
+
 def jax_costs(source: Path, model: str | None, out: Path) -> None:
     """Deterministic costs from the JAX example's graph (what its profile would rank)."""
     from syncpass.backends.jax.analysis import analyse_jax_model
     from syncpass.frontend.source import parse_source
 
     text = source.read_text()
-    graph = analyse_jax_model(parse_source(text, str(source)), str(source), model, {}, text)
+    sizes = JAX_SIZES.get(source.stem, {})
+    graph = analyse_jax_model(parse_source(text, str(source)), str(source), model, sizes, text)
     data = {
         "version": 1,
         "model": graph.model_class,
         "batch_size": 8,
         "hardware": {"alpha_s": 2e-05, "beta_bytes_per_s": 5e9},
         "ops": [
+            # What an op keeps for its backward, and what recomputing it keeps instead: more
+            # for a layer of a loop, the blocks a plan may recompute.
             {"id": op.id, "compute_s": 0.001 * (1 + index % 3), "backward_s": 0.002}
+            | {"saved_bytes": 262144 if op.loop else 65536, "input_bytes": 65536}
             for index, op in enumerate(graph.ops)
         ],
         "cuts": [{"after": cut.after, "live_bytes": 65536 * len(cut.live)} for cut in graph.cuts],
+        "containers": sizes,
     }
     out.write_text(json.dumps(data))
 
@@ -95,6 +104,12 @@ def _write_every_form(folder: Path) -> None:
                 argv += ["--costs", str(costs), "--stages", str(stages), "--threshold", "inf"]
                 assert main([*argv, "-o", str(out)]) == 0
                 assert "# syncpass sync" in out.read_text()
+        # The Flax LM's blocks rematerialised (Flax's remat) beside 2 stages' transfers.
+        out = folder / "flax_lm_jax_recompute.py"
+        argv = ["rewrite", "--backend", "jax", str(EXAMPLES / "flax_lm.py"), "--stages", "2"]
+        argv += ["--costs", str(folder / "flax_lm.costs.json"), "--threshold", "inf"]
+        assert main([*argv, "--recompute", "all", "-o", str(out)]) == 0
+        assert "nn.remat(type(block).__call__)(block, x)" in out.read_text()
     for costs in folder.glob("*.json"):
         costs.unlink()
 

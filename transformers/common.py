@@ -640,10 +640,8 @@ class RemoveSyncPointsCommand(VisitorBasedCodemodCommand):
             joined = self.join_other(kept[-1], statement) if pending_merge and kept else None
             if joined is not None:
                 kept[-1] = joined
-            elif pending_merge and kept and _mergeable(kept[-1], statement):
-                previous = kept[-1]
-                assert isinstance(previous, cst.For) and isinstance(statement, cst.For)
-                kept[-1] = previous.with_changes(iter=_joined_iter(previous.iter, statement.iter))
+            elif pending_merge and kept and (loop := joined_loop(kept[-1], statement)):
+                kept[-1] = loop
             elif pending_merge and kept and _calls_mergeable(kept[-1], statement):
                 kept[-1] = _joined_call(kept[-1], statement)
             else:
@@ -673,6 +671,15 @@ def _slice_bounds(
         part = iterable.slice[0].slice
         return iterable.value, _int_bound(part.lower), _int_bound(part.upper)
     return None
+
+
+def joined_loop(first: cst.BaseStatement, second: cst.BaseStatement) -> cst.For | None:
+    """Two pieces of one split loop (the same target and body over adjacent slices of one
+    container) as one loop, or ``None`` if they are not such pieces."""
+    if not _mergeable(first, second):
+        return None
+    assert isinstance(first, cst.For) and isinstance(second, cst.For)
+    return first.with_changes(iter=_joined_iter(first.iter, second.iter))
 
 
 def _mergeable(first: cst.BaseStatement, second: cst.BaseStatement) -> bool:
@@ -801,3 +808,57 @@ def with_footer(module: cst.Module, footer: str) -> cst.Module:
     if body:
         body[0] = body[0].with_changes(leading_lines=(*parsed.header, *body[0].leading_lines))
     return module.with_changes(body=(*module.body, *body))
+
+
+def find_function(
+    tree: cst.Module, name: str, is_function: bool, method: str
+) -> tuple[int, int | None, cst.FunctionDef] | None:
+    """(index in the module, index in the class or None, the function) of the model: the
+    top-level function ``name``, or the method ``method`` of the top-level class ``name``."""
+    found = [
+        place
+        for place in every_function(tree)
+        if (place[2].name.value == name if is_function else place[3] == name)
+        and (is_function or place[2].name.value == method)
+    ]
+    return found[0][:3] if len(found) == 1 else None
+
+
+def every_function(
+    tree: cst.Module,
+) -> list[tuple[int, int | None, cst.FunctionDef, str | None]]:
+    """Every top-level function and every method of a top-level class: (index in the module,
+    index in the class or None, the function, the class's name or None)."""
+    found: list[tuple[int, int | None, cst.FunctionDef, str | None]] = []
+    for index, statement in enumerate(tree.body):
+        if isinstance(statement, cst.FunctionDef):
+            found.append((index, None, statement, None))
+        if isinstance(statement, cst.ClassDef):
+            for member_index, member in enumerate(statement.body.body):
+                if isinstance(member, cst.FunctionDef):
+                    found.append((index, member_index, member, statement.name.value))
+    return found
+
+
+def replace_function(
+    tree: cst.Module, index: int, member_index: int | None, new_function: cst.FunctionDef
+) -> cst.Module:
+    """``tree`` with ``new_function`` in the place :func:`every_function` gave."""
+    body = list(tree.body)
+    if member_index is None:
+        body[index] = new_function
+    else:
+        classdef = body[index]
+        assert isinstance(classdef, cst.ClassDef)
+        members = list(classdef.body.body)
+        members[member_index] = new_function
+        body[index] = classdef.with_changes(body=classdef.body.with_changes(body=tuple(members)))
+    return tree.with_changes(body=tuple(body))
+
+
+def imports_module(tree: cst.Module, name: str) -> bool:
+    """Whether ``tree`` binds the module ``name`` at its top, unaliased (``import jax``)."""
+    plain = m.Import(
+        names=[m.ZeroOrMore(), m.ImportAlias(name=m.Name(name), asname=None), m.ZeroOrMore()]
+    )
+    return any(m.matches(statement, m.SimpleStatementLine(body=[plain])) for statement in tree.body)

@@ -57,6 +57,10 @@ from syncpass.transformers.common import (
     RemoveSyncPointsCommand,
     SyncSite,
     add_import,
+    every_function,
+    find_function,
+    imports_module,
+    replace_function,
     sync_comment,
 )
 
@@ -103,51 +107,6 @@ def transfer_code(
     return f"{names} = jax.device_put(\n    {moved},\n    {device_expression(stage)},\n)"
 
 
-def _find_function(
-    tree: cst.Module, name: str, is_function: bool, method: str = FLAX_METHOD
-) -> tuple[int, int | None, cst.FunctionDef] | None:
-    """(index in the module, index in the class or None, the function) of the model: the
-    top-level function ``name``, or the method ``method`` of the top-level class ``name``."""
-    found = [
-        place
-        for place in _every_function(tree)
-        if (place[2].name.value == name if is_function else place[3] == name)
-        and (is_function or place[2].name.value == method)
-    ]
-    return found[0][:3] if len(found) == 1 else None
-
-
-def _every_function(
-    tree: cst.Module,
-) -> list[tuple[int, int | None, cst.FunctionDef, str | None]]:
-    """Every top-level function and every method of a top-level class: (index in the module,
-    index in the class or None, the function, the class's name or None)."""
-    found: list[tuple[int, int | None, cst.FunctionDef, str | None]] = []
-    for index, statement in enumerate(tree.body):
-        if isinstance(statement, cst.FunctionDef):
-            found.append((index, None, statement, None))
-        if isinstance(statement, cst.ClassDef):
-            for member_index, member in enumerate(statement.body.body):
-                if isinstance(member, cst.FunctionDef):
-                    found.append((index, member_index, member, statement.name.value))
-    return found
-
-
-def _replace_at(
-    tree: cst.Module, index: int, member_index: int | None, new_function: cst.FunctionDef
-) -> cst.Module:
-    body = list(tree.body)
-    if member_index is None:
-        body[index] = new_function
-    else:
-        classdef = body[index]
-        assert isinstance(classdef, cst.ClassDef)
-        members = list(classdef.body.body)
-        members[member_index] = new_function
-        body[index] = classdef.with_changes(body=classdef.body.with_changes(body=tuple(members)))
-    return tree.with_changes(body=tuple(body))
-
-
 def _replace_body(
     tree: cst.Module,
     name: str,
@@ -155,12 +114,12 @@ def _replace_body(
     new_body: Sequence[cst.BaseStatement],
     method: str = FLAX_METHOD,
 ) -> cst.Module:
-    found = _find_function(tree, name, is_function, method)
+    found = find_function(tree, name, is_function, method)
     assert found is not None
     index, member_index, function = found
     assert isinstance(function.body, cst.IndentedBlock)
     new_function = function.with_changes(body=function.body.with_changes(body=tuple(new_body)))
-    return _replace_at(tree, index, member_index, new_function)
+    return replace_function(tree, index, member_index, new_function)
 
 
 _TRANSFER_LINE = m.SimpleStatementLine(
@@ -199,7 +158,7 @@ class InsertDevicePutsCommand(InsertSyncPointsCommand):
         return self.name if self.is_function else f"{self.name}.{self.method}"
 
     def find_function(self, tree: cst.Module) -> cst.FunctionDef | None:
-        found = _find_function(tree, self.name, self.is_function, self.method)
+        found = find_function(tree, self.name, self.is_function, self.method)
         return None if found is None else found[2]
 
     def replace_body(self, tree: cst.Module, new_body: Sequence[cst.BaseStatement]) -> cst.Module:
@@ -305,14 +264,14 @@ class RemoveDevicePutsCommand(RemoveSyncPointsCommand):
         return _scan_over(first, one.start, two.stop, None)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
-        for index, member_index, function, _ in _every_function(tree):
+        for index, member_index, function, _ in every_function(tree):
             if not isinstance(function.body, cst.IndentedBlock):
                 continue
             statements = list(function.body.body)
             if not any(self.is_sync_line(statement) for statement in statements):
                 continue
             body = function.body.with_changes(body=tuple(self.merge(statements)))
-            tree = _replace_at(tree, index, member_index, function.with_changes(body=body))
+            tree = replace_function(tree, index, member_index, function.with_changes(body=body))
         return _drop_added_import(tree)
 
 
@@ -356,16 +315,16 @@ class RetargetDevicePutsCommand(Codemod):
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         device = cst.parse_expression(device_expression(self.stage))
         changed = False
-        for index, member_index, function, _ in _every_function(tree):
+        for index, member_index, function, _ in every_function(tree):
             retarget = _RetargetCallsTransformer(device)
             new_function = function.visit(retarget)
             if retarget.changed:
                 assert isinstance(new_function, cst.FunctionDef)
-                tree = _replace_at(tree, index, member_index, new_function)
+                tree = replace_function(tree, index, member_index, new_function)
                 changed = True
         if not changed:
             return tree
-        return tree if _imports_jax(tree) else add_import(tree, self.context, JAX_IMPORT)
+        return tree if imports_module(tree, "jax") else add_import(tree, self.context, JAX_IMPORT)
 
 
 def retarget_device_puts(module: cst.Module, stage: int, filename: str) -> cst.Module:
@@ -433,16 +392,9 @@ def insert_device_puts(
     command = InsertDevicePutsCommand(context, name, is_function, sites, method)
     command.width = width
     rewritten = command.transform_module_impl(module)
-    if rewritten is not module and not _imports_jax(rewritten):
+    if rewritten is not module and not imports_module(rewritten, "jax"):
         rewritten = _mark_added_import(add_import(rewritten, context, JAX_IMPORT))
     return rewritten, tuple(context.warnings)
-
-
-def _imports_jax(tree: cst.Module) -> bool:
-    plain = m.Import(
-        names=[m.ZeroOrMore(), m.ImportAlias(name=m.Name("jax"), asname=None), m.ZeroOrMore()]
-    )
-    return any(m.matches(statement, m.SimpleStatementLine(body=[plain])) for statement in tree.body)
 
 
 def remove_device_puts(module: cst.Module, filename: str) -> cst.Module:

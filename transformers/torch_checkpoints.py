@@ -2,65 +2,58 @@
 
 Each op the plan recomputes is a call in the stage's slice of ``forward``; it becomes
 ``torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False, **kwargs)``, one line
-with a comment that says why (``# syncpass recompute: ...``: what it frees, what it
-costs). A loop over a layer container whose slice recomputes only some of its blocks is
-split into sub-slices, each either checkpointed or not, with the loop machinery that
-splits loops at sync points (:func:`~syncpass.transformers.common.slice_loop`)::
-
-    for block in self.blocks[1:3]:
-        # syncpass recompute: blocks.1, blocks.2; frees 1.89 MiB, costs 7.93 ms/step
-        x = torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)
-    for block in self.blocks[3:5]:
-        x = block(x)
-
-Sub-slices, not a condition per iteration (``if i in (1, 2): ...``): each line then says
-what it runs, and the reader sees which blocks recompute from the slices alone.
+with a comment that says why; a loop of which only some blocks recompute is split into
+sub-slices (:mod:`syncpass.transformers.checkpoints` finds the calls and writes the
+lines, this module says how torch wraps one).
 
 Non-reentrant checkpointing is exact: the forward run again in the backward computes the
 same values (it replays the random state too), so ``run --verify`` compares as before.
 The stage classes are removed whole, so removing the sync points removes these too.
-
-Transformers carry out a plan; they never decide: a planned op that is not a call this
-module can wrap is a warning, and nothing changes. Nothing here imports torch.
+Nothing here imports torch.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import libcst as cst
-import libcst.matchers as m
 
-from syncpass.core.units import num_bytes, seconds
-from syncpass.frontend.analysis import match_container_loop
-from syncpass.transformers.common import LINE_WIDTH, CheckpointSite, slice_loop
+from syncpass.transformers.checkpoints import (
+    CheckpointForm,
+    checkpoint_piece,
+    is_self_path,
+    one_argument_a_line,
+)
+from syncpass.transformers.common import CheckpointSite
 
-#: Every checkpointed line syncpass writes carries a comment with this prefix.
-RECOMPUTE_COMMENT_PREFIX = "# syncpass recompute"
 #: The function the stages checkpoint with (the model's file binds ``torch``).
 CHECKPOINT = "torch.utils.checkpoint.checkpoint"
 
 
-class CheckpointRefused(Exception):
-    """A planned op the stage's code cannot checkpoint; the message says why."""
-
-
-def recompute_comment(sites: Sequence[CheckpointSite]) -> str:
-    """``# syncpass recompute: blocks.1, blocks.2; frees 1.89 MiB, costs 7.93 ms/step``: the
-    ops one checkpointed line recomputes (keeping only their inputs), what that frees on
-    their stage (for every micro-batch in flight) and what it costs a step."""
-    names = [site.op for site in sites]
-    named = f"{names[0]} .. {names[-1]} ({len(names)})" if len(names) > 3 else ", ".join(names)
-    frees = sum(site.frees_bytes for site in sites)
-    cost = sum(site.cost_s for site in sites)
-    return (
-        f"{RECOMPUTE_COMMENT_PREFIX}: {named}; frees {num_bytes(frees)}, costs {seconds(cost)}/step"
+def _torch_checkpoint(call: cst.Call, exploded: bool) -> cst.Call:
+    """``checkpoint(fn, *args, use_reentrant=False, **kwargs)`` of ``fn(*args, **kwargs)``."""
+    keyword = cst.Arg(
+        value=cst.Name("False"),
+        keyword=cst.Name("use_reentrant"),
+        equal=cst.AssignEqual(
+            whitespace_before=cst.SimpleWhitespace(""),
+            whitespace_after=cst.SimpleWhitespace(""),
+        ),
     )
+    args = [arg.with_changes(comma=cst.MaybeSentinel.DEFAULT) for arg in call.args]
+    star = [arg for arg in args if arg.star == "**"]
+    plain = [arg for arg in args if arg.star != "**"]
+    wrapped = cst.Call(
+        func=cst.parse_expression(CHECKPOINT), args=[cst.Arg(call.func), *plain, keyword, *star]
+    )
+    return one_argument_a_line(wrapped) if exploded else wrapped
 
 
-def checkpoint_piece(
+#: torch's eager stages: a submodule's call, checkpointed without reentrancy.
+TORCH_STAGES = CheckpointForm("the stages checkpoint", _torch_checkpoint, is_self_path)
+
+
+def checkpoint_stage_piece(
     piece: Sequence[cst.BaseStatement],
     statements: Sequence[cst.BaseStatement],
     sites: Sequence[CheckpointSite],
@@ -68,242 +61,6 @@ def checkpoint_piece(
     module: cst.Module,
     column: int,
 ) -> list[cst.BaseStatement]:
-    """A stage's statements ``piece`` with the ops of ``sites`` checkpointed.
-
-    ``statements`` are the forward's top-level statements the sites index; ``sizes`` the
-    layer containers' lengths; ``column`` where the piece's statements start (for the
-    line width). Raises :class:`CheckpointRefused` for a site it cannot write."""
-    by_statement: dict[int, dict[int | None, CheckpointSite]] = {}
-    for site in sites:
-        by_statement.setdefault(site.statement, {})[site.iteration] = site
-    written: set[int] = set()
-    out: list[cst.BaseStatement] = []
-    for statement in piece:
-        index = _origin(statement, statements, by_statement)
-        if index is None:
-            out.append(statement)
-            continue
-        here = by_statement[index]
-        if None in here:
-            out.append(_wrapped_statement(statement, here[None], module, column))
-        else:
-            out.extend(_split_loop(statement, here, sizes, module, column))
-        written.add(index)
-    missing = [site.op for site in sites if site.statement not in written]
-    if missing:
-        raise CheckpointRefused(f"no statement of the stage runs {', '.join(missing)}")
-    return out
-
-
-def _origin(
-    statement: cst.BaseStatement,
-    statements: Sequence[cst.BaseStatement],
-    wanted: Mapping[int, object],
-) -> int | None:
-    """Which of the forward's statements (among ``wanted``) ``statement`` is, or is a slice
-    of (a loop the sync points split runs over a slice of the same container)."""
-    for index in wanted:
-        original = statements[index]
-        if statement is original or statement.deep_equals(original):
-            return index
-        if isinstance(statement, cst.For) and isinstance(original, cst.For):
-            one, two = match_container_loop(statement), match_container_loop(original)
-            if (
-                one is not None
-                and two is not None
-                and one.expression == two.expression
-                and statement.target.deep_equals(original.target)
-                and statement.body.deep_equals(original.body)
-            ):
-                return index
-    return None
-
-
-def _split_loop(
-    statement: cst.BaseStatement,
-    sites: Mapping[int | None, CheckpointSite],
-    sizes: Mapping[str, int],
-    module: cst.Module,
-    column: int,
-) -> list[cst.BaseStatement]:
-    """The loop as sub-slices, each checkpointing its calls of the layer or not."""
-    loop = match_container_loop(statement) if isinstance(statement, cst.For) else None
-    first = next(iter(sites.values()))
-    if loop is None or not isinstance(statement, cst.For):
-        raise CheckpointRefused(
-            f"{first.op} is an item of a layer container the statement does not loop over "
-            "(a call of an nn.Sequential): the stages checkpoint the items of loops only"
-        )
-    if not loop.item:
-        raise CheckpointRefused(
-            f"{first.op}: the loop unpacks each layer ({', '.join(loop.parts)}); the stages "
-            "checkpoint a loop whose item is one module"
-        )
-    size = sizes.get(loop.container)
-    if size is None:
-        raise CheckpointRefused(f"{first.op}: the length of {loop.container} is not known")
-    iterations = range(size)[loop.start : loop.stop]
-    runs = [
-        (checkpointed, list(group))
-        for checkpointed, group in itertools.groupby(iterations, key=lambda i: i in sites)
-    ]
-    out: list[cst.BaseStatement] = []
-    piece_start = iterations[0] if iterations else 0
-    for position, (checkpointed, items) in enumerate(runs):
-        start = loop.start if position == 0 else items[0]
-        stop = loop.stop if position == len(runs) - 1 else items[-1] + 1
-        # Later sub-slices count an enumerated index on from where the piece starts.
-        sliced_as = loop if position == 0 else dataclasses.replace(loop, start=piece_start)
-        piece = statement if len(runs) == 1 else slice_loop(statement, sliced_as, start, stop)
-        if position:
-            piece = piece.with_changes(leading_lines=())
-        if checkpointed:
-            assert isinstance(piece.body, cst.IndentedBlock)
-            inner = column + len(piece.body.indent or module.default_indent)
-            body = _wrapped_body(
-                piece.body.body, loop.item, [sites[i] for i in items], module, inner
-            )
-            piece = piece.with_changes(body=piece.body.with_changes(body=body))
-        out.append(piece)
-    return out
-
-
-def _wrapped_body(
-    body: Sequence[cst.BaseStatement],
-    item: str,
-    sites: Sequence[CheckpointSite],
-    module: cst.Module,
-    column: int,
-) -> list[cst.BaseStatement]:
-    """A loop's body with its one call of the layer ``item`` checkpointed."""
-    out: list[cst.BaseStatement] = []
-    found = 0
-    for statement in body:
-        changed, count = _wrap(
-            statement, lambda func: m.matches(func, m.Name(item)), module, column
-        )
-        found += count
-        out.append(
-            _commented(changed, recompute_comment(sites), module, column) if count else changed
-        )
-    if found != 1:
-        raise CheckpointRefused(
-            f"{sites[0].op}: the loop's body calls its layer {item} {found} times; the stages "
-            "checkpoint a body that calls it once"
-        )
-    return out
-
-
-def _wrapped_statement(
-    statement: cst.BaseStatement, site: CheckpointSite, module: cst.Module, column: int
-) -> cst.BaseStatement:
-    """A statement with its one call of a submodule (``self.mlp(x)``) checkpointed."""
-    changed, count = _wrap(statement, _is_self_path, module, column)
-    if not isinstance(changed, cst.SimpleStatementLine) or count != 1:
-        raise CheckpointRefused(
-            f"{site.op}: the stages checkpoint a statement that calls one submodule "
-            f"(self.name(...)), and this one calls {count}"
-        )
-    return _commented(changed, recompute_comment([site]), module, column)
-
-
-def _wrap(
-    statement: cst.BaseStatement,
-    matches: Callable[[cst.BaseExpression], bool],
-    module: cst.Module,
-    column: int,
-) -> tuple[cst.BaseStatement, int]:
-    """``statement`` with its calls that ``matches`` checkpointed, on one line where that
-    fits in :data:`LINE_WIDTH` columns from ``column``, and how many there were."""
-    wrapper = _WrapCalls(matches)
-    changed = statement.visit(wrapper)
-    assert isinstance(changed, cst.BaseStatement)
-    if not wrapper.count or not isinstance(changed, cst.SimpleStatementLine):
-        return changed, wrapper.count
-    code = module.code_for_node(changed.with_changes(leading_lines=())).rstrip("\n")
-    if "\n" in code or column + len(code) <= LINE_WIDTH:
-        return changed, wrapper.count
-    wrapper = _WrapCalls(matches, exploded=True)
-    changed = statement.visit(wrapper)
-    assert isinstance(changed, cst.BaseStatement)
-    return changed, wrapper.count
-
-
-def _is_self_path(func: cst.BaseExpression) -> bool:
-    while isinstance(func, cst.Attribute | cst.Subscript):
-        func = func.value
-    return m.matches(func, m.Name("self"))
-
-
-class _WrapCalls(cst.CSTTransformer):
-    """Each call whose function ``matches`` becomes ``checkpoint(fn, *args,
-    use_reentrant=False, **kwargs)``; ``count`` says how many."""
-
-    def __init__(
-        self, matches: Callable[[cst.BaseExpression], bool], exploded: bool = False
-    ) -> None:
-        super().__init__()
-        self.matches = matches
-        self.exploded = exploded
-        self.count = 0
-
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
-        if not self.matches(original_node.func):
-            return updated_node
-        self.count += 1
-        keyword = cst.Arg(
-            value=cst.Name("False"),
-            keyword=cst.Name("use_reentrant"),
-            equal=cst.AssignEqual(
-                whitespace_before=cst.SimpleWhitespace(""),
-                whitespace_after=cst.SimpleWhitespace(""),
-            ),
-        )
-        args = [arg.with_changes(comma=cst.MaybeSentinel.DEFAULT) for arg in updated_node.args]
-        star = [arg for arg in args if arg.star == "**"]
-        plain = [arg for arg in args if arg.star != "**"]
-        every = [cst.Arg(updated_node.func), *plain, keyword, *star]
-        if not self.exploded:
-            return cst.Call(func=cst.parse_expression(CHECKPOINT), args=every)
-        # One argument a line, with the magic trailing comma, as a formatter lays out a call
-        # too wide for one line and then leaves it.
-        item = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace("    "))
-        close = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(""))
-        laid = [
-            arg.with_changes(
-                comma=cst.Comma(whitespace_after=close if last else item),
-            )
-            for last, arg in (
-                (position == len(every) - 1, arg) for position, arg in enumerate(every)
-            )
-        ]
-        return cst.Call(
-            func=cst.parse_expression(CHECKPOINT), args=laid, whitespace_before_args=item
-        )
-
-
-def _commented(
-    statement: cst.BaseStatement, comment: str, module: cst.Module, column: int
-) -> cst.BaseStatement:
-    """``statement  # comment``, or the comment on its own line above where the line would
-    be wider than :data:`LINE_WIDTH` (or the statement spans lines)."""
-    if not isinstance(statement, cst.SimpleStatementLine):
-        return statement
-    code = module.code_for_node(statement.with_changes(leading_lines=())).rstrip("\n")
-    if (
-        statement.trailing_whitespace.comment is None
-        and "\n" not in code
-        and column + len(code) + 2 + len(comment) <= LINE_WIDTH
-    ):
-        return statement.with_changes(
-            trailing_whitespace=cst.TrailingWhitespace(
-                whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(comment)
-            )
-        )
-    above = cst.EmptyLine(indent=True, comment=cst.Comment(comment))
-    return statement.with_changes(leading_lines=(*statement.leading_lines, above))
-
-
-def is_recompute_comment(text: str) -> bool:
-    """Whether a comment is one syncpass wrote on a checkpointed line."""
-    return text.startswith(RECOMPUTE_COMMENT_PREFIX)
+    """A stage's statements ``piece`` with the ops of ``sites`` checkpointed
+    (:func:`~syncpass.transformers.checkpoints.checkpoint_piece` in torch's form)."""
+    return checkpoint_piece(piece, statements, sites, sizes, module, column, TORCH_STAGES)

@@ -62,6 +62,7 @@ from syncpass.contracts.costs import (
     pytree_template,
 )
 from syncpass.frontend.analysis import self_path
+from syncpass.transformers.checkpoints import CheckpointRefused
 from syncpass.transformers.common import (
     LINE_WIDTH,
     CheckpointSite,
@@ -70,7 +71,7 @@ from syncpass.transformers.common import (
     is_sync_comment,
     sync_comment,
 )
-from syncpass.transformers.torch_checkpoints import CheckpointRefused, checkpoint_piece
+from syncpass.transformers.torch_checkpoints import checkpoint_stage_piece
 
 #: The comment that opens the block of stage classes syncpass writes.
 STAGES_COMMENT = "# syncpass stages"
@@ -980,7 +981,7 @@ def insert_stages(
             assert isinstance(forward.body, cst.IndentedBlock)
             column = 4 + len(forward.body.indent or module.default_indent)
             try:
-                piece = checkpoint_piece(piece, statements, own, sizes or {}, module, column)
+                piece = checkpoint_stage_piece(piece, statements, own, sizes or {}, module, column)
             except CheckpointRefused as refused:
                 return module, (f"stage {stage.index}: {refused}",)
             stage = dataclasses.replace(stage, recomputes=tuple(site.op for site in own))

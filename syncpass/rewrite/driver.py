@@ -193,7 +193,8 @@ def apply_plan(source: ModelSource, plan: Plan, backend: SyncWriter, path: str) 
         module, warnings = backend.insert(source, sites, path)
     warnings = tuple(warnings)
     if warnings and (plan.sync_points or plan.checkpointed):
-        what = "sync points" if plan.sync_points else "checkpoints"
+        parts = ["sync points"] if plan.sync_points else []
+        what = " and ".join([*parts, "recomputation"] if plan.checkpointed else parts)
         raise SyncpassError(f"could not place the planned {what}: " + "; ".join(warnings), path)
     rewritten: str = module.code
     if rewritten != source.text:  # output equal to the input was verified when it was read
@@ -270,8 +271,6 @@ def _rewrite_plain(
             why = {
                 "torch": "torch's tracer splits the forward as written; write eager stages "
                 "(--backend torch_stages)",
-                "jax": "its rematerialisation (jax.checkpoint, nn.remat) is not written yet; "
-                "syncpass plan --recompute plans it from the same cost file",
             }.get(backend.name, "write eager stages (--backend torch_stages)")
             raise SyncpassError(
                 f"--recompute {recompute}: --backend {backend.name} cannot write activation "

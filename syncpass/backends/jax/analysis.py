@@ -79,7 +79,9 @@ from syncpass.frontend.numbers import (
 )
 from syncpass.frontend.source import parse_source
 from syncpass.rewrite.source import KnownOps, ModelSource
-from syncpass.transformers.common import SYNC_COMMENT_PREFIX, SyncSite
+from syncpass.transformers.checkpoints import RECOMPUTE_COMMENT_PREFIX
+from syncpass.transformers.common import SYNC_COMMENT_PREFIX, CheckpointSite, SyncSite
+from syncpass.transformers.jax_checkpoints import remove_remat
 from syncpass.transformers.jax_transfer import names_a_device, remove_device_puts
 
 #: The method of a Flax module that computes the model.
@@ -269,6 +271,41 @@ class JaxModel:
                 dataclasses.replace(site, statement=index, values=values)
             )
         return [(expansion.frames[frame], placed[frame]) for frame in sorted(placed)]
+
+    def checkpoint_homes(
+        self, sites: Sequence[CheckpointSite]
+    ) -> list[tuple[Frame, list[CheckpointSite], dict[str, int]]]:
+        """``sites`` (ops of the expanded ``__call__`` that recompute) by the function of the
+        user's file whose statement runs them, each renumbered to that function's
+        statements, with the lengths of that function's layer containers (its own paths:
+        ``layers`` in a submodule's ``__call__`` the model reaches at ``encoder``)."""
+        sizes = dict(self.graph.containers)
+        expansion = self.expansion
+        if expansion is None:
+            whole = Frame(self.name, DEFAULT_FUNCTION if self.is_function else FLAX_METHOD, "", 0)
+            return [(whole, list(sites), sizes)] if sites else []
+        placed: dict[int, list[CheckpointSite]] = {}
+        for site in sites:
+            frame, index = expansion.origins[site.statement].steps[-1]
+            if index < 0 or not expansion.single(frame):
+                at = next((op.location for op in self.graph.ops if op.id == site.op), None)
+                raise SyncpassError(
+                    f"the plan recomputes {site.op}, whose call is in a function the model "
+                    "calls more than once (or among a call's arguments), where the file has "
+                    "no line of its own for it",
+                    str(at) if at is not None else self.graph.path,
+                )
+            placed.setdefault(frame, []).append(dataclasses.replace(site, statement=index))
+        homes = []
+        for frame in sorted(placed):
+            prefix = expansion.frames[frame].path
+            own = {
+                path.removeprefix(f"{prefix}."): size
+                for path, size in sizes.items()
+                if not prefix or path.startswith(f"{prefix}.")
+            }
+            homes.append((expansion.frames[frame], placed[frame], own))
+        return homes
 
 
 def _loop_home(expansion: Inlined, statement: int) -> tuple[int, int] | None:
@@ -519,8 +556,8 @@ def analyse(text: str, path: str, known: KnownOps, name: str | None) -> ModelSou
         module, pick_model(jax_model_names(module), known.model, name), path
     )
     base = text
-    if SYNC_COMMENT_PREFIX in text:
-        module = remove_device_puts(module, path)
+    if SYNC_COMMENT_PREFIX in text or RECOMPUTE_COMMENT_PREFIX in text:
+        module = remove_device_puts(remove_remat(module), path)
         base = module.code
     sizes = sizes_from_ids(known.ids, jax_loop_containers(module, model, path))
     found = analyse_jax(module, path, model, sizes, base)

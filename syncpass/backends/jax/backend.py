@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from syncpass.backends.jax.analysis import analyse
-from syncpass.backends.jax.rewrite import insert, remove, strip_jax_sync_points
+from syncpass.backends.jax.rewrite import insert, insert_checkpointed, remove, strip_jax_sync_points
 from syncpass.backends.spec import (
     Backend,
     MeasureRequest,
@@ -58,6 +58,7 @@ BACKEND = Backend(
     description="jax.device_put transfers in a JAX function or a Flax module (docs/jax.md)",
     analyse=analyse,
     insert=insert,
+    insert_checkpointed=insert_checkpointed,
     remove=remove,
     strip=strip_jax_sync_points,
     measure=_measure,

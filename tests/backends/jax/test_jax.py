@@ -284,7 +284,8 @@ def test_importing_syncpass_does_not_import_jax() -> None:
 @pytest.mark.parametrize("file", ["jax_mlp.py", "flax_lm.py"])
 @pytest.mark.parametrize("stages", RUN_STAGES)
 def test_end_to_end_profile_rewrite_run_verify(file: str, stages: int, tmp_path: Path) -> None:
-    """profile -> rewrite -> run --verify, on `stages` CPU devices."""
+    """profile -> rewrite -> run --verify, on `stages` CPU devices (the Flax LM's blocks
+    rematerialised too)."""
     model = tmp_path / file
     model.write_text((EXAMPLES / file).read_text())
     costs = tmp_path / "model.costs.json"
@@ -305,11 +306,19 @@ def test_end_to_end_profile_rewrite_run_verify(file: str, stages: int, tmp_path:
     planned = run("plan", "--costs", str(costs), "--stages", "2", "--recompute", "all")
     assert "recompute every block" in planned
     out = tmp_path / "model_sync.py"
+    # The Flax LM's blocks are rematerialised as well (Flax's remat): the run checks that
+    # the gradients are the unsplit model's all the same.
+    recompute = ["--recompute", "all"] if file == "flax_lm.py" else []
     run(
         "rewrite", "--backend", "jax", str(model), "--costs", str(costs),
-        "--stages", str(stages), "--threshold", "inf", "-o", str(out),
+        "--stages", str(stages), "--threshold", "inf", *recompute, "-o", str(out),
     )  # fmt: skip
-    assert out.read_text().count("# syncpass sync") == stages - 1
+    written = out.read_text()
+    assert written.count("# syncpass sync") == stages - 1
+    if recompute:
+        remat = "x = nn.remat(type(block).__call__)(block, x)"
+        assert 0 < written.count(remat) == written.count("# syncpass recompute: blocks.")
+        assert sum(f"blocks.{i}" in written for i in range(4)) == 4
     figures = tmp_path / "run.json"
     report = run(
         "run", "--backend", "jax", "--stages", str(stages), "--verify", str(out),

@@ -1,0 +1,278 @@
+"""Write and remove JAX rematerialisation: the blocks a plan recomputes in the backward.
+
+``rewrite --backend jax --recompute`` has some ops recompute their forward in the
+backward instead of keeping what it saves. In a Flax module's ``__call__`` such an op is
+a submodule's call, and becomes a call of its ``__call__`` through Flax's lifted
+``remat`` (``jax.checkpoint`` for a bound module)::
+
+    for block in self.blocks[2:4]:
+        x = nn.remat(type(block).__call__)(block, x)  # syncpass recompute: blocks.2, ...
+
+(``nn`` is the name the file binds ``flax.linen`` to). In a plain JAX function it is a
+call of a function by its name, ``h = jax.checkpoint(layer)(p, h)``. A loop of which only
+some blocks recompute is split into sub-slices
+(:mod:`syncpass.transformers.checkpoints`). Both forms compute what the call computes,
+forward and gradients; the comment on each line says what it frees and costs.
+
+The call's own arguments are kept as written (the function and, for Flax, the module
+are put in front of them), so that :func:`remove_remat` gives the user's line back
+byte for byte: it unwraps every line that carries a ``# syncpass recompute`` comment and
+joins the loop slices they split. A wrapped line wider than the formatter's is left on
+one line (a formatter may lay it out; its comment goes above it).
+
+Nothing here imports jax.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import libcst as cst
+import libcst.matchers as m
+
+from syncpass.transformers.checkpoints import (
+    CheckpointForm,
+    CheckpointRefused,
+    checkpoint_piece,
+    is_recompute_comment,
+    is_self_path,
+)
+from syncpass.transformers.common import (
+    CheckpointSite,
+    body_column,
+    every_function,
+    find_function,
+    imports_module,
+    joined_loop,
+    replace_function,
+)
+
+#: JAX's own: the checkpointed function of a plain JAX model.
+JAX_CHECKPOINT = "jax.checkpoint"
+
+
+def flax_linen_name(module: cst.Module) -> str | None:
+    """The name ``module`` binds ``flax.linen`` to at its top (``nn`` for ``import
+    flax.linen as nn`` or ``from flax import linen as nn``), or ``None``."""
+    for statement in module.body:
+        if not isinstance(statement, cst.SimpleStatementLine):
+            continue
+        for small in statement.body:
+            if isinstance(small, cst.Import):
+                for alias in small.names:
+                    dotted = cst.Module([]).code_for_node(alias.name)
+                    bound = alias.evaluated_alias
+                    if dotted == "flax.linen":
+                        return bound or "flax.linen"
+                    if dotted == "flax" and bound is None:
+                        return "flax.linen"
+            if (
+                isinstance(small, cst.ImportFrom)
+                and isinstance(small.module, cst.Name)
+                and small.module.value == "flax"
+                and not isinstance(small.names, cst.ImportStar)
+            ):
+                for alias in small.names:
+                    if m.matches(alias.name, m.Name("linen")):
+                        return alias.evaluated_alias or "linen"
+    return None
+
+
+def _flax_remat(linen: str) -> CheckpointForm:
+    """``linen.remat(type(block).__call__)(block, *args)``: Flax's lifted ``remat`` of a bound
+    submodule's call (``jax.checkpoint`` cannot take a bound module)."""
+
+    def wrap(call: cst.Call, exploded: bool) -> cst.Call:
+        module = call.func
+        method = cst.parse_expression(f"{linen}.remat(type(MODULE).__call__)")
+        method = method.deep_replace(m.findall(method, m.Name("MODULE"))[0], module)
+        assert isinstance(method, cst.Call)
+        if not call.args:
+            return call.with_changes(func=method, args=[cst.Arg(module)])
+        first = cst.Arg(module, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
+        return call.with_changes(func=method, args=[first, *call.args])
+
+    return CheckpointForm(
+        "the JAX rewrite rematerialises",
+        wrap,
+        is_self_path,
+        "one submodule's call (self.name(...))",
+    )
+
+
+def _jax_checkpoint(call: cst.Call, exploded: bool) -> cst.Call:
+    """``jax.checkpoint(f)(*args)`` of ``f(*args)``."""
+    wrapper = cst.parse_expression(f"{JAX_CHECKPOINT}(f)")
+    assert isinstance(wrapper, cst.Call)
+    return call.with_changes(func=wrapper.with_changes(args=[cst.Arg(call.func)]))
+
+
+#: A plain JAX function: a call of a function by its name.
+JAX_FUNCTION = CheckpointForm(
+    "the JAX rewrite rematerialises",
+    _jax_checkpoint,
+    lambda func: isinstance(func, cst.Name),
+    "one function by its name (f(...))",
+)
+
+
+def insert_remat(
+    module: cst.Module,
+    planned: cst.Module,
+    name: str,
+    is_function: bool,
+    method: str,
+    sites: Sequence[CheckpointSite],
+    sizes: Mapping[str, int],
+) -> cst.Module:
+    """``module`` with the ops of ``sites`` recomputing, in the function ``name`` (or the
+    method ``method`` of the class ``name``). ``planned`` is the module the sites index
+    the statements of (``module`` before its sync points were written); ``sizes`` the
+    lengths of the function's layer containers. Raises :class:`CheckpointRefused`."""
+    if not sites:
+        return module
+    if is_function:
+        form = JAX_FUNCTION
+        if not imports_module(module, "jax"):
+            raise CheckpointRefused(
+                f"{sites[0].op}: the file does not import jax, whose checkpoint the JAX "
+                "rewrite recomputes a function's call with (import jax)"
+            )
+    else:
+        linen = flax_linen_name(module)
+        if linen is None:
+            raise CheckpointRefused(
+                f"{sites[0].op}: the file does not import flax.linen, whose remat the JAX "
+                "rewrite recomputes a Flax submodule's call with"
+            )
+        form = _flax_remat(linen)
+    original = find_function(planned, name, is_function, method)
+    found = find_function(module, name, is_function, method)
+    if original is None or found is None:
+        raise CheckpointRefused(f"{sites[0].op}: no single function {name} to recompute in")
+    index, member_index, function = found
+    assert isinstance(function.body, cst.IndentedBlock)
+    assert isinstance(original[2].body, cst.IndentedBlock)
+    column = body_column(module, function)
+    body = checkpoint_piece(
+        function.body.body, original[2].body.body, sites, sizes, module, column, form
+    )
+    new_function = function.with_changes(body=function.body.with_changes(body=tuple(body)))
+    return replace_function(module, index, member_index, new_function)
+
+
+def remove_remat(module: cst.Module) -> cst.Module:
+    """``module`` without the rematerialisation syncpass wrote, in every function and method:
+    each line with a ``# syncpass recompute`` comment unwrapped, the comment gone, and the
+    loop slices those lines split joined again."""
+    for index, member_index, function, _ in every_function(module):
+        if not isinstance(function.body, cst.IndentedBlock):
+            continue
+        statements, touched = _unwrapped(function.body.body)
+        if not touched:
+            continue
+        body = function.body.with_changes(body=tuple(_joined(statements, touched)))
+        module = replace_function(module, index, member_index, function.with_changes(body=body))
+    return module
+
+
+def _unwrapped(
+    statements: Sequence[cst.BaseStatement],
+) -> tuple[list[cst.BaseStatement], set[int]]:
+    """``statements`` with their recompute lines unwrapped (those of a loop's body too), and
+    the positions of the statements that held one."""
+    out: list[cst.BaseStatement] = []
+    touched: set[int] = set()
+    for position, statement in enumerate(statements):
+        if isinstance(statement, cst.For) and isinstance(statement.body, cst.IndentedBlock):
+            inner, changed = _unwrapped(statement.body.body)
+            if changed:
+                statement = statement.with_changes(
+                    body=statement.body.with_changes(body=tuple(inner))
+                )
+                touched.add(position)
+        elif _is_recompute_line(statement):
+            assert isinstance(statement, cst.SimpleStatementLine)
+            statement = _plain_line(statement)
+            touched.add(position)
+        out.append(statement)
+    return out, touched
+
+
+def _joined(statements: Sequence[cst.BaseStatement], touched: set[int]) -> list[cst.BaseStatement]:
+    """Adjacent slices of one loop joined, where one of them held a recompute line."""
+    kept: list[cst.BaseStatement] = []
+    joins_next = False  # the last kept statement held a recompute line (or was joined)
+    for position, statement in enumerate(statements):
+        ours = position in touched
+        loop = joined_loop(kept[-1], statement) if kept and (joins_next or ours) else None
+        if loop is not None:
+            kept[-1] = loop
+            joins_next = True
+            continue
+        kept.append(statement)
+        joins_next = ours
+    return kept
+
+
+def _is_recompute_line(statement: cst.BaseStatement) -> bool:
+    if not isinstance(statement, cst.SimpleStatementLine):
+        return False
+    trailing = statement.trailing_whitespace.comment
+    above = [line.comment for line in statement.leading_lines if line.comment is not None]
+    return any(
+        comment is not None and is_recompute_comment(comment.value)
+        for comment in [trailing, *above]
+    )
+
+
+def _plain_line(statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
+    """A recompute line as the user wrote it: its calls unwrapped, the comment gone."""
+    unwrapped = statement.visit(_UnwrapCalls())
+    assert isinstance(unwrapped, cst.SimpleStatementLine)
+    leading = [
+        line
+        for line in unwrapped.leading_lines
+        if line.comment is None or not is_recompute_comment(line.comment.value)
+    ]
+    trailing = unwrapped.trailing_whitespace
+    if trailing.comment is not None and is_recompute_comment(trailing.comment.value):
+        trailing = cst.TrailingWhitespace(newline=trailing.newline)
+    return unwrapped.with_changes(leading_lines=leading, trailing_whitespace=trailing)
+
+
+_REMAT_OF_CALL = m.Call(
+    func=m.Attribute(attr=m.Name("remat")) | m.Name("remat"),
+    args=[
+        m.Arg(
+            value=m.Attribute(
+                value=m.Call(func=m.Name("type"), args=[m.Arg(keyword=None)]),
+                attr=m.Name("__call__"),
+            ),
+            keyword=None,
+        )
+    ],
+)
+_JAX_CHECKPOINT_OF = m.Call(
+    func=m.Attribute(value=m.Name("jax"), attr=m.Name("checkpoint")),
+    args=[m.Arg(keyword=None, star="")],
+)
+
+
+class _UnwrapCalls(cst.CSTTransformer):
+    """``remat(type(f).__call__)(f, *args)`` and ``jax.checkpoint(f)(*args)`` back to
+    ``f(*args)``."""
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        func = updated_node.func
+        if m.matches(func, _REMAT_OF_CALL) and updated_node.args:
+            assert isinstance(func, cst.Call)
+            method = func.args[0].value
+            assert isinstance(method, cst.Attribute) and isinstance(method.value, cst.Call)
+            module = method.value.args[0].value
+            if updated_node.args[0].value.deep_equals(module):
+                return updated_node.with_changes(func=module, args=updated_node.args[1:])
+        if m.matches(func, _JAX_CHECKPOINT_OF):
+            assert isinstance(func, cst.Call)
+            return updated_node.with_changes(func=func.args[0].value)
+        return updated_node
