@@ -3,7 +3,7 @@
 ``rewrite --recompute`` recomputes some ops in the backward. Each such op is a call in the
 model's code; a backend says how its framework wraps one (:class:`CheckpointForm`:
 ``torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)`` for torch's eager
-stages, ``nn.remat(type(block).__call__)(block, x)`` or ``jax.checkpoint(f)(p, x)`` for
+stages, ``nn.remat(lambda block, x: block(x))(block, x)`` or ``jax.checkpoint(f)(p, x)`` for
 JAX), and this module finds the calls and writes the lines, one comment each that says
 why (``# syncpass recompute: ...``: what it frees, what it costs). A loop over a layer
 container of which only some blocks recompute is split into sub-slices, each either
@@ -35,11 +35,15 @@ import libcst as cst
 import libcst.matchers as m
 
 from syncpass.core.units import num_bytes, seconds
-from syncpass.frontend.analysis import match_container_loop
+from syncpass.frontend.analysis import match_container_loop, target_names
 from syncpass.transformers.common import LINE_WIDTH, CheckpointSite, slice_loop
 
 #: Every checkpointed line syncpass writes carries a comment with this prefix.
 RECOMPUTE_COMMENT_PREFIX = "# syncpass recompute"
+
+
+#: The widest list of op names a comment spells out; a longer one says first .. last (count).
+NAMES_WIDTH = 48
 
 
 class CheckpointRefused(Exception):
@@ -48,14 +52,16 @@ class CheckpointRefused(Exception):
 
 @dataclass(frozen=True)
 class CheckpointForm:
-    """How a backend checkpoints a call: ``wrap(call, exploded)`` is the call recomputing in
-    the backward (``exploded``: one argument a line, for a call too wide for one), and
+    """How a backend checkpoints a call: ``wrap(call, exploded, rebound)`` is the call
+    recomputing in the backward (``exploded``: one argument a line, for a call too wide for
+    one; ``rebound``: the names the loop the call is in binds on each iteration, which a
+    function made there must take as arguments rather than close over), and
     ``wraps_statement(func)`` whether a statement's call of ``func`` is the op's (a
     submodule's call, ``self.mlp(x)``), which ``statement_call`` says in words. ``who``
     begins the refusals (``"the stages checkpoint"``: what follows says what)."""
 
     who: str
-    wrap: Callable[[cst.Call, bool], cst.Call]
+    wrap: Callable[[cst.Call, bool, frozenset[str]], cst.Call]
     wraps_statement: Callable[[cst.BaseExpression], bool]
     statement_call: str = "one submodule (self.name(...))"
 
@@ -65,7 +71,9 @@ def recompute_comment(sites: Sequence[CheckpointSite]) -> str:
     ops one checkpointed line recomputes (keeping only their inputs), what that frees on
     their stage (for every micro-batch in flight) and what it costs a step."""
     names = [site.op for site in sites]
-    named = f"{names[0]} .. {names[-1]} ({len(names)})" if len(names) > 3 else ", ".join(names)
+    named = ", ".join(names)
+    if len(names) > 3 or (len(names) > 1 and len(named) > NAMES_WIDTH):
+        named = f"{names[0]} .. {names[-1]} ({len(names)})"
     frees = sum(site.frees_bytes for site in sites)
     cost = sum(site.cost_s for site in sites)
     return (
@@ -188,8 +196,9 @@ def _split_loop(
         if checkpointed:
             assert isinstance(piece.body, cst.IndentedBlock)
             inner = column + len(piece.body.indent or module.default_indent)
+            rebound = loop_bound_names(piece)
             body = _wrapped_body(
-                piece.body.body, loop.item, [sites[i] for i in items], module, inner, form
+                piece.body.body, loop.item, [sites[i] for i in items], module, inner, form, rebound
             )
             piece = piece.with_changes(body=piece.body.with_changes(body=body))
         out.append(piece)
@@ -203,13 +212,15 @@ def _wrapped_body(
     module: cst.Module,
     column: int,
     form: CheckpointForm,
+    rebound: frozenset[str],
 ) -> list[cst.BaseStatement]:
-    """A loop's body with its one call of the layer ``item`` checkpointed."""
+    """A loop's body with its one call of the layer ``item`` checkpointed (``rebound``: the
+    names the loop binds)."""
     out: list[cst.BaseStatement] = []
     found = 0
     for statement in body:
         changed, count = _wrap(
-            statement, lambda func: m.matches(func, m.Name(item)), module, column, form
+            statement, lambda func: m.matches(func, m.Name(item)), module, column, form, rebound
         )
         found += count
         out.append(
@@ -231,7 +242,7 @@ def _wrapped_statement(
     form: CheckpointForm,
 ) -> cst.BaseStatement:
     """A statement with its one call of a submodule (``self.mlp(x)``) checkpointed."""
-    changed, count = _wrap(statement, form.wraps_statement, module, column, form)
+    changed, count = _wrap(statement, form.wraps_statement, module, column, form, frozenset())
     if not isinstance(changed, cst.SimpleStatementLine) or count != 1:
         raise CheckpointRefused(
             f"{site.op}: {form.who} a statement that calls "
@@ -246,10 +257,11 @@ def _wrap(
     module: cst.Module,
     column: int,
     form: CheckpointForm,
+    rebound: frozenset[str],
 ) -> tuple[cst.BaseStatement, int]:
     """``statement`` with its calls that ``matches`` checkpointed, on one line where that
     fits in :data:`LINE_WIDTH` columns from ``column``, and how many there were."""
-    wrapper = _WrapCalls(matches, form)
+    wrapper = _WrapCalls(matches, form, rebound)
     changed = statement.visit(wrapper)
     assert isinstance(changed, cst.BaseStatement)
     if not wrapper.count or not isinstance(changed, cst.SimpleStatementLine):
@@ -257,7 +269,7 @@ def _wrap(
     code = module.code_for_node(changed.with_changes(leading_lines=())).rstrip("\n")
     if "\n" in code or column + len(code) <= LINE_WIDTH:
         return changed, wrapper.count
-    wrapper = _WrapCalls(matches, form, exploded=True)
+    wrapper = _WrapCalls(matches, form, rebound, exploded=True)
     changed = statement.visit(wrapper)
     assert isinstance(changed, cst.BaseStatement)
     return changed, wrapper.count
@@ -270,11 +282,13 @@ class _WrapCalls(cst.CSTTransformer):
         self,
         matches: Callable[[cst.BaseExpression], bool],
         form: CheckpointForm,
+        rebound: frozenset[str],
         exploded: bool = False,
     ) -> None:
         super().__init__()
         self.matches = matches
         self.form = form
+        self.rebound = rebound
         self.exploded = exploded
         self.count = 0
 
@@ -282,7 +296,16 @@ class _WrapCalls(cst.CSTTransformer):
         if not self.matches(original_node.func):
             return updated_node
         self.count += 1
-        return self.form.wrap(updated_node, self.exploded)
+        return self.form.wrap(updated_node, self.exploded, self.rebound)
+
+
+def loop_bound_names(loop: cst.For) -> frozenset[str]:
+    """The names ``loop`` binds on each iteration: its target's and its body's."""
+    targets: list[cst.CSTNode] = [loop.target]
+    for store in m.findall(loop.body, m.AssignTarget() | m.AugAssign() | m.AnnAssign() | m.For()):
+        assert isinstance(store, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.For)
+        targets.append(store.target)
+    return frozenset(name.value for target in targets for name in target_names(target)[0])
 
 
 def one_argument_a_line(call: cst.Call) -> cst.Call:

@@ -2,23 +2,28 @@
 
 ``rewrite --backend jax --recompute`` has some ops recompute their forward in the
 backward instead of keeping what it saves. In a Flax module's ``__call__`` such an op is
-a submodule's call, and becomes a call of its ``__call__`` through Flax's lifted
-``remat`` (``jax.checkpoint`` for a bound module)::
+a submodule's call, and goes through Flax's lifted ``remat`` (``jax.checkpoint`` cannot
+take a bound module), as a function of the module::
 
     for block in self.blocks[2:4]:
-        x = nn.remat(type(block).__call__)(block, x)  # syncpass recompute: blocks.2, ...
+        # syncpass recompute: blocks.2, blocks.3; frees 1.89 MiB, costs 7.93 ms/step
+        x = nn.remat(lambda block, x: block(x))(block, x)
 
-(``nn`` is the name the file binds ``flax.linen`` to). In a plain JAX function it is a
-call of a function by its name, ``h = jax.checkpoint(layer)(p, h)``. A loop of which only
-some blocks recompute is split into sub-slices
-(:mod:`syncpass.transformers.checkpoints`). Both forms compute what the call computes,
+(``nn`` is the name the file binds ``flax.linen`` to). The call itself stays as written
+inside the function. What it passes is closed over, so that a Python value
+(``deterministic=True``, which Hugging Face's blocks branch on) stays a constant of the
+trace (remat's own arguments are traced), but for the names the loop binds on each
+iteration (``x``), which the function takes as arguments: closing over a loop's variable
+is what linters flag (ruff's B023). In a plain JAX function the op is a call of a function
+by its name, ``h = jax.checkpoint(layer)(p, h)`` (``jax.checkpoint(lambda: layer(p, h,
+training=True))()`` where it passes keywords or constants). A loop of which
+only some blocks recompute is split into sub-slices
+(:mod:`syncpass.transformers.checkpoints`). Each form computes what the call computes,
 forward and gradients; the comment on each line says what it frees and costs.
 
-The call's own arguments are kept as written (the function and, for Flax, the module
-are put in front of them), so that :func:`remove_remat` gives the user's line back
-byte for byte: it unwraps every line that carries a ``# syncpass recompute`` comment and
-joins the loop slices they split. A wrapped line wider than the formatter's is left on
-one line (a formatter may lay it out; its comment goes above it).
+:func:`remove_remat` gives the user's lines back byte for byte (the call inside each
+form is the user's, its function put back): it unwraps every line that carries a
+``# syncpass recompute`` comment and joins the loop slices they split.
 
 Nothing here imports jax.
 """
@@ -79,18 +84,20 @@ def flax_linen_name(module: cst.Module) -> str | None:
 
 
 def _flax_remat(linen: str) -> CheckpointForm:
-    """``linen.remat(type(block).__call__)(block, *args)``: Flax's lifted ``remat`` of a bound
-    submodule's call (``jax.checkpoint`` cannot take a bound module)."""
+    """``linen.remat(lambda block, x: block(x, training=True))(block, x)``: Flax's lifted
+    ``remat`` of a function of the bound submodule (``jax.checkpoint`` cannot take a bound
+    module). The call stays as written inside the function, under the module's parameter:
+    its Python values are closed over, constants of the trace, where remat's arguments
+    would be traced and fail a Python ``if``; the names ``rebound`` in its loop are the
+    function's arguments."""
 
-    def wrap(call: cst.Call, exploded: bool) -> cst.Call:
+    def wrap(call: cst.Call, exploded: bool, rebound: frozenset[str]) -> cst.Call:
         module = call.func
-        method = cst.parse_expression(f"{linen}.remat(type(MODULE).__call__)")
-        method = method.deep_replace(m.findall(method, m.Name("MODULE"))[0], module)
-        assert isinstance(method, cst.Call)
-        if not call.args:
-            return call.with_changes(func=method, args=[cst.Arg(module)])
-        first = cst.Arg(module, comma=cst.Comma(whitespace_after=cst.SimpleWhitespace(" ")))
-        return call.with_changes(func=method, args=[first, *call.args])
+        parameter = cst.Name(_parameter_name(module, call))
+        passed = _passed(call, rebound)
+        function = _function_of(call.with_changes(func=parameter), [parameter.value, *passed])
+        remat = cst.Call(func=cst.parse_expression(f"{linen}.remat"), args=[cst.Arg(function)])
+        return cst.Call(func=remat, args=_arguments([module, *map(cst.Name, passed)]))
 
     return CheckpointForm(
         "the JAX rewrite rematerialises",
@@ -100,11 +107,70 @@ def _flax_remat(linen: str) -> CheckpointForm:
     )
 
 
-def _jax_checkpoint(call: cst.Call, exploded: bool) -> cst.Call:
-    """``jax.checkpoint(f)(*args)`` of ``f(*args)``."""
+def _parameter_name(module: cst.BaseExpression, call: cst.Call) -> str:
+    """The name the remat'd function calls the module by: its own (``block``, ``mlp`` of
+    ``self.mlp``), or ``module`` where that is not a name; ``_`` added while the call's
+    arguments read it."""
+    name = "module"
+    if isinstance(module, cst.Name):
+        name = module.value
+    elif isinstance(module, cst.Attribute):
+        name = module.attr.value
+    read = {
+        node.value
+        for arg in call.args
+        for node in m.findall(arg, m.Name())
+        if isinstance(node, cst.Name)
+    }
+    while name in read:
+        name += "_"
+    return name
+
+
+def _jax_checkpoint(call: cst.Call, exploded: bool, rebound: frozenset[str]) -> cst.Call:
+    """``jax.checkpoint(f)(*args)`` of ``f(*args)``; ``jax.checkpoint(lambda: f(...))()``
+    where the call passes keywords or constants (Python values, which ``jax.checkpoint``
+    would trace as its arguments: closed over, they stay constants)."""
     wrapper = cst.parse_expression(f"{JAX_CHECKPOINT}(f)")
     assert isinstance(wrapper, cst.Call)
-    return call.with_changes(func=wrapper.with_changes(args=[cst.Arg(call.func)]))
+    if all(arg.keyword is None and not _constant(arg.value) for arg in call.args):
+        return call.with_changes(func=wrapper.with_changes(args=[cst.Arg(call.func)]))
+    passed = _passed(call, rebound)
+    function = _function_of(call, passed)
+    return cst.Call(
+        func=wrapper.with_changes(args=[cst.Arg(function)]),
+        args=_arguments([cst.Name(name) for name in passed]),
+    )
+
+
+def _passed(call: cst.Call, rebound: frozenset[str]) -> list[str]:
+    """The names ``call``'s arguments read that its loop binds on each iteration, in order:
+    a function made in the loop takes them as its own arguments (closed over, they would be
+    the loop's variables, which a linter rightly flags, ruff's B023)."""
+    read = [
+        node.value
+        for arg in call.args
+        for node in m.findall(arg, m.Name())
+        if isinstance(node, cst.Name) and node.value in rebound
+    ]
+    return list(dict.fromkeys(read))
+
+
+def _function_of(body: cst.Call, parameters: Sequence[str]) -> cst.Lambda:
+    """``lambda a, b: body``."""
+    params = [cst.Param(cst.Name(name)) for name in parameters]
+    return cst.Lambda(params=cst.Parameters(params=params), body=body)
+
+
+def _arguments(values: Sequence[cst.BaseExpression]) -> list[cst.Arg]:
+    return [cst.Arg(value) for value in values]
+
+
+def _constant(value: cst.BaseExpression) -> bool:
+    """A literal: a number, a string, ``True``, ``False`` or ``None``."""
+    return isinstance(value, cst.BaseNumber | cst.BaseString) or m.matches(
+        value, m.Name("True") | m.Name("False") | m.Name("None")
+    )
 
 
 #: A plain JAX function: a call of a function by its name.
@@ -242,16 +308,11 @@ def _plain_line(statement: cst.SimpleStatementLine) -> cst.SimpleStatementLine:
 
 
 _REMAT_OF_CALL = m.Call(
-    func=m.Attribute(attr=m.Name("remat")) | m.Name("remat"),
-    args=[
-        m.Arg(
-            value=m.Attribute(
-                value=m.Call(func=m.Name("type"), args=[m.Arg(keyword=None)]),
-                attr=m.Name("__call__"),
-            ),
-            keyword=None,
-        )
-    ],
+    func=m.Call(
+        func=m.Attribute(attr=m.Name("remat")) | m.Name("remat"),
+        args=[m.Arg(value=m.Lambda(body=m.Call(func=m.Name())), keyword=None)],
+    ),
+    args=[m.Arg(keyword=None, star=""), m.ZeroOrMore(m.Arg(value=m.Name(), keyword=None))],
 )
 _JAX_CHECKPOINT_OF = m.Call(
     func=m.Attribute(value=m.Name("jax"), attr=m.Name("checkpoint")),
@@ -260,19 +321,20 @@ _JAX_CHECKPOINT_OF = m.Call(
 
 
 class _UnwrapCalls(cst.CSTTransformer):
-    """``remat(type(f).__call__)(f, *args)`` and ``jax.checkpoint(f)(*args)`` back to
-    ``f(*args)``."""
+    """``remat(lambda block, x: block(x, ...))(block, x)``, ``jax.checkpoint(f)(*args)`` and
+    ``jax.checkpoint(lambda x: f(x, ...))(x)`` back to ``block(x, ...)``, ``f(...)``."""
 
-    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.BaseExpression:
         func = updated_node.func
-        if m.matches(func, _REMAT_OF_CALL) and updated_node.args:
-            assert isinstance(func, cst.Call)
-            method = func.args[0].value
-            assert isinstance(method, cst.Attribute) and isinstance(method.value, cst.Call)
-            module = method.value.args[0].value
-            if updated_node.args[0].value.deep_equals(module):
-                return updated_node.with_changes(func=module, args=updated_node.args[1:])
+        if m.matches(updated_node, _REMAT_OF_CALL):
+            assert isinstance(func, cst.Call) and isinstance(func.args[0].value, cst.Lambda)
+            inner = func.args[0].value.body
+            assert isinstance(inner, cst.Call)
+            return inner.with_changes(func=updated_node.args[0].value)
         if m.matches(func, _JAX_CHECKPOINT_OF):
             assert isinstance(func, cst.Call)
-            return updated_node.with_changes(func=func.args[0].value)
+            wrapped = func.args[0].value
+            if isinstance(wrapped, cst.Lambda):
+                return wrapped.body
+            return updated_node.with_changes(func=wrapped)
         return updated_node

@@ -30,8 +30,9 @@ from syncpass.transformers.common import CheckpointSite
 CHECKPOINT = "torch.utils.checkpoint.checkpoint"
 
 
-def _torch_checkpoint(call: cst.Call, exploded: bool) -> cst.Call:
-    """``checkpoint(fn, *args, use_reentrant=False, **kwargs)`` of ``fn(*args, **kwargs)``."""
+def _torch_checkpoint(call: cst.Call, exploded: bool, rebound: frozenset[str]) -> cst.Call:
+    """``checkpoint(fn, *args, use_reentrant=False, **kwargs)`` of ``fn(*args, **kwargs)``
+    (its arguments are passed, none closed over: ``rebound`` needs nothing)."""
     keyword = cst.Arg(
         value=cst.Name("False"),
         keyword=cst.Name("use_reentrant"),

@@ -316,7 +316,7 @@ def test_end_to_end_profile_rewrite_run_verify(file: str, stages: int, tmp_path:
     written = out.read_text()
     assert written.count("# syncpass sync") == stages - 1
     if recompute:
-        remat = "x = nn.remat(type(block).__call__)(block, x)"
+        remat = "x = nn.remat(lambda block, x: block(x))(block, x)"
         assert 0 < written.count(remat) == written.count("# syncpass recompute: blocks.")
         assert sum(f"blocks.{i}" in written for i in range(4)) == 4
     figures = tmp_path / "run.json"
