@@ -2,8 +2,10 @@
 
 The same steps as the torch backend's (:mod:`syncpass.backends.torch.rewrite`),
 with the JAX analysis (:mod:`syncpass.backends.jax.analysis`) and the JAX
-transformer (:mod:`syncpass.transformers.jax_transfer`): insert one
-``jax.device_put`` per sync site, and take syncpass's transfers out again. The
+transformers (:mod:`syncpass.transformers.jax_transfer`,
+:mod:`syncpass.transformers.jax_checkpoints`): insert one ``jax.device_put`` per sync
+site and rematerialise the blocks a plan recomputes (``--recompute``), and take both
+out again. The
 analysis hook is :func:`syncpass.backends.jax.analysis.analyse`; the driver
 (:mod:`syncpass.rewrite.driver`) plans and checks in between.
 
