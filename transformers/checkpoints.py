@@ -35,8 +35,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from syncpass.core.units import num_bytes, seconds
-from syncpass.frontend.analysis import match_container_loop, target_names
-from syncpass.transformers.common import LINE_WIDTH, CheckpointSite, slice_loop
+from syncpass.frontend.analysis import match_container_loop, match_scan_call, target_names
+from syncpass.transformers.common import LINE_WIDTH, CheckpointSite, scan_call_of, slice_loop
 
 #: Every checkpointed line syncpass writes carries a comment with this prefix.
 RECOMPUTE_COMMENT_PREFIX = "# syncpass recompute"
@@ -48,6 +48,14 @@ NAMES_WIDTH = 48
 
 class CheckpointRefused(Exception):
     """A planned op the code cannot checkpoint; the message says why."""
+
+
+#: ``(statement, sites by iteration, container sizes, module, column)`` -> the statement
+#: split into pieces, the recomputing ones checkpointed (``None``: not such a statement).
+SplitOther = Callable[
+    [cst.BaseStatement, Mapping[int | None, CheckpointSite], Mapping[str, int], cst.Module, int],
+    list[cst.BaseStatement] | None,
+]
 
 
 @dataclass(frozen=True)
@@ -64,6 +72,9 @@ class CheckpointForm:
     wrap: Callable[[cst.Call, bool, frozenset[str]], cst.Call]
     wraps_statement: Callable[[cst.BaseExpression], bool]
     statement_call: str = "one submodule (self.name(...))"
+    #: A statement of the backend's own that runs several layers (JAX's scan over stacked
+    #: weights), split into pieces that recompute or not; ``None`` for any other statement.
+    split_other: SplitOther | None = None
 
 
 def recompute_comment(sites: Sequence[CheckpointSite]) -> str:
@@ -121,8 +132,14 @@ def checkpoint_piece(
         here = by_statement[index]
         if None in here:
             out.append(_wrapped_statement(statement, here[None], module, column, form))
-        else:
-            out.extend(_split_loop(statement, here, sizes, module, column, form))
+            written.add(index)
+            continue
+        split = None
+        if form.split_other is not None:
+            split = form.split_other(statement, here, sizes, module, column)
+        if split is None:
+            split = _split_loop(statement, here, sizes, module, column, form)
+        out.extend(split)
         written.add(index)
     missing = [site.op for site in sites if site.statement not in written]
     if missing:
@@ -136,10 +153,18 @@ def _origin(
     wanted: Mapping[int, object],
 ) -> int | None:
     """Which of the function's statements (among ``wanted``) ``statement`` is, or is a slice
-    of (a loop the sync points split runs over a slice of the same container)."""
+    of (a loop or a scan the sync points split runs over a slice of the same container)."""
     for index in wanted:
         original = statements[index]
         if statement is original or statement.deep_equals(original):
+            return index
+        scan, whole = match_scan_call(statement), match_scan_call(original)
+        if (
+            scan is not None
+            and whole is not None
+            and (scan.root, scan.container) == (whole.root, whole.container)
+            and scan_call_of(statement).args[0].deep_equals(scan_call_of(original).args[0])
+        ):
             return index
         if isinstance(statement, cst.For) and isinstance(original, cst.For):
             one, two = match_container_loop(statement), match_container_loop(original)
@@ -224,7 +249,7 @@ def _wrapped_body(
         )
         found += count
         out.append(
-            _commented(changed, recompute_comment(sites), module, column) if count else changed
+            commented(changed, recompute_comment(sites), module, column) if count else changed
         )
     if found != 1:
         raise CheckpointRefused(
@@ -248,7 +273,7 @@ def _wrapped_statement(
             f"{site.op}: {form.who} a statement that calls "
             f"{form.statement_call}, and this one calls {count}"
         )
-    return _commented(changed, recompute_comment([site]), module, column)
+    return commented(changed, recompute_comment([site]), module, column)
 
 
 def _wrap(
@@ -321,7 +346,7 @@ def one_argument_a_line(call: cst.Call) -> cst.Call:
     return call.with_changes(args=laid, whitespace_before_args=item)
 
 
-def _commented(
+def commented(
     statement: cst.BaseStatement, comment: str, module: cst.Module, column: int
 ) -> cst.BaseStatement:
     """``statement  # comment``, or the comment on its own line above where the line would

@@ -28,11 +28,14 @@ from libcst.codemod import CodemodContext, VisitorBasedCodemodCommand
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
 from syncpass.frontend.analysis import (
+    STACK_SLICE,
     ContainerLoop,
     SequentialCall,
     dict_view,
     match_container_loop,
+    match_scan_call,
     match_sequential_call,
+    scan_parts,
 )
 
 #: Every sync line syncpass writes carries a comment with this prefix.
@@ -862,3 +865,61 @@ def imports_module(tree: cst.Module, name: str) -> bool:
         names=[m.ZeroOrMore(), m.ImportAlias(name=m.Name(name), asname=None), m.ZeroOrMore()]
     )
     return any(m.matches(statement, m.SimpleStatementLine(body=[plain])) for statement in tree.body)
+
+
+def scan_call_of(statement: cst.BaseStatement) -> cst.Call:
+    """The ``jax.lax.scan`` call of a statement :func:`match_scan_call` matched."""
+    assert isinstance(statement, cst.SimpleStatementLine)
+    assign = statement.body[0]
+    assert isinstance(assign, cst.Assign)
+    value = assign.value
+    if isinstance(value, cst.Subscript):  # carry = jax.lax.scan(...)[0]
+        value = value.value
+    assert isinstance(value, cst.Call)
+    return value
+
+
+def slice_scan(
+    statement: cst.BaseStatement, start: int | None, stop: int | None, init: str | None
+) -> cst.BaseStatement:
+    """The scan ``statement`` over ``[start:stop]`` of its stack (the whole stack, as the user
+    wrote it, for ``[None:None]``), starting from ``init`` when given."""
+    call = scan_call_of(statement)
+    parts = scan_parts(call)
+    assert parts is not None
+    stack = parts[1]
+    xs: cst.BaseExpression = stack
+    if start is not None or stop is not None:
+        lower = "" if start is None else str(start)
+        upper = "" if stop is None else str(stop)
+        wrapper = cst.parse_expression(f"{STACK_SLICE}(lambda w: w[{lower}:{upper}], stack)")
+        assert isinstance(wrapper, cst.Call)
+        xs = wrapper.with_changes(args=[wrapper.args[0], wrapper.args[1].with_changes(value=stack)])
+    args = list(call.args)
+    args[2] = args[2].with_changes(value=xs)
+    if init is not None:
+        args[1] = args[1].with_changes(value=cst.Name(init))
+    new_call = call.with_changes(args=args)
+    assert isinstance(statement, cst.SimpleStatementLine)
+    assign = statement.body[0]
+    assert isinstance(assign, cst.Assign)
+    value: cst.BaseExpression = new_call
+    if isinstance(assign.value, cst.Subscript):
+        value = assign.value.with_changes(value=new_call)
+    return statement.with_changes(body=[assign.with_changes(value=value)])
+
+
+def joined_scan(first: cst.BaseStatement, second: cst.BaseStatement) -> cst.BaseStatement | None:
+    """Two pieces of a split scan as one (the same step over adjacent slices of the same
+    stack, the second starting from the first's carry), or ``None`` if they are not."""
+    one, two = match_scan_call(first), match_scan_call(second)
+    if one is None or two is None or (one.root, one.container) != (two.root, two.container):
+        return None
+    if two.target != one.target or two.init != one.target or one.stop is None:
+        return None
+    if one.stop != two.start:
+        return None
+    first_call, second_call = scan_call_of(first), scan_call_of(second)
+    if not first_call.args[0].deep_equals(second_call.args[0]):
+        return None
+    return slice_scan(first, one.start, two.stop, None)

@@ -16,7 +16,8 @@ trace (remat's own arguments are traced), but for the names the loop binds on ea
 iteration (``x``), which the function takes as arguments: closing over a loop's variable
 is what linters flag (ruff's B023). In a plain JAX function the op is a call of a function
 by its name, ``h = jax.checkpoint(layer)(p, h)`` (``jax.checkpoint(lambda: layer(p, h,
-training=True))()`` where it passes keywords or constants). A loop of which
+training=True))()`` where it passes keywords or constants), or the steps of a scan over
+stacked layer weights, ``jax.lax.scan(jax.checkpoint(step), x, ...)``. A loop of which
 only some blocks recompute is split into sub-slices
 (:mod:`syncpass.transformers.checkpoints`). Each form computes what the call computes,
 forward and gradients; the comment on each line says what it frees and costs.
@@ -30,17 +31,21 @@ Nothing here imports jax.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 import libcst as cst
 import libcst.matchers as m
 
+from syncpass.frontend.analysis import match_scan_call
 from syncpass.transformers.checkpoints import (
     CheckpointForm,
     CheckpointRefused,
     checkpoint_piece,
+    commented,
     is_recompute_comment,
     is_self_path,
+    recompute_comment,
 )
 from syncpass.transformers.common import (
     CheckpointSite,
@@ -49,7 +54,10 @@ from syncpass.transformers.common import (
     find_function,
     imports_module,
     joined_loop,
+    joined_scan,
     replace_function,
+    scan_call_of,
+    slice_scan,
 )
 
 #: JAX's own: the checkpointed function of a plain JAX model.
@@ -173,12 +181,72 @@ def _constant(value: cst.BaseExpression) -> bool:
     )
 
 
-#: A plain JAX function: a call of a function by its name.
+def _split_scan(
+    statement: cst.BaseStatement,
+    sites: Mapping[int | None, CheckpointSite],
+    sizes: Mapping[str, int],
+    module: cst.Module,
+    column: int,
+) -> list[cst.BaseStatement] | None:
+    """A scan over stacked layer weights (or a slice of one) as scans over sub-slices, each
+    recomputing its steps or not: ``jax.lax.scan(jax.checkpoint(step), x, ...)``, the later
+    ones starting from the carry, as sync points split it; ``None`` for another statement."""
+    scan = match_scan_call(statement)
+    if scan is None:
+        return None
+    first = next(iter(sites.values()))
+    size = sizes.get(scan.container)
+    if size is None:
+        raise CheckpointRefused(f"{first.op}: the length of {scan.container} is not known")
+    iterations = scan.iterations(size)
+    runs = [
+        (recomputed, list(group))
+        for recomputed, group in itertools.groupby(iterations, key=lambda i: i in sites)
+    ]
+    out: list[cst.BaseStatement] = []
+    for position, (recomputed, items) in enumerate(runs):
+        start = scan.start if position == 0 else items[0]
+        stop = scan.stop if position == len(runs) - 1 else items[-1] + 1
+        piece = statement
+        if len(runs) > 1:
+            piece = slice_scan(statement, start, stop, scan.target if position else None)
+        if position:
+            piece = piece.with_changes(leading_lines=())
+        if recomputed:
+            call = scan_call_of(piece)
+            step = call.args[0].with_changes(
+                value=cst.Call(
+                    func=cst.parse_expression(JAX_CHECKPOINT),
+                    args=[cst.Arg(call.args[0].value)],
+                )
+            )
+            stepped = call.with_changes(args=[step, *call.args[1:]])
+            changed = piece.visit(_Replaced(call, stepped))
+            assert isinstance(changed, cst.SimpleStatementLine)
+            piece = commented(changed, recompute_comment([sites[i] for i in items]), module, column)
+        out.append(piece)
+    return out
+
+
+class _Replaced(cst.CSTTransformer):
+    """The tree with the call ``old`` (itself, not an equal one) replaced by ``new``."""
+
+    def __init__(self, old: cst.Call, new: cst.Call) -> None:
+        super().__init__()
+        self.old, self.new = old, new
+
+    def leave_Call(self, original_node: cst.Call, updated_node: cst.Call) -> cst.Call:
+        return self.new if original_node is self.old else updated_node
+
+
+#: A plain JAX function: a call of a function by its name, and the steps of a scan over
+#: stacked layer weights.
 JAX_FUNCTION = CheckpointForm(
     "the JAX rewrite rematerialises",
     _jax_checkpoint,
     lambda func: isinstance(func, cst.Name),
     "one function by its name (f(...))",
+    split_other=_split_scan,
 )
 
 
@@ -271,7 +339,9 @@ def _joined(statements: Sequence[cst.BaseStatement], touched: set[int]) -> list[
     joins_next = False  # the last kept statement held a recompute line (or was joined)
     for position, statement in enumerate(statements):
         ours = position in touched
-        loop = joined_loop(kept[-1], statement) if kept and (joins_next or ours) else None
+        loop = None
+        if kept and (joins_next or ours):
+            loop = joined_loop(kept[-1], statement) or joined_scan(kept[-1], statement)
         if loop is not None:
             kept[-1] = loop
             joins_next = True
@@ -314,6 +384,7 @@ _REMAT_OF_CALL = m.Call(
     ),
     args=[m.Arg(keyword=None, star=""), m.ZeroOrMore(m.Arg(value=m.Name(), keyword=None))],
 )
+_SCAN = m.Attribute(value=m.Attribute(value=m.Name("jax"), attr=m.Name("lax")), attr=m.Name("scan"))
 _JAX_CHECKPOINT_OF = m.Call(
     func=m.Attribute(value=m.Name("jax"), attr=m.Name("checkpoint")),
     args=[m.Arg(keyword=None, star="")],
@@ -337,4 +408,10 @@ class _UnwrapCalls(cst.CSTTransformer):
             if isinstance(wrapped, cst.Lambda):
                 return wrapped.body
             return updated_node.with_changes(func=wrapped)
+        if m.matches(func, _SCAN) and updated_node.args:
+            step = updated_node.args[0]
+            if m.matches(step.value, _JAX_CHECKPOINT_OF):
+                assert isinstance(step.value, cst.Call)
+                unwrapped = step.with_changes(value=step.value.args[0].value)
+                return updated_node.with_changes(args=[unwrapped, *updated_node.args[1:]])
         return updated_node

@@ -48,7 +48,7 @@ import libcst.matchers as m
 from libcst.codemod import Codemod, CodemodContext
 from libcst.codemod.visitors import AddImportsVisitor, ImportItem
 
-from syncpass.frontend.analysis import STACK_SLICE, match_scan_call, scan_parts
+from syncpass.frontend.analysis import match_scan_call
 from syncpass.transformers.common import (
     LINE_WIDTH,
     SYNC_COMMENT_PREFIX,
@@ -60,7 +60,9 @@ from syncpass.transformers.common import (
     every_function,
     find_function,
     imports_module,
+    joined_scan,
     replace_function,
+    slice_scan,
     sync_comment,
 )
 
@@ -185,52 +187,10 @@ class InsertDevicePutsCommand(InsertSyncPointsCommand):
             scan.stop,
             sites,
             tree,
-            lambda position, start, stop: _scan_over(
+            lambda position, start, stop: slice_scan(
                 statement, start, stop, scan.target if position else None
             ),
         )
-
-
-def _scan_of(statement: cst.BaseStatement) -> cst.Call:
-    """The ``jax.lax.scan`` call of a statement :func:`match_scan_call` matched."""
-    assert isinstance(statement, cst.SimpleStatementLine)
-    assign = statement.body[0]
-    assert isinstance(assign, cst.Assign)
-    value = assign.value
-    if isinstance(value, cst.Subscript):  # carry = jax.lax.scan(...)[0]
-        value = value.value
-    assert isinstance(value, cst.Call)
-    return value
-
-
-def _scan_over(
-    statement: cst.BaseStatement, start: int | None, stop: int | None, init: str | None
-) -> cst.BaseStatement:
-    """The scan ``statement`` over ``[start:stop]`` of its stack (the whole stack, as the user
-    wrote it, for ``[None:None]``), starting from ``init`` when given."""
-    call = _scan_of(statement)
-    parts = scan_parts(call)
-    assert parts is not None
-    stack = parts[1]
-    xs: cst.BaseExpression = stack
-    if start is not None or stop is not None:
-        lower = "" if start is None else str(start)
-        upper = "" if stop is None else str(stop)
-        wrapper = cst.parse_expression(f"{STACK_SLICE}(lambda w: w[{lower}:{upper}], stack)")
-        assert isinstance(wrapper, cst.Call)
-        xs = wrapper.with_changes(args=[wrapper.args[0], wrapper.args[1].with_changes(value=stack)])
-    args = list(call.args)
-    args[2] = args[2].with_changes(value=xs)
-    if init is not None:
-        args[1] = args[1].with_changes(value=cst.Name(init))
-    new_call = call.with_changes(args=args)
-    assert isinstance(statement, cst.SimpleStatementLine)
-    assign = statement.body[0]
-    assert isinstance(assign, cst.Assign)
-    value: cst.BaseExpression = new_call
-    if isinstance(assign.value, cst.Subscript):
-        value = assign.value.with_changes(value=new_call)
-    return statement.with_changes(body=[assign.with_changes(value=value)])
 
 
 class RemoveDevicePutsCommand(RemoveSyncPointsCommand):
@@ -249,19 +209,8 @@ class RemoveDevicePutsCommand(RemoveSyncPointsCommand):
     def join_other(
         self, first: cst.BaseStatement, second: cst.BaseStatement
     ) -> cst.BaseStatement | None:
-        """Two pieces of a split scan: the same step over adjacent slices of the same stack,
-        the second starting from the first's carry."""
-        one, two = match_scan_call(first), match_scan_call(second)
-        if one is None or two is None or (one.root, one.container) != (two.root, two.container):
-            return None
-        if two.target != one.target or two.init != one.target or one.stop is None:
-            return None
-        if one.stop != two.start:
-            return None
-        first_call, second_call = _scan_of(first), _scan_of(second)
-        if not first_call.args[0].deep_equals(second_call.args[0]):
-            return None
-        return _scan_over(first, one.start, two.stop, None)
+        """Two pieces of a split scan (:func:`~syncpass.transformers.common.joined_scan`)."""
+        return joined_scan(first, second)
 
     def transform_module_impl(self, tree: cst.Module) -> cst.Module:
         for index, member_index, function, _ in every_function(tree):

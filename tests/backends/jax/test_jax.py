@@ -132,10 +132,12 @@ def forward(params, x):
 RUN_STAGES = [4]
 
 
-def rewrite_run_verify(data_file: str, stages: int, tmp_path: Path) -> str:
+def rewrite_run_verify(
+    data_file: str, stages: int, tmp_path: Path, options: tuple[str, ...] = ()
+) -> str:
     """``rewrite --example`` of a file of tests/data into ``stages`` stages, planned for
-    balance alone (``--threshold inf``: the model is small beside this machine's link), then
-    ``run --verify``, checked; the rewritten text."""
+    balance alone (``--threshold inf``: the model is small beside this machine's link) with
+    ``options``, then ``run --verify``, checked; the rewritten text."""
     model = tmp_path / data_file
     original = (DATA / data_file).read_text()
     model.write_text(original)
@@ -144,7 +146,7 @@ def rewrite_run_verify(data_file: str, stages: int, tmp_path: Path) -> str:
     syncpass = [sys.executable, "-m", "syncpass"]
     for args in (
         ["rewrite", "--backend", "jax", str(model), "--example", f"{model}:example",
-         "--stages", str(stages), "--threshold", "inf", "-o", str(out)],
+         "--stages", str(stages), "--threshold", "inf", *options, "-o", str(out)],
         ["run", "--backend", "jax", "--stages", str(stages), "--verify", str(out),
          "--steps", "1", "--json-report", str(figures)],
     ):  # fmt: skip
@@ -983,8 +985,12 @@ def test_a_split_scan_runs_over_slices_of_the_stack_and_strips_back(form: str) -
 @pytest.mark.slow
 @pytest.mark.parametrize("stages", RUN_STAGES)
 def test_a_scan_model_splits_between_layers_and_verifies(stages: int, tmp_path: Path) -> None:
-    written = rewrite_run_verify("jax_scan_layers.py", stages, tmp_path)
+    # Every layer recomputes as well: each piece's step goes through jax.checkpoint.
+    options = ("--recompute", "all")
+    written = rewrite_run_verify("jax_scan_layers.py", stages, tmp_path, options)
     assert "jax.tree.map(lambda w: w[" in written  # the scan was split between layers
+    step = "jax.checkpoint(functools.partial(block, mask=mask))"
+    assert written.count(step) == written.count("jax.lax.scan(") >= 2
 
 
 SCAN_SLICES_CHECK = """

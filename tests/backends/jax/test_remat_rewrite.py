@@ -149,3 +149,29 @@ def test_a_statement_that_calls_no_function_by_name_is_refused(
     assert "w1: the JAX rewrite rematerialises a statement that calls one function by its " in err
     assert "name (f(...)), and this one calls 0" in err
     assert str(mlp) in err
+
+
+def test_a_scan_over_stacked_layers_recomputes_its_steps_in_sub_scans(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The canonical JAX layer stack, one ``jax.lax.scan`` over stacked weights: a piece
+    whose layers recompute scans ``jax.checkpoint(step)``, split where only some do."""
+    scan = REPO / "tests" / "data" / "jax_scan_layers.py"
+    ops = ("jax.numpy.tril@L24", "embed", *(f"layers.{i}" for i in range(6)), "head")
+    costs = costs_file(tmp_path / "scan.costs.json", ops, 3.5 * MIB, ops[2:8])
+    document = json.loads(costs.read_text())
+    costs.write_text(json.dumps({**document, "model": "forward"}))
+    argv = [str(scan), "--costs", str(costs), *PLAN, "--stages", "2", "--recompute", "auto"]
+    status, out, err = rewrite(argv, capsys)
+    assert status == 0, err
+    assert "stage 0 recomputes layers.0, layers.1 " in err
+    assert "stage 1 recomputes layers.3, layers.4 " in err
+    lines = [line.strip() for line in out.splitlines()]
+    scans = [line for line in lines if line.startswith("x, _ = jax.lax.scan(")]
+    step = "functools.partial(block, mask=mask)"
+    slices = ["w[:2]", "w[2:3]", "w[3:5]", "w[5:]"]
+    assert all(f"lambda w: {part}," in line for line, part in zip(scans, slices, strict=True))
+    assert [f"jax.checkpoint({step})" in line for line in scans] == [True, False, True, False]
+    for line, ops_named in ((scans[0], "layers.0, layers.1"), (scans[2], "layers.3, layers.4")):
+        assert lines[lines.index(line) - 1].startswith(f"# syncpass recompute: {ops_named}; ")
+    assert strip_jax_sync_points(out, "scan_sync.py") == scan.read_text()
