@@ -20,7 +20,9 @@ training=True))()`` where it passes keywords or constants), or the steps of a sc
 stacked layer weights, ``jax.lax.scan(jax.checkpoint(step), x, ...)``. A loop of which
 only some blocks recompute is split into sub-slices
 (:mod:`syncpass.transformers.checkpoints`). Each form computes what the call computes,
-forward and gradients; the comment on each line says what it frees and costs.
+forward and gradients; the comment on each line says what it frees and costs. The forms
+keep the call's own layout, and a wrapped line wider than the formatter's stays on its
+line (a formatter may lay it out); its comment then goes above it.
 
 :func:`remove_remat` gives the user's lines back byte for byte (the call inside each
 form is the user's, its function put back): it unwraps every line that carries a
