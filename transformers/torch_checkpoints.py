@@ -14,17 +14,9 @@ Nothing here imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import libcst as cst
 
-from syncpass.transformers.checkpoints import (
-    CheckpointForm,
-    checkpoint_piece,
-    is_self_path,
-    one_argument_a_line,
-)
-from syncpass.transformers.common import CheckpointSite
+from syncpass.transformers.checkpoints import CheckpointForm, is_self_path, one_argument_a_line
 
 #: The function the stages checkpoint with (the model's file binds ``torch``).
 CHECKPOINT = "torch.utils.checkpoint.checkpoint"
@@ -52,16 +44,3 @@ def _torch_checkpoint(call: cst.Call, exploded: bool, rebound: frozenset[str]) -
 
 #: torch's eager stages: a submodule's call, checkpointed without reentrancy.
 TORCH_STAGES = CheckpointForm("the stages checkpoint", _torch_checkpoint, is_self_path)
-
-
-def checkpoint_stage_piece(
-    piece: Sequence[cst.BaseStatement],
-    statements: Sequence[cst.BaseStatement],
-    sites: Sequence[CheckpointSite],
-    sizes: Mapping[str, int],
-    module: cst.Module,
-    column: int,
-) -> list[cst.BaseStatement]:
-    """A stage's statements ``piece`` with the ops of ``sites`` checkpointed
-    (:func:`~syncpass.transformers.checkpoints.checkpoint_piece` in torch's form)."""
-    return checkpoint_piece(piece, statements, sites, sizes, module, column, TORCH_STAGES)

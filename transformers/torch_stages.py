@@ -62,7 +62,7 @@ from syncpass.contracts.costs import (
     pytree_template,
 )
 from syncpass.frontend.analysis import self_path
-from syncpass.transformers.checkpoints import CheckpointRefused
+from syncpass.transformers.checkpoints import CheckpointRefused, checkpoint_piece
 from syncpass.transformers.common import (
     LINE_WIDTH,
     CheckpointSite,
@@ -71,7 +71,7 @@ from syncpass.transformers.common import (
     is_sync_comment,
     sync_comment,
 )
-from syncpass.transformers.torch_checkpoints import checkpoint_stage_piece
+from syncpass.transformers.torch_checkpoints import TORCH_STAGES
 
 #: The comment that opens the block of stage classes syncpass writes.
 STAGES_COMMENT = "# syncpass stages"
@@ -930,7 +930,7 @@ def insert_stages(
     plan was made for, with the model's own methods inlined; ``module`` itself
     when not given), the classes go into ``module``. With one stage (no sync
     point) the module is returned unchanged. The ops of ``checkpoints`` recompute in
-    the backward (:mod:`syncpass.transformers.torch_checkpoints`; ``sizes`` are the
+    the backward (:mod:`syncpass.transformers.checkpoints`, torch's form; ``sizes`` are the
     layer containers' lengths), and each stage that has some lists them in ``recomputes``.
     """
     if len(stages) < 2 and not checkpoints:
@@ -981,7 +981,9 @@ def insert_stages(
             assert isinstance(forward.body, cst.IndentedBlock)
             column = 4 + len(forward.body.indent or module.default_indent)
             try:
-                piece = checkpoint_stage_piece(piece, statements, own, sizes or {}, module, column)
+                piece = checkpoint_piece(
+                    piece, statements, own, sizes or {}, module, column, TORCH_STAGES
+                )
             except CheckpointRefused as refused:
                 return module, (f"stage {stage.index}: {refused}",)
             stage = dataclasses.replace(stage, recomputes=tuple(site.op for site in own))
