@@ -163,7 +163,7 @@ def gather_flax_sites(module: cst.Module) -> tuple[list[FlaxConstruction], list[
     return visitor.constructions, visitor.calls
 
 
-def _headsdivided_by_tp_size(call: cst.Call, features: int) -> cst.Call:
+def _heads_divided(call: cst.Call, features: int) -> cst.Call:
     """An attention module's construction with ``num_heads`` (its keyword or first
     positional argument) and ``qkv_features`` (given, else ``features``) divided."""
     args = list(call.args)
@@ -244,9 +244,7 @@ class InsertFlaxCollectivesCommand(VisitorBasedCodemodCommand):
         args = list(call.args)
         if edits[0].kind == "heads":
             self.done.update(edits)
-            return updated_node.with_changes(
-                value=_headsdivided_by_tp_size(call, edits[0].features)
-            )
+            return updated_node.with_changes(value=_heads_divided(call, edits[0].features))
         for index, arg in enumerate(args):
             if (arg.keyword is None and not arg.star) or (
                 arg.keyword is not None and arg.keyword.value == "features"

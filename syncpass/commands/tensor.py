@@ -171,13 +171,13 @@ def run_tensor_plan(args: argparse.Namespace, overrides: Overrides) -> int:
         check_tensor_request(graph, args.tp, costs.hardware.devices)
         plan = plan_tensor(graph, link_for(costs.hardware), request, **settings_of_plan)  # type: ignore[arg-type]
     document = json.dumps(tensor_plan_to_json(plan), indent=2) + "\n"
-    sys.stdout.write(document if _wants_json(args, document) else render_tensor_plan(plan))
+    sys.stdout.write(document if _write_document(args, document) else render_tensor_plan(plan))
     return EXIT_OK
 
 
-def _wants_json(args: argparse.Namespace, document: str) -> bool:
-    """Write ``document`` to ``-o FILE``; whether stdout gets it too (``--json``, ``-o -``)
-    instead of the report."""
+def _write_document(args: argparse.Namespace, document: str) -> bool:
+    """Write the plan's JSON ``document`` to ``-o FILE``, and say whether stdout gets it
+    (``--json``, ``-o -``) instead of the report."""
     if args.output is not None and str(args.output) == "-":
         return True
     if args.output is not None:
@@ -335,7 +335,7 @@ def _run_tensor_stages_plan(args: argparse.Namespace, overrides: Overrides) -> i
         )
         + "\n"
     )
-    if _wants_json(args, document):
+    if _write_document(args, document):
         sys.stdout.write(document)
         return EXIT_OK
     sys.stdout.write(render_tensor_plan(staged.tensor))

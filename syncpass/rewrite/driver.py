@@ -193,8 +193,8 @@ def apply_plan(source: ModelSource, plan: Plan, backend: SyncWriter, path: str) 
         module, warnings = backend.insert(source, sites, path)
     warnings = tuple(warnings)
     if warnings and (plan.sync_points or plan.checkpointed):
-        parts = ["sync points"] if plan.sync_points else []
-        what = " and ".join([*parts, "recomputation"] if plan.checkpointed else parts)
+        planned = (("sync points", plan.sync_points), ("recomputation", plan.checkpointed))
+        what = " and ".join(name for name, some in planned if some)
         raise SyncpassError(f"could not place the planned {what}: " + "; ".join(warnings), path)
     rewritten: str = module.code
     if rewritten != source.text:  # output equal to the input was verified when it was read
@@ -268,13 +268,10 @@ def _rewrite_plain(
     matched = steer_by_source(source.graph, match_costs(source.graph, costs))
     if recompute is not None:
         if backend.insert_checkpointed is None and recompute != "none":
-            why = {
-                "torch": "torch's tracer splits the forward as written; write eager stages "
-                "(--backend torch_stages)",
-            }.get(backend.name, "write eager stages (--backend torch_stages)")
             raise SyncpassError(
                 f"--recompute {recompute}: --backend {backend.name} cannot write activation "
-                f"checkpointing ({why}), or drop --recompute",
+                "checkpointing (it splits the forward as written); write eager stages "
+                "(--backend torch_stages), or drop --recompute",
                 path,
             )
         if request.stages is None and max_stages is not None:
