@@ -302,8 +302,9 @@ def fake_example(spec: str, mode: contextlib.AbstractContextManager[Any]) -> Exa
 def smaller_batch(
     args: tuple[Any, ...], target: Any, loss_fn: Callable[[Any, Any], torch.Tensor]
 ) -> tuple[tuple[Any, ...], Callable[[Any], torch.Tensor]] | None:
-    """The first quarter of the example's batch, with its loss, or ``None`` when it
-    cannot be cut (a batch under 4, or inputs or target without the batch dimension).
+    """The first eighth of the example's batch (:data:`SMALL_BATCH_DIVISOR`; at least one
+    sample), with its loss, or ``None`` when it cannot be cut (a batch under 2, or inputs
+    or target without the batch dimension).
     A ``None`` target (the default loss, which ignores it) stays ``None``."""
     import torch
 
@@ -313,9 +314,9 @@ def smaller_batch(
     if not tensors or tensors[0].dim() == 0:
         return None
     size = int(tensors[0].shape[0])
-    small = size // SMALL_BATCH_DIVISOR
-    if small < 1:
+    if size < 2:
         return None
+    small = max(1, size // SMALL_BATCH_DIVISOR)
 
     def cut(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == size:

@@ -586,7 +586,7 @@ def test_command_writes_a_cost_file_that_rewrite_accepts(
     assert f"wrote {output}" in capsys.readouterr().err
     costs = load_costs(output)
     assert costs.model == "Skip"
-    # The command also times a quarter batch: on ops this small, a call's fixed
+    # The command also times an eighth of the batch: on ops this small, a call's fixed
     # cost is most of its time, so some op must show one.
     assert any(op.fixed_s > 0 for op in costs.ops)
     assert all(op.fixed_s <= op.compute_s for op in costs.ops)
@@ -698,10 +698,10 @@ def test_fixed_part_is_the_intercept_of_the_line_through_both_batches() -> None:
         fixed_part(1.0, 1.0, 2, 2)
 
 
-def test_a_quarter_batch_that_fails_costs_only_the_fixed_parts(
+def test_a_small_batch_that_fails_costs_only_the_fixed_parts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # BatchNorm cannot train on one sample: the quarter of a batch of 6 fails, the profile not.
+    # BatchNorm cannot train on one sample: the eighth of a batch of 6 fails, the profile not.
     model = tmp_path / "bn_model.py"
     model.write_text(
         textwrap.dedent(
@@ -739,7 +739,7 @@ def test_a_quarter_batch_that_fails_costs_only_the_fixed_parts(
     assert "per-call fixed times not measured" in capsys.readouterr().err
     costs = load_costs(output)
     assert all(op.fixed_s == 0 for op in costs.ops)
-    assert any("quarter of the batch failed" in note for note in costs.notes)
+    assert any("eighth of the batch failed" in note for note in costs.notes)
 
 
 @dataclass
