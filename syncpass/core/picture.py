@@ -29,6 +29,7 @@ AXIS: RGB = (96, 96, 96)
 FORWARD: RGB = (66, 133, 244)
 BACKWARD: RGB = (52, 168, 83)
 TRANSFER: RGB = (219, 68, 55)
+POSTING: RGB = (244, 180, 0)
 OTHER: RGB = (160, 160, 160)  # a span of a kind the chart does not name
 
 # The classic 5x7 font, ASCII ' ' (32) to '~' (126), with an eighth row for the tails of
@@ -107,6 +108,7 @@ RUN_KINDS = (
     Kind("forward", "forward", FORWARD),
     Kind("backward", "backward", BACKWARD),
     Kind("wait", "waiting on transfers", TRANSFER),
+    Kind("post", "posting transfers", POSTING),
 )
 
 

@@ -11,12 +11,15 @@ Inside the block, each rank records the spans its pipeline stage
 (``torch.distributed.pipelining.PipelineStage``, or anything with
 ``forward_one_chunk``/``backward_one_chunk``; a list of them where a rank holds
 several stages) spends computing forward and backward micro-batches (a
-zero-bubble schedule's ``backward_weight_one_chunk`` counts as backward), and
-the spans it is blocked waiting for transfers (the schedule's waits on its
-sends and receives). From them:
+zero-bubble schedule's ``backward_weight_one_chunk`` counts as backward), the
+spans it posts transfers (the schedule's batch of sends and receives for an
+action: ``post``) and the spans it is blocked waiting for them (its waits on
+those sends and receives: ``wait``). Posting is no wait in principle, but with
+gloo on a CPU a post made as the peer posts can block for milliseconds (the
+README's "Predictions against the run"), so it is shown apart. From them:
 
 * ``compute_s``: time in the stage's own forward and backward;
-* ``sync_time_s``: time blocked on transfers;
+* ``sync_time_s``: time posting and blocked on transfers;
 * ``comm_wait_ratio``: ``sync_time_s`` over the block's wall time;
 * ``other_s``: the rest (the runtime's own work, the loss, idling in bubbles).
 
@@ -25,8 +28,9 @@ With ``torch.distributed`` initialised, every rank must enter the profile
 with a gather): rank 0 gathers every rank's figures and writes the JSON
 report and a timeline picture (:mod:`syncpass.core.picture`); without it,
 the one process writes its own. The transfer waits are found through the
-schedule module's wait helper, which torch does not promise to keep: when
-it is missing, transfers show as ``other_s`` and the report says so.
+schedule module's wait and post helpers, which torch does not promise to keep: when
+the wait helper is missing, transfers show as ``other_s`` and the report says so (a
+missing post helper leaves the posting in ``other_s``).
 
 Importing this module does not import torch; entering a profile does.
 """
@@ -46,6 +50,7 @@ from syncpass.core.picture import Span, draw_timeline
 from syncpass.core.units import seconds
 
 _WAIT_HELPER = "_wait_batch_p2p"
+_POST_HELPER = "_batch_p2p"
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,7 @@ class Profile:
                     self._wrap_method(stage, f"{kind}_one_chunk", kind)
                 if hasattr(stage, "backward_weight_one_chunk"):
                     self._wrap_method(stage, "backward_weight_one_chunk", "backward")
-            self._wrap_waits()
+            self._wrap_transfers()
         except BaseException:
             for restore in reversed(self._restore):
                 restore()
@@ -185,7 +190,7 @@ class Profile:
 
         self._restore.append(restore)
 
-    def _wrap_waits(self) -> None:
+    def _wrap_transfers(self) -> None:
         from torch.distributed.pipelining import schedules
 
         original = getattr(schedules, _WAIT_HELPER, None)
@@ -194,13 +199,18 @@ class Profile:
             return
         setattr(schedules, _WAIT_HELPER, self._record("wait", original))
         self._restore.append(lambda: setattr(schedules, _WAIT_HELPER, original))
+        posting = getattr(schedules, _POST_HELPER, None)
+        if callable(posting):
+            setattr(schedules, _POST_HELPER, self._record("post", posting))
+            self._restore.append(lambda: setattr(schedules, _POST_HELPER, posting))
 
     def _figures(self, elapsed: float) -> RankFigures:
         import torch.distributed as dist
 
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        compute = sum(s.end_s - s.start_s for s in self._spans if s.kind != "wait")
-        waiting = sum(s.end_s - s.start_s for s in self._spans if s.kind == "wait")
+        transfers = ("wait", "post")
+        compute = sum(s.end_s - s.start_s for s in self._spans if s.kind not in transfers)
+        waiting = sum(s.end_s - s.start_s for s in self._spans if s.kind in transfers)
         return RankFigures(
             rank=rank,
             elapsed_s=elapsed,

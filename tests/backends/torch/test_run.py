@@ -268,6 +268,12 @@ def test_resnet_two_stages_verified(tmp_path: Path, capsys: pytest.CaptureFixtur
     for rank in profile["ranks"]:
         assert rank["forward_calls"] == rank["backward_calls"] == 2 * 3
         assert 0 <= rank["comm_wait_ratio"] <= 1
+        # Posting the transfers is a span of its own, counted as sync time, not compute.
+        spans = {kind: sum(end - start for name, start, end in rank["spans"] if name == kind)
+                 for kind in ("forward", "backward", "wait", "post")}  # fmt: skip
+        assert spans["post"] > 0
+        assert rank["sync_time_s"] == pytest.approx(spans["wait"] + spans["post"])
+        assert rank["compute_s"] == pytest.approx(spans["forward"] + spans["backward"])
     assert timeline.with_suffix(".png").read_bytes().startswith(b"\x89PNG")
     assert f"wrote {timeline}.json" in err
 
