@@ -205,7 +205,7 @@ def _plan(
         example_args,
         batch_loss,
         class_name=type(model).__name__,
-        small_batch=smaller_batch(example_args, target, loss),
+        small_batch=smaller_batch(example_args, target, loss, model),
     )
     costs, spec_of = splittable(costs, model)
     if stages > 1 and not costs.cuts:

@@ -242,7 +242,9 @@ def measure_file(
             threads=threads,
             progress=progress,
             depth=depth,
-            small_batch=None if meta else smaller_batch(loaded.args, loaded.target, loaded.loss_fn),
+            small_batch=None
+            if meta
+            else smaller_batch(loaded.args, loaded.target, loaded.loss_fn, loaded.model),
             counted_on=hardware,
             refine=refine,
         )
@@ -300,23 +302,32 @@ def fake_example(spec: str, mode: contextlib.AbstractContextManager[Any]) -> Exa
 
 
 def smaller_batch(
-    args: tuple[Any, ...], target: Any, loss_fn: Callable[[Any, Any], torch.Tensor]
+    args: tuple[Any, ...],
+    target: Any,
+    loss_fn: Callable[[Any, Any], torch.Tensor],
+    model: torch.nn.Module | None = None,
 ) -> tuple[tuple[Any, ...], Callable[[Any], torch.Tensor]] | None:
     """The first eighth of the example's batch (:data:`SMALL_BATCH_DIVISOR`; at least one
-    sample), with its loss, or ``None`` when it cannot be cut (a batch under 2, or inputs
-    or target without the batch dimension).
+    sample, and at least what ``model``'s batch norms in training take, the smallest
+    micro-batch a plan runs), with its loss, or ``None`` when it cannot be cut (a batch
+    under 2, a floor of the whole batch, or inputs or target without the batch dimension).
     A ``None`` target (the default loss, which ignores it) stays ``None``."""
     import torch
 
     from syncpass.backends.torch.measure import SMALL_BATCH_DIVISOR
+    from syncpass.backends.torch.norms import batch_norm_floor
 
     tensors = [value for value in args if isinstance(value, torch.Tensor)]
     if not tensors or tensors[0].dim() == 0:
         return None
     size = int(tensors[0].shape[0])
-    if size < 2:
-        return None
     small = max(1, size // SMALL_BATCH_DIVISOR)
+    if model is not None and any(
+        isinstance(module, torch.nn.modules.batchnorm._BatchNorm) for module in model.modules()
+    ):
+        small = max(small, batch_norm_floor(model, args, size).size)
+    if small >= size:
+        return None
 
     def cut(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == size:

@@ -701,7 +701,51 @@ def test_fixed_part_is_the_intercept_of_the_line_through_both_batches() -> None:
 def test_a_small_batch_that_fails_costs_only_the_fixed_parts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # BatchNorm cannot train on one sample: the eighth of a batch of 6 fails, the profile not.
+    # A model that hard-codes its batch: the eighth of the batch fails, the profile not.
+    model = tmp_path / "fixed_batch_model.py"
+    model.write_text(
+        textwrap.dedent(
+            """\
+            import torch
+            from torch import nn
+
+
+            class Net(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.a = nn.Linear(8, 8)
+                    self.b = nn.Linear(8, 2)
+
+                def forward(self, x):
+                    x = self.a(x)
+                    x = x.reshape(16, 8)
+                    x = self.b(x)
+                    return x
+
+
+            def example():
+                return Net(), (torch.randn(16, 8),)
+            """
+        )
+    )
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    output = tmp_path / "fixed.costs.json"
+    argv = ["profile", str(model), "-o", str(output), "--repeats", "1", "--warmup", "0"]
+    try:
+        assert run_command(argv) == 0
+    finally:
+        sys.modules.pop("fixed_batch_model", None)
+    assert "per-call fixed times not measured" in capsys.readouterr().err
+    costs = load_costs(output)
+    assert all(op.fixed_s == 0 for op in costs.ops)
+    assert any("eighth of the batch failed" in note for note in costs.notes)
+
+
+def test_the_small_batch_is_one_the_batch_norms_take(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # BatchNorm1d trains on no fewer than 2 samples: the small batch of a batch of 6 is 2
+    # (the smallest micro-batch a plan runs), not the eighth's 1, which would fail.
     model = tmp_path / "bn_model.py"
     model.write_text(
         textwrap.dedent(
@@ -736,10 +780,10 @@ def test_a_small_batch_that_fails_costs_only_the_fixed_parts(
         assert run_command(argv) == 0
     finally:
         sys.modules.pop("bn_model", None)
-    assert "per-call fixed times not measured" in capsys.readouterr().err
+    assert "per-call fixed times not measured" not in capsys.readouterr().err
     costs = load_costs(output)
-    assert all(op.fixed_s == 0 for op in costs.ops)
-    assert any("eighth of the batch failed" in note for note in costs.notes)
+    assert not any("fixed times not measured" in note for note in costs.notes)
+    assert costs.min_microbatch_size == 2
 
 
 @dataclass
