@@ -698,45 +698,52 @@ def test_fixed_part_is_the_intercept_of_the_line_through_both_batches() -> None:
         fixed_part(1.0, 1.0, 2, 2)
 
 
-def test_a_small_batch_that_fails_costs_only_the_fixed_parts(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # A model that hard-codes its batch: the eighth of the batch fails, the profile not.
-    model = tmp_path / "fixed_batch_model.py"
-    model.write_text(
-        textwrap.dedent(
-            """\
-            import torch
-            from torch import nn
+#: A two-layer net whose forward runs ``{middle}`` between its layers, and an example of
+#: ``{batch}`` samples.
+_SMALL_NET = """\
+import torch
+from torch import nn
 
 
-            class Net(nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.a = nn.Linear(8, 8)
-                    self.b = nn.Linear(8, 2)
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.bn = nn.BatchNorm1d(8)
+        self.b = nn.Linear(8, 2)
 
-                def forward(self, x):
-                    x = self.a(x)
-                    x = x.reshape(16, 8)
-                    x = self.b(x)
-                    return x
+    def forward(self, x):
+        x = self.a(x)
+        x = {middle}
+        x = self.b(x)
+        return x
 
 
-            def example():
-                return Net(), (torch.randn(16, 8),)
-            """
-        )
-    )
+def example():
+    return Net(), (torch.randn({batch}, 8),)
+"""
+
+
+def _profiled(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, middle: str, batch: int) -> Path:
+    """The cost file ``syncpass profile`` writes for :data:`_SMALL_NET`."""
+    model = tmp_path / "small_net.py"
+    model.write_text(_SMALL_NET.format(middle=middle, batch=batch))
     monkeypatch.setattr(sys, "path", list(sys.path))
-    output = tmp_path / "fixed.costs.json"
+    output = tmp_path / "small_net.costs.json"
     argv = ["profile", str(model), "-o", str(output), "--repeats", "1", "--warmup", "0"]
     try:
         assert run_command(argv) == 0
     finally:
-        sys.modules.pop("fixed_batch_model", None)
+        sys.modules.pop("small_net", None)
+    return output
+
+
+def test_a_small_batch_that_fails_costs_only_the_fixed_parts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A forward that hard-codes its batch: the eighth of the batch fails, the profile not.
+    costs = load_costs(_profiled(tmp_path, monkeypatch, "x.reshape(16, 8)", 16))
     assert "per-call fixed times not measured" in capsys.readouterr().err
-    costs = load_costs(output)
     assert all(op.fixed_s == 0 for op in costs.ops)
     assert any("eighth of the batch failed" in note for note in costs.notes)
 
@@ -746,42 +753,8 @@ def test_the_small_batch_is_one_the_batch_norms_take(
 ) -> None:
     # BatchNorm1d trains on no fewer than 2 samples: the small batch of a batch of 6 is 2
     # (the smallest micro-batch a plan runs), not the eighth's 1, which would fail.
-    model = tmp_path / "bn_model.py"
-    model.write_text(
-        textwrap.dedent(
-            """\
-            import torch
-            from torch import nn
-
-
-            class Net(nn.Module):
-                def __init__(self):
-                    super().__init__()
-                    self.a = nn.Linear(8, 8)
-                    self.bn = nn.BatchNorm1d(8)
-                    self.b = nn.Linear(8, 2)
-
-                def forward(self, x):
-                    x = self.a(x)
-                    x = self.bn(x)
-                    x = self.b(x)
-                    return x
-
-
-            def example():
-                return Net(), (torch.randn(6, 8),)
-            """
-        )
-    )
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    output = tmp_path / "bn.costs.json"
-    argv = ["profile", str(model), "-o", str(output), "--repeats", "1", "--warmup", "0"]
-    try:
-        assert run_command(argv) == 0
-    finally:
-        sys.modules.pop("bn_model", None)
+    costs = load_costs(_profiled(tmp_path, monkeypatch, "self.bn(x)", 6))
     assert "per-call fixed times not measured" not in capsys.readouterr().err
-    costs = load_costs(output)
     assert not any("fixed times not measured" in note for note in costs.notes)
     assert costs.min_microbatch_size == 2
 
