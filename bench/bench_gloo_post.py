@@ -13,7 +13,8 @@ baseline measured in the same run: what the exchange costs when the posts do not
     python bench/bench_gloo_post.py --timeline RUN.json   # a `syncpass run --timeline`
 
 With ``--timeline`` it reads the spans of a 2-rank run instead and counts the posts that
-took more than 1 ms, split by whether the other rank posted within 0.2 ms of them.
+took more than 1 ms, split by whether the other rank posted within 0.2 ms of them (posts
+under 10 us, of actions with nothing to send or receive, left out).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 OFFSETS_MS = (-1.0, -0.2, -0.1, 0.0, 0.05, 0.1, 0.2, 1.0)
 STALLED_S = 1e-3  # a post that took longer than this stalled
 MET_S = 2e-4  # two posts this close met
+EMPTY_S = 1e-5  # a post shorter than this had nothing to post (an action without transfers)
 
 
 def _compute_for(seconds: float, work: Any) -> None:
@@ -102,7 +104,14 @@ def timeline(path: Path) -> int:
     if len(ranks) != 2:
         print(f"{path}: {len(ranks)} ranks; this reads a 2-rank run", file=sys.stderr)
         return 2
-    posts = [[(span[1], span[2]) for span in rank["spans"] if span[0] == "post"] for rank in ranks]
+    posts = [
+        [
+            (span[1], span[2])
+            for span in rank["spans"]
+            if span[0] == "post" and span[2] - span[1] > EMPTY_S
+        ]
+        for rank in ranks
+    ]
     if not posts[0] or not posts[1]:
         print(f"{path}: no post spans (a timeline of an older syncpass?)", file=sys.stderr)
         return 2
