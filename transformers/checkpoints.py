@@ -36,7 +36,12 @@ import libcst.matchers as m
 
 from syncpass.core.units import num_bytes, seconds
 from syncpass.frontend.analysis import match_container_loop, match_scan_call, target_names
-from syncpass.transformers.common import LINE_WIDTH, CheckpointSite, scan_call_of, slice_loop
+from syncpass.transformers.common import (
+    LINE_WIDTH,
+    CheckpointSite,
+    scan_call_of,
+    slice_loop,
+)
 
 #: Every checkpointed line syncpass writes carries a comment with this prefix.
 RECOMPUTE_COMMENT_PREFIX = "# syncpass recompute"
@@ -163,7 +168,9 @@ def _origin(
             scan is not None
             and whole is not None
             and (scan.root, scan.container) == (whole.root, whole.container)
-            and scan_call_of(statement).args[0].deep_equals(scan_call_of(original).args[0])
+            and scan_call_of(statement)
+            .args[0]
+            .value.deep_equals(scan_call_of(original).args[0].value)
         ):
             return index
         if isinstance(statement, cst.For) and isinstance(original, cst.For):
@@ -331,19 +338,6 @@ def loop_bound_names(loop: cst.For) -> frozenset[str]:
         assert isinstance(store, cst.AssignTarget | cst.AugAssign | cst.AnnAssign | cst.For)
         targets.append(store.target)
     return frozenset(name.value for target in targets for name in target_names(target)[0])
-
-
-def one_argument_a_line(call: cst.Call) -> cst.Call:
-    """``call`` laid out one argument a line with the magic trailing comma, as a formatter
-    lays out a call too wide for one line and then leaves it."""
-    item = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace("    "))
-    close = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(""))
-    last = len(call.args) - 1
-    laid = [
-        arg.with_changes(comma=cst.Comma(whitespace_after=close if position == last else item))
-        for position, arg in enumerate(call.args)
-    ]
-    return call.with_changes(args=laid, whitespace_before_args=item)
 
 
 def commented(

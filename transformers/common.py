@@ -879,19 +879,65 @@ def scan_call_of(statement: cst.BaseStatement) -> cst.Call:
     return value
 
 
+#: The comment that opens a scan piece syncpass laid out one argument a line (its slice
+#: was too wide for one), so that joining the pieces gives the user's one line back.
+SLICE_COMMENT_PREFIX = "# syncpass slice"
+
+
+def _scan_slice_comment(lower: str, upper: str) -> str:
+    return f"{SLICE_COMMENT_PREFIX} [{lower}:{upper}] of the stacked layers"
+
+
+def _on_one_line(call: cst.Call) -> cst.Call:
+    """``call`` with the layout a formatter gives a call that fits on one line."""
+    last = len(call.args) - 1
+    return call.with_changes(
+        whitespace_before_args=cst.SimpleWhitespace(""),
+        args=[
+            arg.with_changes(
+                comma=cst.MaybeSentinel.DEFAULT
+                if index == last
+                else cst.Comma(whitespace_after=cst.SimpleWhitespace(" "))
+            )
+            for index, arg in enumerate(call.args)
+        ],
+    )
+
+
+def _laid_out_by_syncpass(call: cst.Call) -> bool:
+    """Whether ``call`` is a scan piece syncpass laid out one argument a line."""
+    opening = call.whitespace_before_args
+    return (
+        isinstance(opening, cst.ParenthesizedWhitespace)
+        and opening.first_line.comment is not None
+        and opening.first_line.comment.value.startswith(SLICE_COMMENT_PREFIX)
+    )
+
+
 def slice_scan(
-    statement: cst.BaseStatement, start: int | None, stop: int | None, init: str | None
+    statement: cst.BaseStatement,
+    start: int | None,
+    stop: int | None,
+    init: str | None,
+    column: int | None = None,
+    width: int = LINE_WIDTH,
 ) -> cst.BaseStatement:
     """The scan ``statement`` over ``[start:stop]`` of its stack (the whole stack, as the user
-    wrote it, for ``[None:None]``), starting from ``init`` when given."""
+    wrote it, for ``[None:None]``), starting from ``init`` when given.
+
+    A slice of a scan the user wrote on one line, as a formatter would, that does not fit
+    in ``width`` columns from ``column`` is laid out one argument a line, its opening line
+    commented (``# syncpass slice [:4] of the stacked layers``). A piece so laid out keeps
+    the layout while it is a slice, and the whole stack gets the user's one line back."""
     call = scan_call_of(statement)
     parts = scan_parts(call)
     assert parts is not None
     stack = parts[1]
     xs: cst.BaseExpression = stack
-    if start is not None or stop is not None:
-        lower = "" if start is None else str(start)
-        upper = "" if stop is None else str(stop)
+    lower = "" if start is None else str(start)
+    upper = "" if stop is None else str(stop)
+    sliced = start is not None or stop is not None
+    if sliced:
         wrapper = cst.parse_expression(f"{STACK_SLICE}(lambda w: w[{lower}:{upper}], stack)")
         assert isinstance(wrapper, cst.Call)
         xs = wrapper.with_changes(args=[wrapper.args[0], wrapper.args[1].with_changes(value=stack)])
@@ -900,6 +946,11 @@ def slice_scan(
     if init is not None:
         args[1] = args[1].with_changes(value=cst.Name(init))
     new_call = call.with_changes(args=args)
+    ours = _laid_out_by_syncpass(call)
+    if ours:
+        new_call = _on_one_line(new_call)
+    if sliced and (ours or (column is not None and _too_wide(statement, new_call, column, width))):
+        new_call = one_argument_a_line(new_call, _scan_slice_comment(lower, upper))
     assert isinstance(statement, cst.SimpleStatementLine)
     assign = statement.body[0]
     assert isinstance(assign, cst.Assign)
@@ -907,6 +958,41 @@ def slice_scan(
     if isinstance(assign.value, cst.Subscript):
         value = assign.value.with_changes(value=new_call)
     return statement.with_changes(body=[assign.with_changes(value=value)])
+
+
+def _too_wide(statement: cst.BaseStatement, piece: cst.Call, column: int, width: int) -> bool:
+    """Whether the scan ``statement``, written on one line as a formatter lays it out, would
+    be wider than ``width`` from ``column`` with ``piece`` for its call."""
+    assert isinstance(statement, cst.SimpleStatementLine)
+    code = cst.Module([]).code_for_node(statement.with_changes(leading_lines=())).rstrip("\n")
+    call = scan_call_of(statement)
+    if "\n" in code or cst.Module([]).code_for_node(_on_one_line(call)) != cst.Module(
+        []
+    ).code_for_node(call):
+        return False  # the user's own layout: kept
+    widened = len(cst.Module([]).code_for_node(piece)) - len(cst.Module([]).code_for_node(call))
+    return column + len(code) + widened > width
+
+
+def one_argument_a_line(call: cst.Call, comment: str | None = None) -> cst.Call:
+    """``call`` laid out one argument a line with the magic trailing comma, as a formatter
+    lays out a call too wide for one line and then leaves it; ``comment`` ends the line
+    that opens it."""
+    item = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace("    "))
+    close = cst.ParenthesizedWhitespace(indent=True, last_line=cst.SimpleWhitespace(""))
+    last = len(call.args) - 1
+    laid = [
+        arg.with_changes(comma=cst.Comma(whitespace_after=close if position == last else item))
+        for position, arg in enumerate(call.args)
+    ]
+    opening = item
+    if comment is not None:
+        opening = item.with_changes(
+            first_line=cst.TrailingWhitespace(
+                whitespace=cst.SimpleWhitespace("  "), comment=cst.Comment(comment)
+            )
+        )
+    return call.with_changes(args=laid, whitespace_before_args=opening)
 
 
 def joined_scan(first: cst.BaseStatement, second: cst.BaseStatement) -> cst.BaseStatement | None:
@@ -920,6 +1006,6 @@ def joined_scan(first: cst.BaseStatement, second: cst.BaseStatement) -> cst.Base
     if one.stop != two.start:
         return None
     first_call, second_call = scan_call_of(first), scan_call_of(second)
-    if not first_call.args[0].deep_equals(second_call.args[0]):
+    if not first_call.args[0].value.deep_equals(second_call.args[0].value):
         return None
     return slice_scan(first, one.start, two.stop, None)

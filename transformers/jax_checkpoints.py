@@ -211,7 +211,7 @@ def _split_scan(
         stop = scan.stop if position == len(runs) - 1 else items[-1] + 1
         piece = statement
         if len(runs) > 1:
-            piece = slice_scan(statement, start, stop, scan.target if position else None)
+            piece = slice_scan(statement, start, stop, scan.target if position else None, column)
         if position:
             piece = piece.with_changes(leading_lines=())
         if recomputed:

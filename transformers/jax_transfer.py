@@ -188,7 +188,7 @@ class InsertDevicePutsCommand(InsertSyncPointsCommand):
             sites,
             tree,
             lambda position, start, stop: slice_scan(
-                statement, start, stop, scan.target if position else None
+                statement, start, stop, scan.target if position else None, self.column, self.width
             ),
         )
 

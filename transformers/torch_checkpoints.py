@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import libcst as cst
 
-from syncpass.transformers.checkpoints import CheckpointForm, is_self_path, one_argument_a_line
+from syncpass.transformers.checkpoints import CheckpointForm, is_self_path
+from syncpass.transformers.common import one_argument_a_line
 
 #: The function the stages checkpoint with (the model's file binds ``torch``).
 CHECKPOINT = "torch.utils.checkpoint.checkpoint"

@@ -28,6 +28,7 @@ from syncpass.frontend.source import parse_source
 from syncpass.plan.planner import PlanRequest
 from syncpass.rewrite.driver import rewrite_text
 from syncpass.runtime.contracts import RunRequest
+from syncpass.settings.formatting import formatter_line_length
 from syncpass.transformers.jax_transfer import retarget_device_puts
 
 ROOT = REPO
@@ -948,15 +949,24 @@ def test_a_scan_over_stacked_layer_weights_is_planned_per_layer() -> None:
     assert not any(op.id.startswith("layers.") for op in whole.ops)
 
 
-@pytest.mark.parametrize("form", ["pair", "first"])
+SCAN_LINE = '    x, _ = jax.lax.scan(functools.partial(block, mask=mask), x, params["layers"])'
+
+
+@pytest.mark.parametrize("form", ["pair", "first", "short"])
 def test_a_split_scan_runs_over_slices_of_the_stack_and_strips_back(form: str) -> None:
     text = SCAN
     if form == "first":
         text = text.replace(
-            '    x, _ = jax.lax.scan(functools.partial(block, mask=mask), x, params["layers"])',
+            SCAN_LINE,
             '    x = jax.lax.scan(functools.partial(block, mask=mask), x, params["layers"])[0]',
         )
         assert "[0]" in text
+    if form == "short":  # a scan whose slices fit on one line
+        text = text.replace(
+            SCAN_LINE,
+            '    step = functools.partial(block, mask=mask)\n    x, _ = jax.lax.scan(step, x, params["layers"])',
+        )
+        assert "    step = " in text
     module = parse_source(text, "scan.py")
     graph = analyse_jax_model(module, "scan.py", None, {"layers": 6}, text)
     data = {
@@ -974,9 +984,23 @@ def test_a_split_scan_runs_over_slices_of_the_stack_and_strips_back(form: str) -
     assert 'jax.tree.map(lambda w: w[:2], params["layers"])' in out
     assert 'jax.tree.map(lambda w: w[2:4], params["layers"])' in out
     assert 'jax.tree.map(lambda w: w[4:], params["layers"])' in out
-    # The later pieces start from the carry.
-    assert out.count("functools.partial(block, mask=mask), x, jax.tree.map(") == 3
-    assert out.count("mask, x = jax.device_put(\n        (mask, x),\n        jax.devices()[") == 2
+    # The later pieces start from the carry. A piece too wide for one line is laid out one
+    # argument a line, its slice named in a comment; the whole scan's one line comes back.
+    if form == "short":
+        assert out.count("    x, _ = jax.lax.scan(step, x, jax.tree.map(lambda w: w[") == 3
+    else:
+        assert out.count("jax.lax.scan(  # syncpass slice [") == 3
+        laid_out = (
+            "\n        functools.partial(block, mask=mask),\n        x,\n        jax.tree.map("
+        )
+        assert out.count(laid_out) == 3
+    assert "jax.lax.scan(  # syncpass slice [2:4] of the stacked layers" in out or form == "short"
+    width = formatter_line_length("scan.py")
+    assert [
+        line for line in set(out.splitlines()) - set(text.splitlines()) if len(line) > width
+    ] == []
+    sent = "x, jax.devices()[" if form == "short" else "(mask, x),\n        jax.devices()["
+    assert out.count(sent) == 2  # the short form's step holds the mask: only x crosses
     assert strip_jax_sync_points(out, "scan.py") == text
     again = rewrite_text(out, "scan.py", JAX, request, parse_costs(data)).rewritten
     assert again == out

@@ -167,11 +167,17 @@ def test_a_scan_over_stacked_layers_recomputes_its_steps_in_sub_scans(
     assert "stage 0 recomputes layers.0, layers.1 " in err
     assert "stage 1 recomputes layers.3, layers.4 " in err
     lines = [line.strip() for line in out.splitlines()]
-    scans = [line for line in lines if line.startswith("x, _ = jax.lax.scan(")]
+    # Each piece is laid out one argument a line (too wide for one): its step is the line
+    # after the opening one, its slice the one after the carry.
+    opened = [index for index, line in enumerate(lines) if line.startswith("x, _ = jax.lax.scan(")]
     step = "functools.partial(block, mask=mask)"
     slices = ["w[:2]", "w[2:3]", "w[3:5]", "w[5:]"]
-    assert all(f"lambda w: {part}," in line for line, part in zip(scans, slices, strict=True))
-    assert [f"jax.checkpoint({step})" in line for line in scans] == [True, False, True, False]
-    for line, ops_named in ((scans[0], "layers.0, layers.1"), (scans[2], "layers.3, layers.4")):
-        assert lines[lines.index(line) - 1].startswith(f"# syncpass recompute: {ops_named}; ")
+    assert all(
+        lines[index + 3].startswith(f"jax.tree.map(lambda w: {part},")
+        for index, part in zip(opened, slices, strict=True)
+    )
+    checkpointed = [lines[index + 1] == f"jax.checkpoint({step})," for index in opened]
+    assert checkpointed == [True, False, True, False]
+    for index, ops_named in ((opened[0], "layers.0, layers.1"), (opened[2], "layers.3, layers.4")):
+        assert lines[index - 1].startswith(f"# syncpass recompute: {ops_named}; ")
     assert strip_jax_sync_points(out, "scan_sync.py") == scan.read_text()
