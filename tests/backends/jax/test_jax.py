@@ -952,7 +952,7 @@ def test_a_scan_over_stacked_layer_weights_is_planned_per_layer() -> None:
 SCAN_LINE = '    x, _ = jax.lax.scan(functools.partial(block, mask=mask), x, params["layers"])'
 
 
-@pytest.mark.parametrize("form", ["pair", "first", "short"])
+@pytest.mark.parametrize("form", ["pair", "first", "short", "wrapped"])
 def test_a_split_scan_runs_over_slices_of_the_stack_and_strips_back(form: str) -> None:
     text = SCAN
     if form == "first":
@@ -967,6 +967,12 @@ def test_a_split_scan_runs_over_slices_of_the_stack_and_strips_back(form: str) -
             '    step = functools.partial(block, mask=mask)\n    x, _ = jax.lax.scan(step, x, params["layers"])',
         )
         assert "    step = " in text
+    if form == "wrapped":  # the user's own layout over several lines: every piece keeps it
+        text = text.replace(
+            SCAN_LINE,
+            '    x, _ = jax.lax.scan(\n        functools.partial(block, mask=mask), x, params["layers"]\n    )',
+        )
+        assert "scan(\n" in text
     module = parse_source(text, "scan.py")
     graph = analyse_jax_model(module, "scan.py", None, {"layers": 6}, text)
     data = {
@@ -988,17 +994,24 @@ def test_a_split_scan_runs_over_slices_of_the_stack_and_strips_back(form: str) -
     # argument a line, its slice named in a comment; the whole scan's one line comes back.
     if form == "short":
         assert out.count("    x, _ = jax.lax.scan(step, x, jax.tree.map(lambda w: w[") == 3
+    elif form == "wrapped":
+        assert (
+            out.count("scan(\n        functools.partial(block, mask=mask), x, jax.tree.map(") == 3
+        )
+        assert "# syncpass slice" not in out
     else:
         assert out.count("jax.lax.scan(  # syncpass slice [") == 3
         laid_out = (
             "\n        functools.partial(block, mask=mask),\n        x,\n        jax.tree.map("
         )
         assert out.count(laid_out) == 3
-    assert "jax.lax.scan(  # syncpass slice [2:4] of the stacked layers" in out or form == "short"
-    width = formatter_line_length("scan.py")
-    assert [
-        line for line in set(out.splitlines()) - set(text.splitlines()) if len(line) > width
-    ] == []
+    if form in ("pair", "first"):
+        assert "jax.lax.scan(  # syncpass slice [2:4] of the stacked layers" in out
+    if form != "wrapped":  # every line syncpass wrote fits the formatter's line length
+        width = formatter_line_length("scan.py")
+        assert [
+            line for line in set(out.splitlines()) - set(text.splitlines()) if len(line) > width
+        ] == []
     sent = "x, jax.devices()[" if form == "short" else "(mask, x),\n        jax.devices()["
     assert out.count(sent) == 2  # the short form's step holds the mask: only x crosses
     assert strip_jax_sync_points(out, "scan.py") == text
