@@ -11,7 +11,9 @@ prints predicted against measured, how many come within 25%, and whether the mea
 order of the plans is the predicted one wherever the prediction puts more than 10%
 between two plans. The prediction is at the speed the run measured (``speed``: the
 ranks' speed probe over the profile's, docs/run.md); ``profile`` is predicted over
-measured at the profile's speed, as it would be without the probe.
+measured at the profile's speed, as it would be without the probe. ``busy`` is the
+busiest stage's predicted busy time over its measured compute: near 1 where ``pred/meas``
+is low, the step lost its time in the transfers, not the compute.
 
     python bench/bench_predict.py [--rounds 3] [--steps 8] [--models resnet,hf_gpt2,...]
 
@@ -122,6 +124,10 @@ class Row:
     # the rounds' speed factors (the run's speed probe over the profile's; 1 without one).
     profile_speed_s: float = math.nan
     speed_factor: float = math.nan
+    # The busiest stage's predicted busy time (ops and runtime overhead) over its measured
+    # forward and backward (and update): below 1, the ranks computed slower than profiled;
+    # near 1 with pred/meas low, the step lost its time in the transfers.
+    busy_ratio: float = math.nan
 
     @property
     def ratio(self) -> float:
@@ -175,6 +181,7 @@ def measure(project: Project, stages: int, rounds: int, steps: int) -> list[Row]
     medians: dict[Path, list[float]] = {file: [] for file in files}
     predicted: dict[Path, list[float]] = {file: [] for file in files}
     at_profile: dict[Path, list[float]] = {file: [] for file in files}
+    busy: dict[Path, list[float]] = {file: [] for file in files}
     factors: list[float] = []
     reports: dict[Path, dict[str, Any]] = {}
     for round_index in range(rounds):
@@ -200,6 +207,7 @@ def measure(project: Project, stages: int, rounds: int, steps: int) -> list[Row]
             at_profile[file].append(
                 prediction["predicted_step_s"] if unscaled is None else unscaled
             )
+            busy[file].append(busy_ratio(one))
         factors.append(document["prediction"]["speed_factor"])
     rows = []
     for strategy in STRATEGIES:
@@ -220,9 +228,21 @@ def measure(project: Project, stages: int, rounds: int, steps: int) -> list[Row]
                 max(found) / min(found),
                 statistics.median(at_profile[chosen]),
                 statistics.median(factors),
+                statistics.median(busy[chosen]),
             )
         )
     return rows
+
+
+def busy_ratio(report: dict[str, Any]) -> float:
+    """Of a run's JSON report: the predicted busy time of the stage that computed longest
+    over its measured compute (nan without both)."""
+    measured = [stage.get("compute_s") for stage in report.get("stage_reports", [])]
+    predicted = [stage.get("predicted_time_s") for stage in report["prediction"].get("stages", [])]
+    if not measured or len(measured) != len(predicted) or None in measured or None in predicted:
+        return math.nan
+    busiest = max(range(len(measured)), key=measured.__getitem__)
+    return float(predicted[busiest]) / float(measured[busiest]) if measured[busiest] else math.nan
 
 
 def order_checks(rows: list[Row]) -> tuple[int, list[str]]:
@@ -264,7 +284,7 @@ def main() -> int:
     )
     print(
         f"{'model':16}{'strategy':12}{'predicted':>11}{'measured':>11}{'spread':>8}"
-        f"{'pred/meas':>11}{'speed':>7}{'profile':>9}  sync points"
+        f"{'pred/meas':>11}{'speed':>7}{'profile':>9}{'busy':>6}  sync points"
     )
     rows: list[Row] = []
     with tempfile.TemporaryDirectory() as scratch:
@@ -280,7 +300,8 @@ def main() -> int:
                 print(
                     f"{row.model:16}{row.strategy:12}{row.predicted_s * 1e3:>9.1f}ms"
                     f"{row.measured_s * 1e3:>9.1f}ms{row.spread:>8.2f}{row.ratio:>11.2f}"
-                    f"{row.speed_factor:>7.2f}{row.profile_ratio:>9.2f}  {row.sync_points}",
+                    f"{row.speed_factor:>7.2f}{row.profile_ratio:>9.2f}{row.busy_ratio:>6.2f}"
+                    f"  {row.sync_points}",
                     flush=True,
                 )
             rows += found
