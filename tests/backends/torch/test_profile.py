@@ -759,6 +759,58 @@ def test_the_small_batch_is_one_the_batch_norms_take(
     assert costs.min_microbatch_size == 2
 
 
+#: A net whose last weight writes, as each backward reaches it, whether a gradient was
+#: already there to add to (a line of a file beside it: the example may run in a process
+#: of its own).
+_ADDING_NET = """\
+from pathlib import Path
+
+import torch
+from torch import nn
+
+SEEN = Path(__file__).with_suffix(".seen")
+
+
+def record(weight):
+    with SEEN.open("a") as lines:
+        lines.write(f"{weight.grad is not None}\\n")
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(8, 8)
+        self.b = nn.Linear(8, 2)
+        weight = self.b.weight
+        weight.register_hook(lambda grad: record(weight))
+
+    def forward(self, x):
+        x = self.a(x)
+        x = self.b(x)
+        return x
+
+
+def example():
+    return Net(), (torch.randn(16, 8),)
+"""
+
+
+def test_the_backward_is_timed_adding_to_the_gradients_as_a_pipeline_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A pipeline's micro-batches after the first add to the weights' gradients: the timed
+    # steps' backwards find a gradient there, and the model's own is back afterwards.
+    model = tmp_path / "adding_net.py"
+    model.write_text(_ADDING_NET)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    output = tmp_path / "adding.costs.json"
+    argv = ["profile", str(model), "-o", str(output), "--repeats", "3", "--warmup", "1"]
+    assert run_command(argv) == 0
+    seen = [line == "True" for line in model.with_suffix(".seen").read_text().splitlines()]
+    assert seen[0] is False  # the first step of a fresh model
+    assert seen[-3:] == [True, True, True]
+
+
 @dataclass
 class Pair:
     first: torch.Tensor
