@@ -1173,7 +1173,8 @@ class _Session:
         # gradients to those already there (each computed into a temporary, then added),
         # and every op's backward is timed as they run it. With the gradients dropped the
         # uneven MLP's backward took 6 ms where the adding one took 10.5 ms, and its 2-stage
-        # steps were predicted 0.64-0.74 of the measured where they are now 0.96-0.97.
+        # steps, run twice with each cost file in turn, were predicted 0.64-0.74 of the
+        # measured with the first and 0.96-0.97 with the second.
         self.model.zero_grad(set_to_none=False)
         start = probe.now()
         probe.measure_bytes = measure
