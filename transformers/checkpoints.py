@@ -186,6 +186,30 @@ def _origin(
     return None
 
 
+def checkpoint_runs(
+    iterations: Sequence[int],
+    sites: Mapping[int | None, CheckpointSite],
+    start: int | None,
+    stop: int | None,
+) -> list[tuple[bool, list[int], int | None, int | None]]:
+    """The iterations of a loop or scan over ``[start:stop]`` of a container in runs that
+    checkpoint (an iteration in ``sites``) or not: ``(checkpointed, iterations, start,
+    stop)``, the first run starting and the last ending where the statement did."""
+    runs = [
+        (checkpointed, list(group))
+        for checkpointed, group in itertools.groupby(iterations, key=lambda i: i in sites)
+    ]
+    return [
+        (
+            checkpointed,
+            items,
+            start if position == 0 else items[0],
+            stop if position == len(runs) - 1 else items[-1] + 1,
+        )
+        for position, (checkpointed, items) in enumerate(runs)
+    ]
+
+
 def _split_loop(
     statement: cst.BaseStatement,
     sites: Mapping[int | None, CheckpointSite],
@@ -211,15 +235,10 @@ def _split_loop(
     if size is None:
         raise CheckpointRefused(f"{first.op}: the length of {loop.container} is not known")
     iterations = range(size)[loop.start : loop.stop]
-    runs = [
-        (checkpointed, list(group))
-        for checkpointed, group in itertools.groupby(iterations, key=lambda i: i in sites)
-    ]
+    runs = checkpoint_runs(iterations, sites, loop.start, loop.stop)
     out: list[cst.BaseStatement] = []
     piece_start = iterations[0] if iterations else 0
-    for position, (checkpointed, items) in enumerate(runs):
-        start = loop.start if position == 0 else items[0]
-        stop = loop.stop if position == len(runs) - 1 else items[-1] + 1
+    for position, (checkpointed, items, start, stop) in enumerate(runs):
         # Later sub-slices count an enumerated index on from where the piece starts.
         sliced_as = loop if position == 0 else dataclasses.replace(loop, start=piece_start)
         piece = statement if len(runs) == 1 else slice_loop(statement, sliced_as, start, stop)

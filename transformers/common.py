@@ -964,14 +964,12 @@ def _too_wide(statement: cst.BaseStatement, piece: cst.Call, column: int, width:
     """Whether the scan ``statement``, written on one line as a formatter lays it out, would
     be wider than ``width`` from ``column`` with ``piece`` for its call."""
     assert isinstance(statement, cst.SimpleStatementLine)
-    code = cst.Module([]).code_for_node(statement.with_changes(leading_lines=())).rstrip("\n")
+    code = cst.Module([]).code_for_node
+    line = code(statement.with_changes(leading_lines=())).rstrip("\n")
     call = scan_call_of(statement)
-    if "\n" in code or cst.Module([]).code_for_node(_on_one_line(call)) != cst.Module(
-        []
-    ).code_for_node(call):
+    if "\n" in line or code(_on_one_line(call)) != code(call):
         return False  # the user's own layout: kept
-    widened = len(cst.Module([]).code_for_node(piece)) - len(cst.Module([]).code_for_node(call))
-    return column + len(code) + widened > width
+    return column + len(line) + len(code(piece)) - len(code(call)) > width
 
 
 def one_argument_a_line(call: cst.Call, comment: str | None = None) -> cst.Call:

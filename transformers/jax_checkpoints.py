@@ -33,7 +33,6 @@ Nothing here imports jax.
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 
 import libcst as cst
@@ -44,6 +43,7 @@ from syncpass.transformers.checkpoints import (
     CheckpointForm,
     CheckpointRefused,
     checkpoint_piece,
+    checkpoint_runs,
     commented,
     is_recompute_comment,
     is_self_path,
@@ -200,15 +200,9 @@ def _split_scan(
     size = sizes.get(scan.container)
     if size is None:
         raise CheckpointRefused(f"{first.op}: the length of {scan.container} is not known")
-    iterations = scan.iterations(size)
-    runs = [
-        (recomputed, list(group))
-        for recomputed, group in itertools.groupby(iterations, key=lambda i: i in sites)
-    ]
+    runs = checkpoint_runs(scan.iterations(size), sites, scan.start, scan.stop)
     out: list[cst.BaseStatement] = []
-    for position, (recomputed, items) in enumerate(runs):
-        start = scan.start if position == 0 else items[0]
-        stop = scan.stop if position == len(runs) - 1 else items[-1] + 1
+    for position, (recomputed, items, start, stop) in enumerate(runs):
         piece = statement
         if len(runs) > 1:
             piece = slice_scan(statement, start, stop, scan.target if position else None, column)
