@@ -57,6 +57,11 @@ class Hardware:
     up the transfers), on top of the ops' compute. ``devices`` is how many stages
     can run at once (GPUs per node times nodes; on a CPU, its cores divided by the
     threads each stage uses); ``None`` when not known (no limit).
+    ``meet_stall_s`` and ``meet_window_s`` (0: none) are what two ranks' posts of their
+    transfers to each other cost when they meet: the expected stall of a post made as the
+    neighbour posts, and how far apart two posts may be in the simulated step and still
+    meet in a run (gloo on a CPU blocks such posts for milliseconds; ``syncpass
+    calibrate`` measures both in a balanced pipeline; see :func:`~syncpass.plan.schedule.meeting_stall_s`).
     """
 
     alpha_s: float
@@ -68,6 +73,8 @@ class Hardware:
     devices: int | None = None
     collective_alpha_s: float | None = None
     collective_beta_bytes_per_s: float | None = None
+    meet_stall_s: float = 0.0
+    meet_window_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.devices is not None and not (
@@ -107,6 +114,10 @@ class Hardware:
             raise ValueError(
                 f"stage_overhead_s must be a number >= 0 seconds, got {self.stage_overhead_s!r}"
             )
+        for name in ("meet_stall_s", "meet_window_s"):
+            value = getattr(self, name)
+            if not (_is_number(value) and value >= 0):
+                raise ValueError(f"{name} must be a number >= 0 seconds, got {value!r}")
 
     def transfer_s(self, num_bytes: float) -> float:
         """Time to move ``num_bytes`` once, one way."""
@@ -849,6 +860,8 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
             "devices",
             "collective_alpha_s",
             "collective_beta_bytes_per_s",
+            "meet_stall_s",
+            "meet_window_s",
         ),
     )
     memory = hardware_data.get("device_memory_bytes")
@@ -880,6 +893,12 @@ def parse_costs(data: Any, origin: str = "<costs>") -> Costs:
         if hardware_data.get("collective_beta_bytes_per_s") is None
         else reader.number(
             hardware_data, "$.hardware", "collective_beta_bytes_per_s", 0, strict=True
+        ),
+        meet_stall_s=reader.number(
+            hardware_data, "$.hardware", "meet_stall_s", minimum=0, default=0.0
+        ),
+        meet_window_s=reader.number(
+            hardware_data, "$.hardware", "meet_window_s", minimum=0, default=0.0
         ),
     )
     config = default_sync_config()
@@ -1153,6 +1172,9 @@ def costs_to_json(costs: Costs) -> dict[str, Any]:
         hardware["collective_alpha_s"] = costs.hardware.collective_alpha_s
     if costs.hardware.collective_beta_bytes_per_s is not None:
         hardware["collective_beta_bytes_per_s"] = costs.hardware.collective_beta_bytes_per_s
+    if costs.hardware.meet_stall_s or costs.hardware.meet_window_s:
+        hardware["meet_stall_s"] = costs.hardware.meet_stall_s
+        hardware["meet_window_s"] = costs.hardware.meet_window_s
     data: dict[str, Any] = {"version": costs.version}
     if costs.model is not None:
         data["model"] = costs.model

@@ -39,6 +39,8 @@ _KEYS = (
     "devices",
     "collective_alpha_s",
     "collective_beta_bytes_per_s",
+    "meet_stall_s",
+    "meet_window_s",
 )
 
 
@@ -106,6 +108,8 @@ def load_profile(name_or_path: str) -> HardwareProfile:
             devices=data.get("devices"),
             collective_alpha_s=data.get("collective_alpha_s"),
             collective_beta_bytes_per_s=data.get("collective_beta_bytes_per_s"),
+            meet_stall_s=data.get("meet_stall_s", 0.0),
+            meet_window_s=data.get("meet_window_s", 0.0),
         )
     except KeyError as error:
         raise SyncpassError(f"missing required field {error.args[0]!r}", where) from None

@@ -1176,6 +1176,8 @@ def _loads_and_links(
             batch_bytes=crossing[cut].forward_bytes,
             grad_bytes=crossing[cut].backward_bytes,
             backward=crossing[cut].backward,
+            meet_stall_s=costs.hardware.meet_stall_s,
+            meet_window_s=costs.hardware.meet_window_s,
         )
         for cut in cuts
     )

@@ -30,12 +30,20 @@ gradient of the stage's inputs (which the stage before waits for), and ``W``, it
 weights' gradient (which nobody waits for: the zero-bubble schedules fill the
 bubble with it). A transfer between two stages on one device costs nothing.
 
+A link may also say that two posts across it that meet stall (:attr:`Link.meet_stall_s`:
+gloo on a CPU, where a rank that posts its transfers as its neighbour posts its own can
+block for milliseconds). Then the step is simulated twice: the first pass gives each
+device's posts, and the second delays each post by the stall, weighted by how close the
+neighbour's nearest post across the same link came (:func:`meeting_stall_s`).
+
 This module is pure Python and imports nothing heavy.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -87,6 +95,15 @@ class Link:
     batch_bytes: float  # what crosses it forward for the full batch
     grad_bytes: float | None = None  # the gradients sent back: ``batch_bytes`` when None
     backward: bool = True  # whether any gradient comes back across it
+    # Two posts across the link that meet: the stall of posts at the same moment, and how
+    # far apart (in the simulated times) two posts may be and still stall (Hardware's).
+    meet_stall_s: float = 0.0
+    meet_window_s: float = 0.0
+
+    @property
+    def stalls(self) -> bool:
+        """Whether posts across the link that meet stall (:func:`meeting_stall_s`)."""
+        return self.meet_stall_s > 0 and self.meet_window_s > 0
 
     def transfer_s(self, microbatches: int) -> float:
         return self.alpha_s + self.batch_bytes / microbatches / self.beta_bytes_per_s
@@ -177,6 +194,9 @@ def simulate(
         [kind == "F" for kind, _ in stage_order(schedule, s, stages, microbatches, training)]
         for s in range(stages)
     ]
+    if any(link.stalls for link in links):  # two passes: simulate_order's
+        as_order = single_stage_order(schedule, stages, 1, microbatches, training)
+        return simulate_order(loads, links, as_order)
     # Each stage runs its forwards, and its backwards, in micro-batch order, so the k-th
     # forward (backward) a stage has finished is micro-batch k's: end times by count.
     forward_end: list[list[float]] = [[] for _ in range(stages)]
@@ -361,7 +381,25 @@ def simulate_order(
 ) -> Prediction:
     """Simulate one step of ``order``; ``loads[s]`` is stage ``s``'s work and ``links[s]``
     joins stage ``s`` and ``s + 1``. With ``record`` the prediction keeps each action's
-    times (a test checks them against the order and its dependencies).
+    times (a test checks them against the order and its dependencies). Over links whose
+    meeting posts stall (:attr:`Link.stalls`) it runs twice: the second pass delays each
+    post by :func:`meeting_stall_s` of the first pass's posts.
+    """
+    if not any(link.stalls for link in links):
+        return _run_order(loads, links, order, record, {})
+    first = _run_order(loads, links, order, True, {})
+    return _run_order(loads, links, order, record, meeting_stalls(first, order, links))
+
+
+def _run_order(
+    loads: tuple[StageLoad, ...],
+    links: tuple[Link, ...],
+    order: ScheduleOrder,
+    record: bool,
+    stalls: Mapping[tuple[int, int], float],
+) -> Prediction:
+    """:func:`simulate_order`'s pass: ``stalls[(d, i)]`` delays device ``d``'s ``i``-th
+    action by that long after the device's clock (its posts stalled).
 
     The machine is :func:`simulate`'s, with devices for stages: a device runs its actions
     in order, each with its transfers (none between two stages on the device); an ``F``
@@ -451,6 +489,10 @@ def simulate_order(
                 if s > 0:
                     send = backward_link[s - 1]
                 work = backward_work[s] if kind == "B" else split[s][0]
+            stall = stalls.get((d, at), 0.0)
+            if stall:
+                start = max(start, clock[d] + stall)
+                sync[d] += stall
             end = start + recv + work + send
             if kind == "F":
                 forward_end[s][m] = end
@@ -483,3 +525,65 @@ def simulate_order(
         stages=timelines,
         actions=tuple(tuple(device) for device in timed) if record else (),
     )
+
+
+def meeting_stall_s(link: Link, apart_s: float) -> float:
+    """The expected stall of a post across ``link`` whose neighbour's nearest post across
+    it is ``apart_s`` away in the simulated times: ``meet_stall_s`` for posts at the same
+    moment, falling linearly to 0 at ``meet_window_s`` apart: a triangle of the height and
+    the area of the stall curve ``syncpass calibrate`` measures, whose two processes'
+    compute jitters as a pipeline's does."""
+    if not link.stalls:
+        return 0.0
+    return link.meet_stall_s * max(0.0, 1.0 - abs(apart_s) / link.meet_window_s)
+
+
+def meeting_stalls(
+    first: Prediction, order: ScheduleOrder, links: tuple[Link, ...]
+) -> dict[tuple[int, int], float]:
+    """Each device's stalled posts in ``first`` (a pass with its actions recorded), as
+    ``(device, index of the action the post delays)``.
+
+    A device posts as each action's compute ends: its sends, with the next action's
+    receives in one batch, as torch's schedules post them (the first action's receives at
+    the step's start). The simulation runs a batch's sends before its receives, where
+    gloo runs them at once, so a batch is the span from the compute's end to the sends'
+    end, and two batches are as far apart as their spans. A batch stalls once, delaying
+    the next action, by the largest :func:`meeting_stall_s` over its links, each against
+    the nearest batch over the same link of the device across it.
+    """
+    batches: dict[tuple[int, int], list[tuple[float, float, int]]] = {}  # (device, link)
+    for device, timed in enumerate(first.actions):
+        span = (0.0, 0.0)  # the batch before the action: the previous one's sends
+        sent: int | None = None  # the link the previous action sent over
+        for index, action in enumerate(timed):
+            kind, stage, _ = action.action
+            over = {sent} if sent is not None else set()
+            if action.recv_s:
+                over.add(stage - 1 if kind == "F" else stage)
+            for link in over:
+                batches.setdefault((device, link), []).append((*span, index))
+            span = (action.end_s - action.send_s, action.end_s)
+            sent = (stage if kind == "F" else stage - 1) if action.send_s else None
+        if sent is not None:  # the last sends delay nothing here, but may meet the other's
+            batches.setdefault((device, sent), []).append((*span, len(timed)))
+    where = order.stage_device
+    stalls: dict[tuple[int, int], float] = {}
+    for (device, link), mine in batches.items():
+        other = where[link + 1] if where[link] == device else where[link]
+        theirs = sorted(batches.get((other, link), []))
+        starts = [start for start, _, _ in theirs]
+        for start, end, index in mine:
+            at = bisect.bisect_left(starts, start)
+            apart = min(
+                (
+                    max(0.0, theirs[near][0] - end, start - theirs[near][1])
+                    for near in (at - 1, at)
+                    if 0 <= near < len(theirs)
+                ),
+                default=math.inf,
+            )
+            stall = meeting_stall_s(links[link], apart)
+            if stall > stalls.get((device, index), 0.0):
+                stalls[(device, index)] = stall
+    return stalls

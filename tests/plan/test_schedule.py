@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from syncpass.plan.schedule import Link, StageLoad, simulate, stage_order
+from syncpass.plan.schedule import (
+    Link,
+    StageLoad,
+    meeting_stall_s,
+    simulate,
+    simulate_order,
+    single_stage_order,
+    stage_order,
+)
 
 
 def free_links(stages: int) -> tuple[Link, ...]:
@@ -128,3 +137,50 @@ def test_fixed_parts_and_runtime_overhead_are_paid_by_every_microbatch() -> None
     assert prediction.step_s == pytest.approx(4 * (2.5 + 4.5))
     # With one micro-batch the fixed parts are already in the full-batch times.
     assert simulate((load,), (), 1, "gpipe", training=True).step_s == pytest.approx(16.0)
+
+
+def _stalling(link: Link, stall_s: float = 0.4, window_s: float = 0.1) -> Link:
+    return dataclasses.replace(link, meet_stall_s=stall_s, meet_window_s=window_s)
+
+
+def test_posts_that_meet_stall_and_posts_apart_do_not() -> None:
+    # Balanced stages over a cheap link: in 1F1B's steady state stage 0 posts a forward's
+    # send with the next gradient's receive as stage 1 posts a backward's send with the
+    # next activation's receive, after every micro-batch but the first and the last. Each
+    # of those M - 2 meetings stalls both stages 0.4 s, on the step's busy path.
+    link = Link(alpha_s=0.01, beta_bytes_per_s=1.0, batch_bytes=0.0)
+    balanced = (StageLoad(2.0, 4.0), StageLoad(2.0, 4.0))
+    for microbatches in (2, 4, 8):
+        plain = simulate(balanced, (link,), microbatches, "1f1b", training=True)
+        stalled = simulate(balanced, (_stalling(link),), microbatches, "1f1b", training=True)
+        assert stalled.step_s - plain.step_s == pytest.approx(0.4 * (microbatches - 2))
+    assert sum(stage.sync_s for stage in stalled.stages) > sum(
+        stage.sync_s for stage in plain.stages
+    )
+    # Stages a whole forward apart never post within the window of each other.
+    uneven = (StageLoad(2.0, 4.0), StageLoad(5.0, 10.0))
+    apart = simulate(uneven, (link,), 8, "1f1b", training=True)
+    assert simulate(uneven, (_stalling(link),), 8, "1f1b", training=True).step_s == (
+        pytest.approx(apart.step_s)
+    )
+
+
+def test_a_stall_falls_off_linearly_over_the_window() -> None:
+    link = _stalling(Link(alpha_s=0.0, beta_bytes_per_s=1.0, batch_bytes=0.0), 2.0, 0.5)
+    assert [meeting_stall_s(link, apart) for apart in (0.0, 0.25, -0.25, 0.5, 3.0)] == [
+        2.0,
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+    ]
+    assert meeting_stall_s(_stalling(link, 2.0, 0.0), 0.0) == 0.0  # no window: no stall
+
+
+def test_the_stalls_are_the_same_through_either_simulator() -> None:
+    link = _stalling(Link(alpha_s=0.01, beta_bytes_per_s=1.0, batch_bytes=0.0))
+    loads = (StageLoad(2.0, 4.0), StageLoad(2.0, 4.0), StageLoad(2.1, 4.0))
+    order = single_stage_order("1f1b", 3, 1, 6, True)
+    assert simulate(loads, (link, link), 6, "1f1b", training=True).step_s == pytest.approx(
+        simulate_order(loads, (link, link), order).step_s
+    )

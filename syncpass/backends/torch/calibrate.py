@@ -13,6 +13,17 @@ GPU per process) and measures, in this order:
   at slightly different moments, and every rank but the last one to arrive
   also times its wait for that one, so a repetition's time is the least of the
   ranks' times (the collective itself), and the figure is the median of those.
+- **meeting posts** (gloo only): with gloo, a rank that posts its transfers to a
+  neighbour as the neighbour posts its own can block for milliseconds. Ranks 0 and 1
+  repeat: compute for :data:`MEET_COMPUTE_S` (rank 1 that long plus an offset), then
+  exchange one small tensor, a send and a receive in one batch as torch's schedules post
+  them. Each offset of :data:`MEET_OFFSETS_S` is timed :data:`MEET_REPEATS` times in a
+  block, the offsets taking turns over :data:`MEET_ROUNDS` rounds; a block's figure is
+  rank 0's mean repetition less the compute and the offset, and an offset's the median
+  of its blocks. Less the figure at :data:`MEET_BASELINE_S` (posts that do not meet),
+  that is the stall curve: ``meet_stall_s`` is its height at offset 0 and
+  ``meet_window_s`` its area over that height, the half-width of a triangle with the
+  same height and area (:func:`meeting_figures`). NCCL posts do not stall so: both 0.
 - **matmul FLOP/s**: every process at once multiplies float32 square matrices
   sized so that one measurement takes about 0.2 s, with ``--threads`` threads
   per process; each process reports the median of a few measurements and the
@@ -32,11 +43,12 @@ module does not import torch; the handler and the processes do.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import socket
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from multiprocessing.process import BaseProcess
@@ -79,6 +91,16 @@ OVERHEAD_MICROBATCHES = 8
 OVERHEAD_STEPS = 10
 #: torch's helper that posts one action's sends and receives (its wait is separate).
 _POST_HELPER = "_batch_p2p"
+#: The meeting posts' scan (module doc): the compute before each exchange (a pipeline
+#: action's order of size), rank 1's offsets, the baseline offset, where posts no longer
+#: meet, and the repetitions of a block and the rounds of blocks.
+MEET_COMPUTE_S = 2e-3
+MEET_OFFSETS_S = (0.0, 2.5e-5, 5e-5, 1e-4, 2e-4, 4e-4)
+MEET_BASELINE_S = 1e-3
+MEET_REPEATS = 30
+MEET_ROUNDS = 5
+#: A stall curve lower than this at offset 0 is noise: no stall.
+MEET_NOISE_S = 5e-5
 
 
 @dataclass(frozen=True)
@@ -137,6 +159,8 @@ class Measurements:
     device_memory_bytes: int | None = None
     stage_overhead_s: float = 0.0  # the pipeline runtime's own time per micro-batch action
     devices: int | None = None  # stages that can run at once: GPUs, or cores / threads
+    meet_stall_s: float = 0.0  # the expected stall of two ranks' posts that meet
+    meet_window_s: float = 0.0  # how far apart two posts may be and still stall
 
     @property
     def flops_per_s(self) -> float:
@@ -351,6 +375,10 @@ def _measure(request: CalibrateRequest, rank: int) -> Measurements | None:
     matmul = _matmul_rate(rank, device, sync)
     dist.barrier()
     overhead = _stage_overhead(request, rank, device, sync)
+    dist.barrier()
+    meeting = (
+        _meeting_scan(request, rank) if request.backend == "gloo" and request.procs >= 2 else {}
+    )
     memory = (
         torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else None
     )
@@ -364,6 +392,7 @@ def _measure(request: CalibrateRequest, rank: int) -> Measurements | None:
         for per_rank in zip(*(entry[0] for entry in gathered), strict=True)
     ]
     memories = [entry[2] for entry in gathered if entry[2] is not None]
+    stall, window = meeting_figures(meeting) if meeting else (0.0, 0.0)
     return Measurements(
         request=request,
         device=str(device) if device.type == "cpu" else torch.cuda.get_device_name(device),
@@ -376,6 +405,8 @@ def _measure(request: CalibrateRequest, rank: int) -> Measurements | None:
         matmul=tuple(entry[1] for entry in gathered),
         device_memory_bytes=min(memories) if memories else None,
         stage_overhead_s=statistics.median(entry[3] for entry in gathered),
+        meet_stall_s=stall,
+        meet_window_s=window,
         devices=torch.cuda.device_count()
         if device.type == "cuda"
         else cpu_devices(request.threads),
@@ -513,6 +544,65 @@ def _stage_overhead(
     return statistics.median(samples)
 
 
+def _meeting_scan(request: CalibrateRequest, rank: int) -> dict[float, float]:
+    """Rank 0's figure per offset of the meeting posts' scan (module doc); empty elsewhere.
+    Ranks above 1 only wait at the barriers."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    if rank > 1:
+        dist.barrier()
+        return {}
+    work = torch.randn(64, 64)
+    outgoing, incoming = torch.ones(64), torch.zeros(64)
+    peer = 1 - rank
+
+    def repetition(offset_s: float) -> None:
+        until = time.perf_counter() + MEET_COMPUTE_S + (offset_s if rank == 1 else 0.0)
+        while time.perf_counter() < until:
+            work @ work
+        ops = [dist.P2POp(dist.isend, outgoing, peer), dist.P2POp(dist.irecv, incoming, peer)]
+        for posted in dist.batch_isend_irecv(ops):
+            posted.wait()
+
+    offsets = (*MEET_OFFSETS_S, MEET_BASELINE_S)
+    blocks: dict[float, list[float]] = {offset: [] for offset in offsets}
+    for _ in range(request.warmup):
+        repetition(MEET_BASELINE_S)
+    for _ in range(MEET_ROUNDS):
+        for offset in offsets:
+            repetition(offset)  # the exchange lines the two ranks up
+            start = time.perf_counter()
+            for _ in range(MEET_REPEATS):
+                repetition(offset)
+            mean = (time.perf_counter() - start) / MEET_REPEATS
+            blocks[offset].append(mean - MEET_COMPUTE_S - offset)
+    dist.barrier()
+    return (
+        {offset: statistics.median(times) for offset, times in blocks.items()} if rank == 0 else {}
+    )
+
+
+def meeting_figures(scan: Mapping[float, float]) -> tuple[float, float]:
+    """``(meet_stall_s, meet_window_s)`` from the meeting posts' scan (module doc): each
+    offset's extra time of a repetition, the largest offset the baseline. The stall curve
+    is each figure less the baseline's (at least 0); the stall its height at offset 0, the
+    window its area (both signs of the offset, the trapezoid rule over the offsets) over
+    the height. A height under :data:`MEET_NOISE_S` is no stall: ``(0, 0)``."""
+    offsets = sorted(scan)
+    baseline = scan[offsets[-1]]
+    curve = [(offset, max(0.0, scan[offset] - baseline)) for offset in offsets]
+    height = curve[0][1] if offsets[0] == 0 else 0.0
+    if height < MEET_NOISE_S:
+        return 0.0, 0.0
+    area = 2 * sum(
+        (right - left) * (low + high) / 2
+        for (left, low), (right, high) in itertools.pairwise(curve)
+    )
+    return height, area / height
+
+
 def _matmul_rate(rank: int, device: torch.device, sync: Callable[[], None]) -> MatmulRate:
     """This process's float32 matmul FLOP/s: median of a few ~0.2 s measurements."""
     import torch
@@ -590,6 +680,14 @@ def render_calibration(measurements: Measurements, fit: LinkFit) -> str:
         _describe_matmul(measurements),
         f"pipeline runtime overhead per micro-batch forward or backward (1F1B, "
         f"{OVERHEAD_MICROBATCHES} micro-batches): {seconds(measurements.stage_overhead_s)}",
+        (
+            f"posts of two ranks that meet (an exchange after {seconds(MEET_COMPUTE_S)} of "
+            f"compute): stall {seconds(measurements.meet_stall_s)} at the same moment, "
+            f"window {seconds(measurements.meet_window_s)}"
+            + ("" if measurements.meet_stall_s else " (no stall)")
+            if request.backend == "gloo" and request.procs >= 2
+            else "posts of two ranks that meet: not measured (NCCL's do not stall)"
+        ),
     ]
     return "\n".join(lines) + "\n"
 
@@ -630,6 +728,8 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
         flops_per_s=_round(measurements.flops_per_s),
         stage_overhead_s=_round(measurements.stage_overhead_s),
         devices=measurements.devices,
+        meet_stall_s=_round(measurements.meet_stall_s),
+        meet_window_s=_round(measurements.meet_window_s),
         collective_alpha_s=None if collective is None else _round(collective.alpha_s),
         collective_beta_bytes_per_s=None
         if collective is None
@@ -653,7 +753,12 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
         f"{request.procs} processes measured at once; stage_overhead_s: a real 1F1B pipeline "
         f"of one {OVERHEAD_WIDTH}-wide linear layer per process, {OVERHEAD_MICROBATCHES} "
         f"micro-batches, time inside the stage's forward and backward calls less the same "
-        f"layer's, per action, median of {OVERHEAD_STEPS} steps and of the processes"
+        f"layer's, per action, median of {OVERHEAD_STEPS} steps and of the processes; "
+        f"meet_stall_s and meet_window_s: ranks 0 and 1 compute {seconds(MEET_COMPUTE_S)} "
+        "then exchange a small tensor, rank 1's posts offset by 0 to "
+        f"{seconds(MEET_OFFSETS_S[-1])}; the extra time of an exchange over one at "
+        f"{seconds(MEET_BASELINE_S)} (median of {MEET_ROUNDS} blocks of {MEET_REPEATS}), its "
+        "height at 0 and its area over the height"
         + (
             ""
             if collective is None
@@ -679,6 +784,9 @@ def profile_toml(measurements: Measurements, fit: LinkFit, when: datetime) -> st
         lines.append(f"device_memory_bytes = {int(hardware.device_memory_bytes)}")
     lines.append(f"flops_per_s = {hardware.flops_per_s!r}")
     lines.append(f"stage_overhead_s = {hardware.stage_overhead_s!r}")
+    if hardware.meet_stall_s and hardware.meet_window_s:
+        lines.append(f"meet_stall_s = {hardware.meet_stall_s!r}")
+        lines.append(f"meet_window_s = {hardware.meet_window_s!r}")
     if hardware.devices is not None:
         lines.append(f"devices = {hardware.devices}")
     if hardware.collective_alpha_s is not None:

@@ -28,6 +28,7 @@ from syncpass.backends.torch.calibrate import (
     SizeTimes,
     fit_link,
     measure,
+    meeting_figures,
     parse_sizes,
     profile_toml,
     relative_error,
@@ -243,6 +244,41 @@ def test_the_table_shows_measured_and_fitted_times_and_errors() -> None:
     assert "45 GFLOP/s (median of the processes: 40 GFLOP/s, 50 GFLOP/s)" in text
 
 
+def test_the_meeting_stall_is_the_curves_height_and_its_area_over_the_height() -> None:
+    # Extra time of an exchange per offset of the second rank's post, 1 ms the baseline.
+    scan = {0.0: 2.1e-3, 5e-5: 1.1e-3, 1e-4: 0.1e-3, 2e-4: 0.08e-3, 1e-3: 0.1e-3}
+    stall, window = meeting_figures(scan)
+    assert stall == pytest.approx(2.0e-3)
+    # Over both signs of the offset: 2 x (trapezoids 0..50 us and 50..100 us) = 0.15 ms^2,
+    # the dip under the baseline at 200 us counting as 0.
+    area = 2 * (5e-5 * (2.0e-3 + 1.0e-3) / 2 + 5e-5 * 1.0e-3 / 2)
+    assert window == pytest.approx(area / 2.0e-3)
+    # No rise at 0 above the noise: no stall at all.
+    assert meeting_figures({0.0: 1.3e-4, 1e-4: 1.0e-4, 1e-3: 1.0e-4}) == (0.0, 0.0)
+
+
+def test_the_meeting_stall_goes_into_the_profile_and_the_table(tmp_path: Path) -> None:
+    measurements = dataclasses.replace(
+        synthetic(3e-5, 2e9), meet_stall_s=2.04e-3, meet_window_s=1.2e-4
+    )
+    fit = fit_link(SIZES, [entry.send_recv_s for entry in measurements.times])
+    path = tmp_path / "cpu.toml"
+    write_atomically(path, profile_toml(measurements, fit, WHEN))
+    profile = load_profile(str(path))
+    assert (profile.hardware.meet_stall_s, profile.hardware.meet_window_s) == (2.04e-3, 1.2e-4)
+    assert "meet_stall_s and meet_window_s: ranks 0 and 1 compute 2 ms" in profile.source
+    assert "stall 2.04 ms at the same moment, window 120 us" in render_calibration(
+        measurements, fit
+    )
+    # Without a stall the profile leaves both out, and planning pays none.
+    still = dataclasses.replace(measurements, meet_stall_s=0.0, meet_window_s=0.0)
+    path.write_text(profile_toml(still, fit, WHEN))
+    assert "meet_" not in "".join(
+        line for line in path.read_text().splitlines() if not line.startswith("source")
+    )
+    assert load_profile(str(path)).hardware.meet_stall_s == 0.0
+
+
 # --- real processes ---------------------------------------------------------------------------
 
 
@@ -266,6 +302,12 @@ def test_two_gloo_processes_calibrate_a_profile_that_plan_uses(
     # A real pipeline's runtime costs something per action, and far less than a second.
     assert 0 < hardware.stage_overhead_s < 0.05
     assert "pipeline runtime overhead per micro-batch" in out
+    # Two gloo processes' exchange: measured, whatever it is on this machine; a stall has
+    # a window, and the table says what was found.
+    assert "posts of two ranks that meet (an exchange after 2 ms of compute)" in out
+    assert hardware.meet_stall_s >= 0 and hardware.meet_window_s >= 0
+    assert (hardware.meet_stall_s > 0) == (hardware.meet_window_s > 0)
+    assert hardware.meet_window_s < 1e-3  # the baseline's offset, where posts do not meet
     assert "2 local processes" in profile.source and "backend gloo" in profile.source
     for label in ("4 B", "1 KiB", "64 KiB", "1 MiB", "4 MiB", "16 MiB"):
         assert any(line.split()[:2] == label.split() for line in out.splitlines()), label
