@@ -728,6 +728,22 @@ def _shared_devices_note(costs: Costs, prediction: Prediction) -> str | None:
     )
 
 
+def _meeting_posts_note(costs: Costs, prediction: Prediction) -> str | None:
+    """What the step pays for posts that met (:func:`~syncpass.plan.schedule.meeting_stalls`):
+    on hardware whose posts stall so, stages whose work lines their posts up pay it."""
+    if not prediction.stalled_posts:
+        return None
+    hardware = costs.hardware
+    return (
+        f"{prediction.stalled_posts} batches of transfers a step are posted as the "
+        f"neighbouring rank posts its own (within {seconds(hardware.meet_window_s)}), and "
+        f"{hardware.name or 'the hardware'}'s posts stall when they meet "
+        f"({seconds(hardware.meet_stall_s)} at the same moment, `meet_stall_s`): "
+        f"{seconds(prediction.stalled_s)} of the ranks' time in all. Stages whose work "
+        "differs by more than the window keep their posts apart"
+    )
+
+
 def auto_stage_limit(costs: Costs, max_stages: int, stages_per_device: int = 1) -> int:
     """The most stages (ranks) ``--stages auto`` tries: ``max_stages``, but no more than the
     model has ops for (``stages_per_device`` each) or the hardware devices (see
@@ -1234,6 +1250,9 @@ def _assemble(
     shared = _shared_devices_note(costs, prediction)
     if shared is not None:
         notes = [*notes, shared]
+    meeting = _meeting_posts_note(costs, prediction)
+    if meeting is not None:
+        notes = [*notes, meeting]
     placement = stage_devices(request.schedule, stages // per_device, per_device)
     live = costs.live_bytes_at
     reasons = explain_sync_points(costs, problem, cuts, score, threshold.used)

@@ -136,6 +136,10 @@ class Prediction:
     step_s: float
     stages: tuple[StageTimeline, ...]
     actions: tuple[tuple[TimedAction, ...], ...] = ()
+    # Batches of posts that met the neighbour's and stalled (:func:`meeting_stalls`), over
+    # every device, and the time they added to the devices' transfers in all.
+    stalled_posts: int = 0
+    stalled_s: float = 0.0
 
     @property
     def comm_wait_ratio(self) -> float:
@@ -524,6 +528,8 @@ def _run_order(
         step_s=step,
         stages=timelines,
         actions=tuple(tuple(device) for device in timed) if record else (),
+        stalled_posts=sum(stall > 0 for stall in stalls.values()),
+        stalled_s=sum(stalls.values()),
     )
 
 
@@ -565,8 +571,8 @@ def meeting_stalls(
                 batches.setdefault((device, link), []).append((*span, index))
             span = (action.end_s - action.send_s, action.end_s)
             sent = (stage if kind == "F" else stage - 1) if action.send_s else None
-        if sent is not None:  # the last sends delay nothing here, but may meet the other's
-            batches.setdefault((device, sent), []).append((*span, len(timed)))
+        if sent is not None:  # the last sends delay nothing (-1), but may meet the other's
+            batches.setdefault((device, sent), []).append((*span, -1))
     where = order.stage_device
     stalls: dict[tuple[int, int], float] = {}
     for (device, link), mine in batches.items():
@@ -574,6 +580,8 @@ def meeting_stalls(
         theirs = sorted(batches.get((other, link), []))
         starts = [start for start, _, _ in theirs]
         for start, end, index in mine:
+            if index < 0:
+                continue
             at = bisect.bisect_left(starts, start)
             apart = min(
                 (

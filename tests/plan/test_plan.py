@@ -584,3 +584,19 @@ def test_an_op_holding_more_than_a_stages_share_is_named_in_the_notes() -> None:
     # At 2 stages a stage's share (50%) is more than it: nothing to say.
     plan = make_plan(costs, request(2, communication_cost_threshold=math.inf))
     assert not any("holds" in note for note in plan.notes)
+
+
+def test_a_plan_whose_stages_post_together_says_what_the_meetings_cost() -> None:
+    # Equal stages in 1F1B post their transfers at the same moments after each of the
+    # 4 micro-batches but the first and the last: 2 meetings, each stalling both ranks.
+    data = cost_dict([1.0] * 4, backward=[2.0] * 4, training=True, alpha=0.01)
+    plain = make_plan(parse_costs(data), request(2, communication_cost_threshold=math.inf))
+    data["hardware"].update(meet_stall_s=0.05, meet_window_s=0.01, name="gloo here")
+    stalled = make_plan(parse_costs(data), request(2, communication_cost_threshold=math.inf))
+    assert [point.after for point in stalled.sync_points] == ["op1"]
+    assert stalled.predicted_step_s == pytest.approx(plain.predicted_step_s + 2 * 0.05)
+    (note,) = [note for note in stalled.notes if "meet" in note]
+    assert note.startswith("4 batches of transfers a step are posted as the neighbouring rank")
+    assert "gloo here's posts stall when they meet (50 ms at the same moment" in note
+    assert "200 ms of the ranks' time in all" in note
+    assert not any("meet" in note for note in plain.notes)

@@ -439,6 +439,7 @@ def _prepare(request: RunRequest, rank: int, join: bool = True) -> StageRun:
                 input_args=inputs,
                 output_args=outputs,
                 group=pipeline_group,
+                dw_builder=whole_backward_builder(stage_modules[index], index, inputs),
             )
             if index == total - 1:
                 loss_fn = StructuredOutput().wrap(stage_modules[index], loss_fn)
@@ -856,6 +857,31 @@ def own_parameters(
 
 def _tensors_of(module: torch.nn.Module) -> list[torch.Tensor]:
     return [*module.parameters(), *module.buffers()]
+
+
+def whole_backward_builder(
+    module: torch.nn.Module, index: int, inputs: Sequence[torch.Tensor]
+) -> Callable[[], Callable[[], None]] | None:
+    """For a stage after the first that holds weights but receives no gradient-carrying
+    input (token ids, a mask, a length): torch's ``dw_builder``, so that its backward runs
+    whole, else None.
+
+    The zero-bubble schedules split a stage's backward into its inputs' gradient (``I``)
+    and its weights' (``W``), and torch finds the weights' part through the graph from the
+    stage's inputs; from inputs that carry no gradient it finds none, and only stage 0 is
+    excepted (``backward_weight_one_chunk``), so such a stage would end the step with no
+    weight gradients. Given a ``dw_builder``, torch runs the whole backward at ``I`` and
+    the builder's runner at ``W``: here nothing, the weights' gradients being in already.
+    """
+    if index == 0 or any(value.requires_grad for value in inputs):
+        return None
+    if not any(parameter.requires_grad for parameter in module.parameters()):
+        return None
+    return lambda: _nothing
+
+
+def _nothing() -> None:
+    """The ``W`` of a stage whose ``I`` ran its whole backward (:func:`whole_backward_builder`)."""
 
 
 def stage_examples(

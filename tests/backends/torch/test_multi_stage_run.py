@@ -26,16 +26,24 @@ ZERO_BUBBLE = ("interleaved-zb", "zbv", "dualpipev")
 
 
 def rewritten(
-    folder: Path, stages: int, backend: str, capsys: pytest.CaptureFixture[str], model: Path = MODEL
+    folder: Path,
+    stages: int,
+    backend: str,
+    capsys: pytest.CaptureFixture[str],
+    model: Path = MODEL,
+    cuts: str | None = None,
 ) -> Path:
     """``model`` rewritten to ``stages`` stages in ``backend``'s form, from static costs
-    (``--input-shape``: nothing runs) or, for the tied model, measured ones."""
+    (``--input-shape``: nothing runs) or, for the tied model, measured ones; with ``cuts``,
+    at those sync points (``--strategy manual``), whatever the timings say."""
     source = folder / model.name
     if not source.exists():
         shutil.copy(model, source)
-    out = folder / f"{model.stem}_{backend}_{stages}.py"
+    out = folder / f"{model.stem}_{backend}_{stages}{'' if cuts is None else '_' + cuts}.py"
     costs = ["--input-shape", "8x32"] if model == MODEL else ["--example", f"{source}:example"]
     argv = ["rewrite", str(source), *costs, "--stages", str(stages), "--backend", backend]
+    if cuts is not None:
+        argv += ["--strategy", "manual", "--cuts", cuts]
     status = main([*argv, "-o", str(out)])
     captured = capsys.readouterr()
     assert status == 0, captured.err
@@ -118,12 +126,31 @@ def test_a_weight_tied_across_stages_of_one_rank_gets_its_gradient_once(
 ) -> None:
     # Under zbv rank 0 holds stages 0 and 3, the embedding and the head tied to it: each stage
     # must scale and sum its own copy, not the one parameter twice.
-    path = rewritten(folder, 4, "torch_stages", capsys, model=TIED)
+    path = rewritten(folder, 4, "torch_stages", capsys, TIED, "blocks.0,blocks.2,blocks.4")
     options = f"--stages 2 --stages-per-device 2 --schedule {schedule} {QUICK} --verify"
     document = run_report(path, options, capsys)
     assert_verified(document)
     tied = [p for p in document["verify"]["parameters"] if "several stages" in p["note"]]
     assert sorted((p["name"], p["stage"]) for p in tied) == [("wte.weight", 0), ("wte.weight", 3)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["zbv", "1f1b"])
+def test_a_later_stage_that_receives_only_token_ids_gets_its_weight_gradients(
+    folder: Path, capsys: pytest.CaptureFixture[str], schedule: str
+) -> None:
+    # Stage 0 sends the ids and the length on; stage 1 embeds them. Nothing it receives
+    # carries a gradient, and torch's split backward (I, then W) finds a stage's weights
+    # through its inputs: stage 1 runs its whole backward at I instead. 1f1b runs the
+    # same file with whole backwards.
+    path = rewritten(folder, 4, "torch_stages", capsys, TIED, "stmt@L61,blocks.2,blocks.4")
+    assert 'sends = ("idx", "seq")' in path.read_text()
+    per_device = 2 if schedule == "zbv" else 1
+    options = f"--stages {4 // per_device} --stages-per-device {per_device}"
+    document = run_report(path, f"{options} --schedule {schedule} {QUICK} --verify", capsys)
+    assert_verified(document)
+    stage_1 = [p for p in document["verify"]["parameters"] if p["stage"] == 1]
+    assert {p["name"].split(".")[0] for p in stage_1} == {"blocks", "wte"}
 
 
 @pytest.mark.slow
