@@ -84,6 +84,18 @@ def hardware_as_profiled(costs: Costs, device_memory_bytes: float) -> str:
     )
 
 
+def without_meeting_stalls(folder: Path) -> Path:
+    """The shipped CPU profile less its meeting posts' stall, written into ``folder``: a
+    test about a split's shape (not its speed on gloo) plans with it (``--hardware``), so
+    that the optimiser does not trade the balanced split it is about for one whose posts
+    do not meet (docs/formats.md, "Predicted step time")."""
+    shipped = REPO / "configs" / "hardware" / "cpu-gloo-loopback.toml"
+    lines = shipped.read_text().splitlines(keepends=True)
+    path = folder / "no-meeting-stall.toml"
+    path.write_text("".join(line for line in lines if not line.startswith("meet_")))
+    return path
+
+
 EXAMPLE_COSTS = REPO / "examples" / "costs" / "gpt_24x1024.costs.json"
 
 #: What the fork server of a test process imports once, beyond the torch backend's own

@@ -1366,6 +1366,18 @@ def compiled_forward(
     return function
 
 
+def _measured_on(flops_per_s: float | None, threads: int, on_gpu: bool) -> Hardware:
+    """The cost file's hardware: the placeholder profile with the compute rate the op
+    times reflect and this CPU's devices. On a GPU, whose stages talk over NCCL, gloo's
+    stall of posts that meet (``meet_stall_s``) does not apply."""
+    hardware = dataclasses.replace(
+        PLACEHOLDER_HARDWARE, flops_per_s=flops_per_s, devices=cpu_devices(threads)
+    )
+    if on_gpu:
+        hardware = dataclasses.replace(hardware, meet_stall_s=0.0, meet_window_s=0.0)
+    return hardware
+
+
 def _on_gpu(model: torch.nn.Module, args: tuple[Any, ...]) -> bool:
     tensors = [*model.parameters(), *model.buffers(), *_tensors(args)]
     return any(tensor.is_cuda for tensor in tensors)
@@ -1595,9 +1607,7 @@ def profile_costs(
         batch_size=batch_size,
         training=True,
         memory_multiplier=TRAINING_MEMORY_MULTIPLIER,
-        hardware=dataclasses.replace(
-            PLACEHOLDER_HARDWARE, flops_per_s=achieved, devices=cpu_devices(threads)
-        ),
+        hardware=_measured_on(achieved, threads, on_gpu=_on_gpu(model, args)),
         ops=tuple(ops),
         cuts=cuts,
         model=graph.model_class,

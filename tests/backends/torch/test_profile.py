@@ -25,6 +25,7 @@ from syncpass.backends.torch.measure import (
     MAX_TEMPLATE_LEAVES,
     _backward_spans,
     _forward_spans,
+    _measured_on,
     build_graph,
     fixed_part,
     profile_costs,
@@ -957,3 +958,12 @@ def test_a_module_dict_must_be_keyed_by_position(
     assert status == 2 and not out.exists()
     assert f"{source}:{line}: the loop runs over self.layers.values(), whose keys are" in err
     assert "'block0', 'block1'" in err
+
+
+def test_a_cost_file_measured_on_a_gpu_pays_no_gloo_stall() -> None:
+    # The placeholder profile is gloo's on this CPU, whose posts stall when they meet;
+    # stages on GPUs talk over NCCL, whose posts do not.
+    on_cpu, on_gpu = _measured_on(1e9, 1, on_gpu=False), _measured_on(1e9, 1, on_gpu=True)
+    assert on_cpu.meet_stall_s > 0 and on_cpu.meet_window_s > 0
+    assert (on_gpu.meet_stall_s, on_gpu.meet_window_s) == (0.0, 0.0)
+    assert on_gpu.flops_per_s == on_cpu.flops_per_s == 1e9

@@ -9,21 +9,11 @@ import shutil
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, without_meeting_stalls
 
 from syncpass.cli import main
 
 DATA = REPO / "tests" / "data"
-
-
-def without_meeting_stalls(tmp_path: Path) -> Path:
-    """The shipped CPU profile less its meeting posts' stall: a plan over it does not trade
-    the split the test is about for one whose posts do not meet (docs/formats.md)."""
-    shipped = REPO / "configs" / "hardware" / "cpu-gloo-loopback.toml"
-    lines = shipped.read_text().splitlines(keepends=True)
-    path = tmp_path / "no-stall.toml"
-    path.write_text("".join(line for line in lines if not line.startswith("meet_")))
-    return path
 
 
 def copied(tmp_path: Path, name: str) -> Path:
