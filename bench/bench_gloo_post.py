@@ -1,5 +1,7 @@
 """What a transfer costs between two gloo processes that compute: the stall of posts made
-together, which no term of the cost model holds yet (issue 27).
+together. ``syncpass calibrate`` measures the same curve, more briefly, for the hardware
+profile's ``meet_stall_s`` and ``meet_window_s`` (docs/calibrate.md); this script prints it
+whole, and counts the stalled posts of a real run.
 
 Two processes (one thread each) repeat: compute for ``--compute-ms``, then post one small
 transfer and wait for it. Process 1 computes ``offset`` longer (a negative offset:
