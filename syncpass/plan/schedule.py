@@ -33,8 +33,9 @@ bubble with it). A transfer between two stages on one device costs nothing.
 A link may also say that two posts across it that meet stall (:attr:`Link.meet_stall_s`:
 gloo on a CPU, where a rank that posts its transfers as its neighbour posts its own can
 block for milliseconds). Then the step is simulated twice: the first pass gives each
-device's posts, and the second delays each post by the stall, weighted by how close the
-neighbour's nearest post across the same link came (:func:`meeting_stall_s`).
+device's batches of posts, and the second delays the action after each batch by the stall,
+weighted by how close the neighbour's nearest batch across the same link came
+(:func:`meeting_stalls`, :func:`meeting_stall_s`).
 
 This module is pure Python and imports nothing heavy.
 """
@@ -386,8 +387,8 @@ def simulate_order(
     """Simulate one step of ``order``; ``loads[s]`` is stage ``s``'s work and ``links[s]``
     joins stage ``s`` and ``s + 1``. With ``record`` the prediction keeps each action's
     times (a test checks them against the order and its dependencies). Over links whose
-    meeting posts stall (:attr:`Link.stalls`) it runs twice: the second pass delays each
-    post by :func:`meeting_stall_s` of the first pass's posts.
+    meeting posts stall (:attr:`Link.stalls`) it runs twice: the second pass delays the
+    actions after the first pass's batches of posts that met (:func:`meeting_stalls`).
     """
     if not any(link.stalls for link in links):
         return _run_order(loads, links, order, record, {})

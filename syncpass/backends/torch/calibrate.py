@@ -587,13 +587,19 @@ def _meeting_scan(request: CalibrateRequest, rank: int) -> dict[float, float]:
 def meeting_figures(scan: Mapping[float, float]) -> tuple[float, float]:
     """``(meet_stall_s, meet_window_s)`` from the meeting posts' scan (module doc): each
     offset's extra time of a repetition, the largest offset the baseline. The stall curve
-    is each figure less the baseline's (at least 0); the stall its height at offset 0, the
-    window its area (both signs of the offset, the trapezoid rule over the offsets) over
-    the height. A height under :data:`MEET_NOISE_S` is no stall: ``(0, 0)``."""
+    is each figure less the baseline's, at least 0 and, as posts further apart cannot
+    stall longer, at most the figure of the offset before (a noisy sample does not widen
+    it); past the last offset it is taken as 0. The stall is its height at offset 0, the
+    window its area (both signs of the offset, the trapezoid rule) over the height, so at
+    most twice the last offset. A height under :data:`MEET_NOISE_S` is no stall: ``(0, 0)``.
+    """
     offsets = sorted(scan)
     baseline = scan[offsets[-1]]
-    curve = [(offset, max(0.0, scan[offset] - baseline)) for offset in offsets]
-    height = curve[0][1] if offsets[0] == 0 else 0.0
+    curve: list[tuple[float, float]] = []
+    for offset in offsets[:-1]:
+        extra = max(0.0, scan[offset] - baseline)
+        curve.append((offset, min(extra, curve[-1][1]) if curve else extra))
+    height = curve[0][1] if curve and curve[0][0] == 0 else 0.0
     if height < MEET_NOISE_S:
         return 0.0, 0.0
     area = 2 * sum(
