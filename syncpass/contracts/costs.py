@@ -58,10 +58,11 @@ class Hardware:
     can run at once (GPUs per node times nodes; on a CPU, its cores divided by the
     threads each stage uses); ``None`` when not known (no limit).
     ``meet_stall_s`` and ``meet_window_s`` (0: none) are what two ranks' posts of their
-    transfers to each other cost when they meet: the expected stall of a post made as the
-    neighbour posts, and how far apart two posts may be in the simulated step and still
-    meet in a run (gloo on a CPU blocks such posts for milliseconds; ``syncpass
-    calibrate`` measures both in a balanced pipeline; see :func:`~syncpass.plan.schedule.meeting_stall_s`).
+    transfers to each other cost when they meet: the stall of posts made at the same
+    moment, and how far apart two posts may be and still stall, the half-width of a
+    triangle (gloo on a CPU blocks such posts for milliseconds; ``syncpass calibrate``
+    measures both from two ranks' exchange at offsets; see
+    :func:`~syncpass.plan.schedule.meeting_stall_s`).
     """
 
     alpha_s: float

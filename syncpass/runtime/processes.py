@@ -46,7 +46,7 @@ def steady_allocator() -> bool:
     gradient of a few MiB then costs its page faults again at each backward, or not,
     depending on the history: torchvision's ResNet-18 split after ``layer3``, 2 samples,
     took 31-34 ms for ``layer4``'s backward one way and 19-21 ms the other. Profiles and
-    runs landed on either, so the weight-heavy stages' predictions missed by a third.
+    runs landed on either, so the weight-heavy stages' predictions missed by a fifth.
     The fork server (:mod:`syncpass.runtime.preload`) sets it once for every profile and
     every rank, so they measure the same, steady allocator. The same two settings
     (``MALLOC_MMAP_THRESHOLD_``, ``MALLOC_TRIM_THRESHOLD_``) make a training run match.
