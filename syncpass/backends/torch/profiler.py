@@ -162,8 +162,16 @@ class Profile:
 
     # --- recording -----------------------------------------------------------------
 
-    def _record(self, kind: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    def _record(
+        self, kind: str, function: Callable[..., Any], transfers: bool = False
+    ) -> Callable[..., Any]:
+        """``function``, recording each call as a span of ``kind``; with ``transfers``, a
+        call given no transfers (torch's helpers take the list first: an action with
+        nothing to send or receive) is not recorded."""
+
         def timed(*args: Any, **kwargs: Any) -> Any:
+            if transfers and not (args and args[0]):
+                return function(*args, **kwargs)
             began = time.perf_counter()
             try:
                 return function(*args, **kwargs)
@@ -197,11 +205,11 @@ class Profile:
         self._transfers_seen = callable(original)
         if original is None:
             return
-        setattr(schedules, _WAIT_HELPER, self._record("wait", original))
+        setattr(schedules, _WAIT_HELPER, self._record("wait", original, transfers=True))
         self._restore.append(lambda: setattr(schedules, _WAIT_HELPER, original))
         posting = getattr(schedules, _POST_HELPER, None)
         if callable(posting):
-            setattr(schedules, _POST_HELPER, self._record("post", posting))
+            setattr(schedules, _POST_HELPER, self._record("post", posting, transfers=True))
             self._restore.append(lambda: setattr(schedules, _POST_HELPER, posting))
 
     def _figures(self, elapsed: float) -> RankFigures:
