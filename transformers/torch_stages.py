@@ -841,7 +841,9 @@ def _return_lines(
 ) -> list[cst.BaseStatement]:
     """``return ...  # syncpass sync ...``: the comment on the line above where the line
     would be wider than :data:`LINE_WIDTH` (a formatter would break the return up)."""
-    value = ", ".join(_sent(stage))
+    sent = _sent(stage)
+    # A tuple of tensors alone is returned as one: ``return *name`` is no Python.
+    value = f"({sent[0]},)" if len(sent) == 1 and sent[0].startswith("*") else ", ".join(sent)
     comment = sync_comment(stage.comment)
     assert isinstance(forward.body, cst.IndentedBlock)
     indent = 4 + len(forward.body.indent or config.default_indent)  # class body, then method

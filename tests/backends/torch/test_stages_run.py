@@ -717,3 +717,19 @@ def test_a_stack_handed_to_init_and_called_through_a_local_function_splits_and_v
     assert '"head.(only tested)"' in stages
     document = run_verified_whole(out, "--stages 2", capsys)
     assert document["verify"]["tied"] == []  # no stage holds another's layers or head
+
+
+@pytest.mark.slow
+def test_a_stage_that_sends_one_tuple_alone_returns_its_tensors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    source = tmp_path / "lone_tuple_send.py"
+    shutil.copy(REPO / "tests" / "data" / "lone_tuple_send.py", source)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "2"]
+    assert main([*argv, "--strategy", "manual", "-o", str(out)]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    text = out.read_text()
+    compile(text, str(out), "exec")  # ``return *outs`` would be a syntax error
+    assert "return (*outs,)  # syncpass sync 1/1: sends outs;" in text
+    run_verified_whole(out, "--stages 2", capsys)
