@@ -185,12 +185,16 @@ def simulate(
     schedule: str,
     training: bool,
 ) -> Prediction:
-    """Simulate one training (or inference) step; ``links[s]`` joins stage ``s`` and ``s + 1``."""
+    """Simulate one training (or inference) step; ``links[s]`` joins stage ``s`` and ``s + 1``.
+    Over links whose meeting posts stall, :func:`simulate_order` runs the same order twice."""
     stages = len(loads)
     if len(links) != stages - 1:
         raise ValueError("there must be one link between each pair of neighbouring stages")
     if microbatches < 1:
         raise ValueError("microbatches must be at least 1")
+    if any(link.stalls for link in links):
+        as_order = single_stage_order(schedule, stages, 1, microbatches, training)
+        return simulate_order(loads, links, as_order)
     transfer = [link.transfer_s(microbatches) for link in links]
     transfer_back = [link.backward_transfer_s(microbatches) for link in links]
     forward_work = [load.forward_microbatch_s(microbatches) for load in loads]
@@ -199,9 +203,6 @@ def simulate(
         [kind == "F" for kind, _ in stage_order(schedule, s, stages, microbatches, training)]
         for s in range(stages)
     ]
-    if any(link.stalls for link in links):  # two passes: simulate_order's
-        as_order = single_stage_order(schedule, stages, 1, microbatches, training)
-        return simulate_order(loads, links, as_order)
     # Each stage runs its forwards, and its backwards, in micro-batch order, so the k-th
     # forward (backward) a stage has finished is micro-batch k's: end times by count.
     forward_end: list[list[float]] = [[] for _ in range(stages)]
