@@ -565,8 +565,15 @@ def _fastest(
     at the threshold its sync points need. The one with the least predicted step (the
     schedule simulated) wins; on ties, the smaller threshold. ``None`` when that is
     ``first`` itself.
+
+    A candidate with a stage that holds no weights, where the model has some, is left out
+    (:func:`_idle_stage`): that rank would only pass the batch on, so it is a plan for one
+    stage fewer, and the gloo stall of meeting posts can make it predict faster than the
+    stages asked for (an empty first stage of a balanced transformer keeps its neighbour's
+    posts apart).
     """
     ids = [op.id for op in cache.costs.ops]
+    weights = [op.param_bytes for op in cache.costs.ops]
 
     def step(cuts: tuple[int, ...]) -> float:
         return cache.predict(
@@ -581,11 +588,15 @@ def _fastest(
         "",
     )
     for plan in rising_threshold_plans(problem, stages, first)[1:]:
+        if _idle_stage(plan.cuts, weights):
+            continue
         candidate = (step(plan.cuts), plan.threshold_used, plan.cuts, "")
         best = min(best, candidate, key=lambda entry: entry[:2])
     for rule in BASELINE_STRATEGIES:
         cuts = cache.baseline(problem, stages, rule)
         if isinstance(cuts, Infeasible) or broken_constraints(problem, cuts, math.inf, ids):
+            continue
+        if _idle_stage(cuts, weights):
             continue
         ratios = [stage.cut_ratio for stage in score_cuts(problem, cuts).stages[:-1]]
         needed = max([first.threshold_used, *ratios])
@@ -608,6 +619,15 @@ def _fastest(
         f"{seconds(first_step)} within {before}"
     )
     return _SpeedRaise(cuts, threshold, first_step, note)
+
+
+def _idle_stage(cuts: tuple[int, ...], weights: list[float]) -> bool:
+    """Whether a stage of the plan with ``cuts`` holds none of the model's weights
+    (``weights``: each op's parameter bytes) while others do."""
+    if not any(weights):
+        return False
+    bounds = (0, *cuts, len(weights))
+    return any(not any(weights[start:end]) for start, end in itertools.pairwise(bounds))
 
 
 def compare_baselines(

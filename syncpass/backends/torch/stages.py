@@ -1042,7 +1042,15 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
             _from_the_start(path, dict(graph.containers))
             for path in _unsliced(reached, loop_containers, recorded)
         ]
-        paths_by_stage.append(list(dict.fromkeys([*counted, *layers])))
+        # A container read whole that holds none of the stage's layers (the first stage of
+        # x-transformers builds layer_variables and runs no layer): held with nothing in it.
+        shells = [
+            f"{container}.{OTHER_STAGES}"
+            for container in recorded
+            if container in reached
+            and not any(layer.startswith(container + ".") for layer in layers)
+        ]
+        paths_by_stage.append(list(dict.fromkeys([*counted, *layers, *sorted(shells)])))
         any_bare = any_bare or bare or reached_bare
     if any_bare:
         # The forward hands `self` itself to something: any stage may reach anything.
@@ -1133,6 +1141,11 @@ def _receive_what_is_sent(
 #: (``"head.(only tested)"``): no parameter, buffer or submodule is that, so the stage
 #: holds the module with nothing in it.
 ONLY_TESTED = "(only tested)"
+
+#: What a stage's ``keeps`` name inside a layer container it reads whole but runs none of
+#: the layers of (``"attn_layers.layers.(other stages')"``): the stage holds the container
+#: with each of its layers ``None``, as a stage that runs some holds the others'.
+OTHER_STAGES = "(other stages')"
 
 
 def none_testers(module: cst.Module) -> frozenset[str]:

@@ -689,6 +689,28 @@ def test_a_loop_over_a_tuple_the_forward_builds_is_split_per_layer_and_verifies(
     assert held["layers.5.1.weight"] == 2
 
 
+@pytest.mark.slow
+def test_a_stage_that_builds_the_loops_tuple_and_runs_none_of_its_layers_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # x-transformers split before its first layer: the first stage builds `variables` from
+    # self.layers (which the next stage builds again) and runs no layer. It holds the
+    # container with every layer None, not None itself.
+    source = tmp_path / "recorded_layers.py"
+    shutil.copy(RECORDED, source)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
+    assert main([*argv, "--cuts", "builtins.iter@L46,layers.2", "-o", str(out)]) == 0
+    text = out.read_text().split("# syncpass stages")[1]
+    first = text.split("Stage1(")[0]
+    assert "variables = (self.layer_types, self.layers, self.layer_scales)" in first
+    assert '"layers.(other stages\')"' in first
+    document = run_verified_whole(out, "--stages 3", capsys)
+    held = {entry["name"]: entry["stage"] for entry in document["verify"]["parameters"]}
+    assert held["embed.weight"] == 0 and held["layers.0.1.weight"] == 1
+    assert held["layers.5.1.weight"] == 2
+
+
 HANDED = REPO / "tests" / "data" / "handed_stack.py"
 
 
