@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import faulthandler
 import multiprocessing
 import os
+import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from multiprocessing.context import BaseContext
@@ -84,6 +87,66 @@ def stop_processes(processes: Sequence[BaseProcess], grace_s: float) -> None:
             process.kill()
             with contextlib.suppress(Exception):
                 process.join(timeout=1.0)
+
+
+def crash_log(pid: int) -> Path:
+    """Where process ``pid`` writes its threads' Python stacks if it dies of a fatal signal
+    (a segfault or an abort in C code): :func:`log_crashes`."""
+    return Path(tempfile.gettempdir()) / f"syncpass-crash-{pid}.log"
+
+
+#: The open crash log of this process (:func:`log_crashes`): faulthandler writes to its fd.
+_crash_log_file: list[object] = []
+
+
+def log_crashes() -> None:
+    """In a started process: on a fatal signal, write its threads' Python stacks to
+    :func:`crash_log` of its pid, which :func:`crash_report` reads for the error."""
+    handle = crash_log(os.getpid()).open("w")
+    _crash_log_file.append(handle)
+    faulthandler.enable(handle)
+
+
+#: How many frames of the crashed thread's stack an error names (innermost first).
+CRASH_FRAMES = 4
+
+
+def exit_signal(process: BaseProcess) -> str:
+    """The signal that ended ``process``, for an error (``" (SIGSEGV)"``), or ``""``."""
+    code = process.exitcode
+    if code is None or code >= 0:
+        return ""
+    try:
+        return f" ({signal.Signals(-code).name})"
+    except ValueError:
+        return ""
+
+
+def crash_frames(process: BaseProcess) -> tuple[str, ...]:
+    """The innermost frames (at most :data:`CRASH_FRAMES`) of the thread that crashed in
+    ``process``, as its :func:`crash_log` has them (``'File "model.py", line 12 in
+    forward'``); none when it wrote none (it exited, or was killed, without crashing)."""
+    if process.pid is None:
+        return ()
+    try:
+        text = crash_log(process.pid).read_text(errors="replace")
+    except OSError:
+        return ()
+    frames: list[str] = []
+    crashed = False
+    for line in text.splitlines():
+        if line.startswith(("Current thread", "Thread ")):
+            crashed = line.startswith("Current thread")
+        elif crashed and line.strip().startswith("File "):
+            frames.append(line.strip())
+    return tuple(frames[:CRASH_FRAMES])
+
+
+def forget_crash_logs(processes: Sequence[BaseProcess]) -> None:
+    """Remove the crash logs of ``processes`` (:func:`log_crashes`), once they are stopped."""
+    for process in processes:
+        if process.pid is not None:
+            crash_log(process.pid).unlink(missing_ok=True)
 
 
 def top_level_imports(text: str) -> tuple[str, ...]:

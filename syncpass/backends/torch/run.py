@@ -32,7 +32,15 @@ from syncpass.core.errors import SyncpassError
 from syncpass.plan.planner import small_microbatches_error
 from syncpass.runtime.contracts import RunRequest, RunResult, WorkerDone, WorkerFailed
 from syncpass.runtime.guard import call_guarded
-from syncpass.runtime.processes import preloading_imports_of, process_context, stop_processes
+from syncpass.runtime.processes import (
+    crash_frames,
+    exit_signal,
+    forget_crash_logs,
+    log_crashes,
+    preloading_imports_of,
+    process_context,
+    stop_processes,
+)
 
 ResultT = TypeVar("ResultT")
 
@@ -176,8 +184,8 @@ def run_local(
     messages = context.Queue()
     processes: list[BaseProcess] = [
         context.Process(  # type: ignore[attr-defined]
-            target=entry,
-            args=(request, rank, messages),
+            target=_logging_crashes,
+            args=(entry, request, rank, messages),
             name=f"{name}-{rank}",
             daemon=True,
         )
@@ -195,7 +203,17 @@ def run_local(
     finally:
         messages.close()
         messages.cancel_join_thread()
+        forget_crash_logs(processes)
     return result
+
+
+def _logging_crashes(
+    entry: Callable[[Any, int, Any], None], request: Any, rank: int, messages: Any
+) -> None:
+    """``entry(request, rank, messages)`` in a started process that writes its Python stack
+    where :func:`~syncpass.runtime.processes.crash_report` finds it if it crashes in C."""
+    log_crashes()
+    entry(request, rank, messages)
 
 
 def _collect(request: RunRequest, processes: list[BaseProcess], messages: Any) -> RunResult:
@@ -270,10 +288,16 @@ def _note_silent_deaths(
         if rank not in silent:
             silent.add(rank)
             continue
+        frames = crash_frames(process)
+        where = (
+            f"; it crashed in {', '.join(frames)}"
+            if frames
+            else " (its own error output, if any, is above)"
+        )
         failures[rank] = WorkerFailed(
             rank,
-            f"the process exited with status {process.exitcode} before reporting "
-            "(its own error output, if any, is above)",
+            f"the process exited with status {process.exitcode}{exit_signal(process)} "
+            f"before reporting{where}",
         )
 
 
