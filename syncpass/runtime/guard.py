@@ -23,7 +23,13 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from syncpass.core.errors import SyncpassError, unexpected_error
-from syncpass.runtime.processes import process_context, stop_processes
+from syncpass.runtime.processes import (
+    crash_frames,
+    forget_crash_logs,
+    log_crashes,
+    process_context,
+    stop_processes,
+)
 
 RequestT = TypeVar("RequestT")
 ResultT = TypeVar("ResultT")
@@ -69,6 +75,7 @@ def call_guarded(
     finally:
         results.close()
         results.cancel_join_thread()
+        forget_crash_logs([child])
     return result  # type: ignore[no-any-return]
 
 
@@ -102,6 +109,7 @@ def _child(hook: Callable[[Any], Any], request: Any, results: Any) -> None:
     """In the child: ``("ok", result)``, ``("error", SyncpassError)`` or ``("exit", code)``,
     after any ``("stderr", text)``."""
     sys.stderr = _Forwarded(results)
+    log_crashes()
     try:
         outcome: tuple[str, Any] = ("ok", hook(request))
     except SyncpassError as error:
@@ -143,7 +151,7 @@ def _wait(child: Any, results: Any, what: str, timeout_s: float) -> Any:
             )
         if child.exitcode is not None:  # dead: wait one more poll for a last message
             if gone_since is not None:
-                raise SyncpassError(_death(child.exitcode, what))
+                raise SyncpassError(_death(child, what))
             gone_since = time.monotonic()
     if kind == "ok":
         return value
@@ -160,12 +168,15 @@ def _exited(code: object, what: str) -> Any:
     )
 
 
-def _death(exitcode: int, what: str) -> str:
+def _death(child: Any, what: str) -> str:
+    exitcode = child.exitcode
     if exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
         crash = " (a crash in native code)" if name in ("SIGSEGV", "SIGBUS", "SIGILL") else ""
-        return f"{what} died from {name}{crash}; nothing was written"
+        frames = crash_frames(child)
+        where = f" in {', '.join(frames)}" if frames else ""
+        return f"{what} died from {name}{crash}{where}; nothing was written"
     return f"{what} ended its process with status {exitcode} before reporting; nothing was written"

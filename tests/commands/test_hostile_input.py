@@ -293,4 +293,7 @@ def check_example_failure(
     err = capsys.readouterr().err
     assert f"syncpass: error: {source}: {message}" in err, err
     assert "nothing was written" in err
+    if "SIGSEGV" in message:  # and the frames it died in, the example's own among them
+        line = EXAMPLE.splitlines().index("    BODY") + 1
+        assert f'File "{source}", line {line} in example' in err, err
     assert not out.exists()
