@@ -659,6 +659,17 @@ def test_a_missing_file_alongside_is_refused_before_any_process_starts(
 RECORDED = REPO / "tests" / "data" / "recorded_layers.py"
 
 
+def _recorded_split(tmp_path: Path, cuts: str) -> tuple[Path, str]:
+    """The recorded-loop model rewritten into 3 stages at ``cuts``: the file, and its stage
+    classes' text."""
+    source = tmp_path / "recorded_layers.py"
+    shutil.copy(RECORDED, source)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
+    assert main([*argv, "--cuts", cuts, "-o", str(out)]) == 0
+    return out, out.read_text().split("# syncpass stages")[1]
+
+
 @pytest.mark.slow
 def test_a_loop_over_a_tuple_the_forward_builds_is_split_per_layer_and_verifies(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -666,13 +677,8 @@ def test_a_loop_over_a_tuple_the_forward_builds_is_split_per_layer_and_verifies(
     # x-transformers' form: `for ind, (kind, (norm, proj, residual), scale) in
     # enumerate(zip(*variables))` over per-layer tuples the forward builds and reorders,
     # an iterator advanced inside, the first layer's dataclass kept for the later ones.
-    source = tmp_path / "recorded_layers.py"
-    shutil.copy(RECORDED, source)
-    out = tmp_path / "sync.py"
-    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
-    assert main([*argv, "--cuts", "layers.2,layers.4", "-o", str(out)]) == 0
+    out, text = _recorded_split(tmp_path, "layers.2,layers.4")
     assert "planned inside" not in capsys.readouterr().err
-    text = out.read_text().split("# syncpass stages")[1]
     header = "for ind, (kind, (norm, proj, residual), scale) in "
     comment = "  # syncpass: iteration i runs self.layers[i]"
     for piece in ("[:3]", "[3:5]", "[5:]"):
@@ -696,12 +702,7 @@ def test_a_stage_that_builds_the_loops_tuple_and_runs_none_of_its_layers_verifie
     # x-transformers split before its first layer: the first stage builds `variables` from
     # self.layers (which the next stage builds again) and runs no layer. It holds the
     # container with every layer None, not None itself.
-    source = tmp_path / "recorded_layers.py"
-    shutil.copy(RECORDED, source)
-    out = tmp_path / "sync.py"
-    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
-    assert main([*argv, "--cuts", "builtins.iter@L46,layers.2", "-o", str(out)]) == 0
-    text = out.read_text().split("# syncpass stages")[1]
+    out, text = _recorded_split(tmp_path, "builtins.iter@L46,layers.2")
     first = text.split("Stage1(")[0]
     assert "variables = (self.layer_types, self.layers, self.layer_scales)" in first
     assert '"layers.(other stages\')"' in first
