@@ -105,7 +105,9 @@ class StageCode:
     receives packed as tensors, with their kind, which it unpacks: a Python number
     (``int``/``float``/``bool``) or a tuple of ints (``ints``, ``size`` for a
     ``torch.Size``) arrives as one tensor, a tuple of N tensors (``tensors:N``) as its
-    N tensors, one by one; ``sent_kinds`` those it sends packed so.
+    N tensors, one by one; ``sent_kinds`` those it sends packed so. ``same`` are values
+    it receives as another's tensor, sent once (``("encoder_hidden_states",
+    "encoder_outputs.last_hidden_state")``), which it binds to that tensor.
     """
 
     index: int
@@ -120,6 +122,7 @@ class StageCode:
     sent_kinds: tuple[tuple[str, str], ...] = ()
     devices: tuple[str, ...] = ()  # torch.device values: the stage's own, read off its inputs
     recomputes: tuple[str, ...] = ()  # the ops it checkpoints (rewrite --recompute)
+    same: tuple[tuple[str, str], ...] = ()  # (name, the tensor it is): received once
 
 
 def tensor_count(kind: str | None) -> int | None:
@@ -825,6 +828,10 @@ def _prelude(stage: StageCode, config: cst.Module) -> list[cst.BaseStatement]:
         else:
             parts = ", ".join(f"{name}_{k}" for k in range(count))
             lines.append(f"{name} = ({parts},)  # the stage before sends its {count} tensors\n")
+    lines += [
+        f"{name} = {reference}  # the same tensor when profiled: sent once\n"
+        for name, reference in stage.same
+    ]
     lines += [f"{name} = None  # None when profiled: nothing to send\n" for name in stage.nones]
     if stage.devices:
         packed = dict(stage.received_kinds)

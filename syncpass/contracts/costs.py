@@ -250,6 +250,8 @@ class OpCost:
 #: ``other`` anything else (an object, a dataclass, a string).
 #: ``unbound``: a name the analysis finds live that held nothing when profiled (assigned
 #: only in a branch not taken, OPT's LayerDrop ``dropout_probability``).
+#: ``same:REF``: a tensor that was the very tensor another value live at the cut holds,
+#: ``REF`` that value's name and the piece it sent it as (:func:`same_tensor_as`): sent once.
 VALUE_KINDS = (
     "none",
     "unbound",
@@ -262,8 +264,12 @@ VALUE_KINDS = (
     "tensors:N",
     "mapping:...",
     "pytree:...",
+    "same:...",
     "other",
 )
+
+#: The prefix of a value kind that is another value's tensor (:func:`same_tensor_as`).
+SAME = "same:"
 
 
 #: ``mapping:KEY=none,KEY=tensor,KEY=tensors:2``: a dict of identifier-like string keys to
@@ -283,7 +289,31 @@ def known_kind(kind: str) -> bool:
         return _MAPPING.fullmatch(kind) is not None
     if kind.startswith(PYTREE):
         return pytree_template(kind) is not None
+    if kind.startswith(SAME):
+        return same_tensor_as(kind) is not None
     return kind in VALUE_KINDS
+
+
+def same_tensor_as(kind: str) -> tuple[str, str] | None:
+    """The value and the piece of it (as :func:`pytree_pieces` writes pieces) that a
+    ``same:REF`` kind names: ``("encoder_outputs", ".last_hidden_state")`` for
+    ``same:encoder_outputs.last_hidden_state``, ``("x", "")`` for ``same:x``; ``None`` for
+    any other kind, or a reference that is not a name followed by attributes and constant
+    subscripts."""
+    if not kind.startswith(SAME):
+        return None
+    reference = kind.removeprefix(SAME)
+    try:
+        node = ast.parse(reference, mode="eval").body
+    except SyntaxError:
+        return None
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        if isinstance(node, ast.Subscript) and type(_literal(node.slice)) not in (int, str):
+            return None
+        node = node.value
+    if not isinstance(node, ast.Name) or not reference.startswith(node.id):
+        return None
+    return node.id, reference.removeprefix(node.id)
 
 
 #: The kind of a live value no stage can send (a module, an open file, ...).
@@ -299,6 +329,14 @@ TENSOR_LEAF = "T"
 NUMBER_LEAVES = {"I": "int", "F": "float"}
 #: Every leaf a template names rather than writes out.
 SENT_LEAVES = (TENSOR_LEAF, *NUMBER_LEAVES)
+
+
+def _literal(node: ast.expr) -> object:
+    """The constant ``node`` writes (``-1``, ``"mask"``), or ``None``."""
+    try:
+        return ast.literal_eval(node)
+    except (ValueError, TypeError):
+        return None
 
 
 def pytree_template(kind: str) -> ast.expr | None:

@@ -20,6 +20,7 @@ from syncpass.contracts.costs import (
     parse_costs,
     pytree_leaves,
     pytree_pieces,
+    same_tensor_as,
 )
 from syncpass.core.errors import SyncpassError
 from syncpass.settings.project import load_project_config
@@ -213,6 +214,20 @@ def test_the_models_settings_round_trip() -> None:
     )
     assert parse_costs(json.loads(json.dumps(costs_to_json(costs)))) == costs
     assert "model_settings" not in costs_to_json(parse_costs(ISSUE_EXAMPLE))
+
+
+def test_a_same_kind_names_the_value_and_the_piece_whose_tensor_it_is() -> None:
+    assert same_tensor_as("same:encoder_outputs.last_hidden_state") == (
+        "encoder_outputs",
+        ".last_hidden_state",
+    )
+    assert same_tensor_as("same:x") == ("x", "")
+    assert same_tensor_as('same:masks["full"][-1]') == ("masks", '["full"][-1]')
+    assert known_kind("same:pair[1]")
+    # Only a name, attributes and constant subscripts: pieces as kinds write them.
+    for kind in ("same:x[i]", "same:x + y", "same:(x)[0]", "same: x", "same:x[1.5]", "same:"):
+        assert same_tensor_as(kind) is None and not known_kind(kind), kind
+    assert same_tensor_as("pytree:(T,)") is None
 
 
 def test_a_pytree_kind_names_its_tensors_by_subscript_and_nothing_else_is_one() -> None:

@@ -47,6 +47,7 @@ across it (:func:`tensor_bytes`). The hardware is a placeholder
 
 from __future__ import annotations
 
+import ast
 import copy
 import dataclasses
 import inspect
@@ -77,6 +78,7 @@ from syncpass.backends.torch.rewrite import strip_sync_points
 from syncpass.backends.torch.speed import SpeedProbe
 from syncpass.contracts.costs import (
     PYTREE,
+    SAME,
     TENSOR_LEAF,
     Costs,
     CutCost,
@@ -92,6 +94,7 @@ from syncpass.core.errors import SyncpassError
 from syncpass.frontend import find_forward, parse_source
 from syncpass.frontend.analysis import ContainerLoop
 from syncpass.transformers.probes import PROBE, ProbeSite, probed_forward_source
+from syncpass.transformers.torch_stages import tensor_pieces
 
 #: Until link calibration exists: a gloo link between local processes, roughly.
 PLACEHOLDER_HARDWARE = load_profile("cpu-gloo-loopback").hardware
@@ -545,6 +548,48 @@ def _rebuilt_alike(item: object) -> bool:
     return all(getattr(again, field.name) is getattr(item, field.name) for field in fields)
 
 
+def same_tensors(
+    names: Sequence[str], values: Mapping[str, object], kinds: Mapping[str, str]
+) -> dict[str, str]:
+    """The ``same:`` kinds of the tensors among ``names`` that are the very tensor another
+    of them holds (``kinds``: the others' kinds): a piece of a value that crosses as its
+    tensors (T5's ``encoder_hidden_states`` is ``encoder_outputs.last_hidden_state``), or
+    a tensor under a name before it. Each such tensor is sent once, as the first."""
+    first: dict[int, str] = {}
+    for name in names:
+        for piece in tensor_pieces(kinds.get(name)) or ():
+            item = _piece_of(values.get(name), piece)
+            if isinstance(item, torch.Tensor):
+                first.setdefault(id(item), name + piece)
+    found = {}
+    for name in names:
+        value = values.get(name)
+        if isinstance(value, torch.Tensor):
+            reference = first.setdefault(id(value), name)
+            if reference != name:
+                found[name] = SAME + reference
+    return found
+
+
+def _piece_of(value: object, piece: str) -> object:
+    """What ``piece`` (``.logits``, ``[0]``, ``["mask"][1]``, as a kind's pieces are written)
+    picks out of ``value``; ``None`` where it picks nothing."""
+    node = ast.parse(f"value{piece}", mode="eval").body
+    steps: list[ast.Attribute | ast.Subscript] = []
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        steps.append(node)
+        node = node.value
+    for step in reversed(steps):
+        try:
+            if isinstance(step, ast.Attribute):
+                value = getattr(value, step.attr)
+            else:
+                value = value[ast.literal_eval(step.slice)]  # type: ignore[index]
+        except (AttributeError, IndexError, KeyError, TypeError, ValueError):
+            return None
+    return value
+
+
 def _entry_kind(item: object) -> str:
     """What one entry of a crossing dict is: ``none``, ``tensor``, ``tensors:N`` (a tuple of
     tensors), or ``other`` (which no mapping kind admits)."""
@@ -714,11 +759,25 @@ def _gradient_tensors(value: object, found: dict[int, torch.Tensor], seen: set[i
         if value.requires_grad:
             found.setdefault(id(value), value)
         return
-    if not isinstance(value, (tuple, list, dict)) or id(value) in seen:
+    if not (isinstance(value, (tuple, list, dict)) or _is_dataclass_value(value)):
+        return
+    if id(value) in seen:
         return
     seen.add(id(value))
-    for item in value.values() if isinstance(value, dict) else value:
+    items: Iterable[object]
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (tuple, list)):
+        items = value
+    else:
+        items = [getattr(value, field.name) for field in dataclasses.fields(value)]  # type: ignore[arg-type]
+    for item in items:
         _gradient_tensors(item, found, seen)
+
+
+def _is_dataclass_value(value: object) -> bool:
+    """Whether ``value`` is an instance of a dataclass (not the class itself)."""
+    return dataclasses.is_dataclass(value) and not isinstance(value, type)
 
 
 #: Values that hold no tensor an op could take a gradient through (a submodule's
@@ -768,14 +827,25 @@ def _needs_gradient(value: object, seen: set[int] | None = None) -> bool | None:
 def _substitute(value: Any, swap: Mapping[int, torch.Tensor], seen: set[int]) -> Any:
     """``value`` with the tensors in ``swap`` replaced.
 
-    Lists and dicts are updated in place, so other references to them see the
-    same values; tuples are rebuilt (named tuples as their own type).
+    Lists, dicts and dataclasses are updated in place (a frozen one too), so other
+    references to them see the same values: a name bound to a dataclass's field
+    (``context = memory.states``) stays that field's tensor. Tuples are rebuilt (named
+    tuples as their own type).
     """
     if isinstance(value, torch.Tensor):
         return swap.get(id(value), value)
-    if not isinstance(value, (tuple, list, dict)) or id(value) in seen:
+    if not (isinstance(value, (tuple, list, dict)) or _is_dataclass_value(value)):
+        return value
+    if id(value) in seen:
         return value
     seen.add(id(value))
+    if not isinstance(value, (tuple, list, dict)):
+        for field in dataclasses.fields(value):
+            old = getattr(value, field.name)
+            new = _substitute(old, swap, seen)
+            if new is not old:
+                object.__setattr__(value, field.name, new)
+        return value
     if isinstance(value, list):
         for index, item in enumerate(value):
             new = _substitute(item, swap, seen)
@@ -896,17 +966,22 @@ class _Probe:
                     values[name] for name in self.cut_live[position] if name in values
                 )
                 names = self.cut_values.get(position, self.cut_live[position])
-                self.kinds[position] = {
+                kinds = {
                     name: value_kind(values[name], self.class_names)
                     if name in values
                     else "unbound"
                     for name in names
                     if not isinstance(values.get(name), torch.Tensor)
                 }
+                kinds |= same_tensors(names, values, kinds)
+                self.kinds[position] = kinds
                 if position in self.cut_values:
                     self.values[position] = {
                         name: (
-                            tensor_bytes([values[name]]),
+                            # Another value's tensor is sent once, as that value's.
+                            0
+                            if kinds.get(name, "").startswith(SAME)
+                            else tensor_bytes([values[name]]),
                             any(tensor.requires_grad for tensor in _tensors(values[name])),
                         )
                         for name in names

@@ -44,7 +44,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import sys
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +53,7 @@ import libcst.matchers as m
 
 from syncpass.backends.torch.analysis import analyse as analyse_traced
 from syncpass.backends.torch.rewrite import strip_sync_points as strip_pipe_splits
-from syncpass.contracts.costs import pytree_leaves
+from syncpass.contracts.costs import pytree_leaves, same_tensor_as
 from syncpass.contracts.graph import Cut, Op, OpGraph, Replayable, SourceLocation
 from syncpass.core.errors import SyncpassError
 from syncpass.frontend.analysis import (
@@ -946,6 +946,7 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
     nones: list[tuple[str, ...]] = [()]
     own_devices: list[tuple[str, ...]] = [()]
     scalars: list[tuple[tuple[str, str], ...]] = [()]
+    aliases: list[tuple[tuple[str, str], ...]] = [()]
     for number, (site, position) in enumerate(zip(ordered, positions, strict=True), start=1):
         reads = set(mentioned_names(pieces[number])) | set(receives[number])
         # A value live at the sync point that its kinds do not list was a tensor there, even
@@ -1000,10 +1001,12 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
                 "sync point, or read the device off a tensor after it",
                 str(op.location),
             )
-        takes.append(tuple(sent))
+        same = _sent_once(sent, dict(site.kinds))
+        takes.append(tuple(name for name in sent if name not in dict(same)))
         nones.append(tuple(nothing))
         scalars.append(tuple(numbers))
         own_devices.append(tuple(devices))
+        aliases.append(same)
 
     # A nested nn.Sequential planned per child: the containers that hold it are sliced by
     # the stages (self.blocks[2:]), and what they hold is the ops' to say, too.
@@ -1081,7 +1084,10 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
             computes = (
                 f"; the next stage computes {', '.join(recomputed)} again" if recomputed else ""
             )
-            comment = f"{numbered}: sends {', '.join(sends) or 'nothing'}{computes}; {rest}"
+            once = "".join(
+                f"; {name} is {reference}, sent once" for name, reference in aliases[index + 1]
+            )
+            comment = f"{numbered}: sends {', '.join(sends) or 'nothing'}{once}{computes}; {rest}"
         codes.append(
             StageCode(
                 index=index,
@@ -1095,9 +1101,23 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
                 devices=own_devices[index],
                 received_kinds=scalars[index],
                 sent_kinds=scalars[index + 1] if index + 1 < count else (),
+                same=aliases[index],
             )
         )
     return codes
+
+
+def _sent_once(sent: Sequence[str], kinds: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The values of ``sent`` that were the very tensor another of them holds when profiled
+    (a ``same:`` kind of this sync point, ``kinds``), with that tensor's reference: T5's
+    ``("encoder_hidden_states", "encoder_outputs.last_hidden_state")``. The stage before
+    sends the tensor once, and the stage after binds the name to it."""
+    found = []
+    for name in sent:
+        target = same_tensor_as(kinds.get(name, ""))
+        if target is not None and target[0] != name and target[0] in sent:
+            found.append((name, "".join(target)))
+    return tuple(found)
 
 
 def _chosen_replay(name: str, before: int, ops: Sequence[Op], unsent: set[str]) -> _Replay:

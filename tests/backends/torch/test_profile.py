@@ -29,6 +29,7 @@ from syncpass.backends.torch.measure import (
     build_graph,
     fixed_part,
     profile_costs,
+    same_tensors,
     tensor_bytes,
     value_kind,
 )
@@ -856,6 +857,35 @@ def test_what_a_cut_sends_that_is_no_tensor_is_recorded_by_kind() -> None:
     assert value_kind({(1, 2): torch.zeros(1)}) == "other"  # a key no subscript spells plainly
     assert value_kind([float("nan")]) == "other"
     assert value_kind([0] * (MAX_TEMPLATE_LEAVES + 1)) == "other"
+
+
+def test_a_tensor_that_another_live_value_holds_is_recorded_as_that_values() -> None:
+    h, mask, other = torch.zeros(2), torch.ones(2), torch.ones(3)
+    values = {
+        "outputs": Pair(h, None),
+        "masks": {"full": None, "local": (other, mask)},
+        "states": h,  # T5's encoder_hidden_states = encoder_outputs.last_hidden_state
+        "gate": mask,
+        "again": other,
+        "x": torch.zeros(2),
+        "y": None,
+    }
+    values["y"] = values["x"]  # a tensor under a name before it
+    kinds = {
+        name: value_kind(value, {Pair: "Pair"})
+        for name, value in values.items()
+        if not isinstance(value, torch.Tensor)
+    }
+    assert kinds["outputs"] == "pytree:Pair(first=T, second=None)"
+    assert kinds["masks"] == "mapping:full=none,local=tensors:2"
+    assert same_tensors(list(values), values, kinds) == {
+        "states": "same:outputs.first",
+        "gate": 'same:masks["local"][1]',
+        "again": 'same:masks["local"][0]',
+        "y": "same:x",
+    }
+    # An equal tensor is not the same one; a value missing (unbound) names nothing.
+    assert same_tensors(["a", "b", "c"], {"a": torch.zeros(2), "b": torch.zeros(2)}, {}) == {}
 
 
 def test_profile_says_which_cuts_the_backend_takes_no_sync_point_at(

@@ -712,6 +712,30 @@ def test_a_stage_that_builds_the_loops_tuple_and_runs_none_of_its_layers_verifie
     assert held["layers.5.1.weight"] == 2
 
 
+SAME = REPO / "tests" / "data" / "same_tensor_sends.py"
+
+
+@pytest.mark.slow
+def test_a_tensor_under_two_names_is_sent_once_and_the_split_run_verifies(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # T5's decoder: encoder_hidden_states is encoder_outputs.last_hidden_state. Here a
+    # dataclass's field and a tuple's item, each under a name of its own, cross every cut.
+    source = tmp_path / "same_tensor_sends.py"
+    shutil.copy(SAME, source)
+    out = tmp_path / "sync.py"
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
+    assert main([*argv, "--cuts", "layers.0,layers.2", "-o", str(out)]) == 0
+    text = out.read_text().split("# syncpass stages")[1]
+    assert text.count("return h, memory.states, *pair\n") == 2
+    once = "context is memory.states, sent once; gate is pair[1], sent once"
+    assert text.count(once) == 2
+    assert text.count("context = memory.states  # the same tensor when profiled: sent once") == 2
+    assert text.count("gate = pair[1]  # the same tensor when profiled: sent once") == 2
+    # One tensor a stage receives, read under both names: its gradient is both reads'.
+    run_verified_whole(out, "--stages 3", capsys)
+
+
 HANDED = REPO / "tests" / "data" / "handed_stack.py"
 
 
