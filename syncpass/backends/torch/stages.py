@@ -1002,7 +1002,8 @@ def stage_codes(source: ModelSource, sites: Sequence[SyncSite], path: str) -> li
                 str(op.location),
             )
         same = _sent_once(sent, dict(site.kinds))
-        takes.append(tuple(name for name in sent if name not in dict(same)))
+        bound = {name for name, _ in same}
+        takes.append(tuple(name for name in sent if name not in bound))
         nones.append(tuple(nothing))
         scalars.append(tuple(numbers))
         own_devices.append(tuple(devices))
