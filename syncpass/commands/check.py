@@ -32,6 +32,7 @@ from syncpass.commands.cliargs import EXIT_ERROR, EXIT_FOUND, EXIT_OK, positive_
 from syncpass.contracts.config import strategy_names
 from syncpass.core.errors import SyncpassError, unexpected_error
 from syncpass.core.fileio import write_atomically
+from syncpass.core.samecode import same_code
 from syncpass.settings.project import (
     ModelEntry,
     ProjectConfig,
@@ -278,7 +279,7 @@ def _check_entry(project: ProjectConfig, entry: ModelEntry, request: CheckReques
         f"{seconds(plan.bottleneck_s)}, predicted step {seconds(plan.predicted_step_s)}"
     )
     current = _read_generated(entry.generated)
-    if current == result.rewritten:
+    if current is not None and same_code(current, result.rewritten):  # reformatted is current
         return EntryOutcome(entry, "current", "", summary)
     command = _rewrite_command(project, entry, request.sync)
     name = shown(entry.generated)

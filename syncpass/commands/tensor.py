@@ -16,6 +16,7 @@ from syncpass.commands.cliargs import EXIT_OK
 from syncpass.contracts.costs import load_costs
 from syncpass.core.errors import SyncpassError
 from syncpass.core.fileio import refuse_clobbering, write_atomically
+from syncpass.core.samecode import same_code
 from syncpass.plan.tensor_baselines import PLACEMENTS
 from syncpass.plan.tensor_plan import TensorPlan, tensor_plan_to_json
 from syncpass.plan.tensor_planner import (
@@ -191,7 +192,7 @@ def run_tensor_rewrite(args: argparse.Namespace) -> int:
     from syncpass.commands.cliargs import EXIT_FOUND
 
     text, rewritten, summary, _ = tensor_rewritten(args)
-    changed = rewritten != text
+    changed = not same_code(text, rewritten)  # a file its formatter laid out anew is current
     if args.diff:
         import difflib
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from syncpass.contracts.costs import Costs
 from syncpass.contracts.graph import LoopIteration, OpGraph
 from syncpass.core.errors import SyncpassError
+from syncpass.core.samecode import same_code
 from syncpass.core.units import num_bytes, seconds
 from syncpass.frontend.match import match_costs, steer_by_source
 from syncpass.frontend.source import SourceForm
@@ -48,7 +49,9 @@ class RewriteResult:
 
     @property
     def changed(self) -> bool:
-        return self.original != self.rewritten
+        """Whether the rewritten source is other code than the original: a file a formatter
+        laid out anew since syncpass wrote it is unchanged (:func:`same_code`)."""
+        return not same_code(self.original, self.rewritten)
 
 
 def check_saved_plan(plan: Plan, graph: OpGraph) -> Plan:

@@ -86,6 +86,32 @@ def test_in_place_and_report(model: tuple[Path, Path], tmp_path: Path) -> None:
     assert source.read_text() == CASE.expected
 
 
+def test_a_file_its_formatter_laid_out_anew_is_up_to_date_and_left_as_it_is(
+    model: tuple[Path, Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A project whose formatter keeps 60 columns: it breaks up lines of the stage classes
+    # syncpass wrote for 88. The file is still current (--check, the pre-commit hook), and
+    # rewriting it in place leaves the formatter's layout, byte for byte.
+    source, costs = model
+    args = ["--costs", str(costs), "--stages", "3", "--backend", "torch_stages"]
+    assert rewrite(str(source), "--in-place", *args) == 0
+    written = source.read_text()
+    formatter = [sys.executable, "-m", "ruff", "format", "--no-cache", "--line-length", "60"]
+    subprocess.run([*formatter, str(source)], check=True, capture_output=True)
+    formatted = source.read_text()
+    assert formatted != written
+    capsys.readouterr()
+    assert rewrite(str(source), "--check", *args) == 0
+    assert "is up to date" in capsys.readouterr().err
+    assert rewrite(str(source), "--in-place", *args) == 0
+    assert source.read_text() == formatted
+    # Another plan is other code: stale, and written.
+    other = [*args[:3], "2", *args[4:]]
+    assert rewrite(str(source), "--check", *other) == 1
+    assert rewrite(str(source), "--in-place", *other) == 0
+    assert source.read_text().count("# syncpass sync ") == 1
+
+
 @pytest.mark.parametrize(
     ("content", "message"),
     [
