@@ -6,8 +6,10 @@ pyproject.toml configures them, as the examples themselves do."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -133,6 +135,27 @@ def test_the_bundled_examples_rewritten_pass_ruff(written: Path) -> None:
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
     formatted = tool("ruff", "format", "--check", "--no-cache", "--config", config, str(written))
+    assert formatted.returncode == 0, formatted.stdout + formatted.stderr
+
+
+@pytest.mark.slow
+def test_the_eager_stages_are_laid_out_as_a_formatter_at_88_columns_lays_them_out(
+    written: Path, tmp_path: Path
+) -> None:
+    # black's and ruff's default line length: a project that formats its files with either
+    # gets the stage classes back as syncpass wrote them.
+    stages = tmp_path / "stages"
+    stages.mkdir()
+    for path in sorted(written.glob("*_torch_stages_*.py")):
+        text = path.read_text()
+        classes = [
+            ast.get_source_segment(text, node)
+            for node in ast.parse(text).body
+            if isinstance(node, ast.ClassDef) and re.fullmatch(r"\w+Stage\d*", node.name)
+        ]
+        assert len(classes) >= 3, path.name  # the base and two stages at least
+        (stages / path.name).write_text("\n\n\n".join(map(str, classes)) + "\n")
+    formatted = tool("ruff", "format", "--check", "--no-cache", "--line-length", "88", str(stages))
     assert formatted.returncode == 0, formatted.stdout + formatted.stderr
 
 

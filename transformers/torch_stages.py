@@ -444,9 +444,10 @@ _BASE_TEMPLATE = '''\
 class {base}({model}):
     """One pipeline stage of {model}: a slice of its forward.
 
-    A stage holds only the submodules, parameters and buffers its slice uses, under the
-    unsplit model's names (a {model} state dict loads into it with strict=False); build
-    stage k with ``{model}Stage<k>.of(model)`` and hand it to PipelineStage.
+    A stage holds only the submodules, parameters and buffers its slice uses,
+    under the unsplit model's names (a {model} state dict loads into it
+    with strict=False); build stage k with ``{model}Stage<k>.of(model)``
+    and hand it to PipelineStage.
     """
 
     keeps: tuple[str, ...] = ()  # what the stage holds; everything else is None
@@ -454,9 +455,15 @@ class {base}({model}):
 
     @classmethod
     def of(cls, model: {model}) -> {returns}:
-        """This stage of ``model``: the same parameter objects, the other stages' set to None."""
+        """This stage of ``model``: the same parameter objects, the others None."""
 
-        keeps = cls.keeps  # what kept() keeps: the stage's, then with what its objects use
+        keeps = cls.keeps  # the stage's, then with what its objects use
+
+        def covered(path: str) -> bool:
+            return any(path == k or path.startswith(k + ".") for k in keeps)
+
+        def below(path: str) -> bool:
+            return any(k.startswith(path + ".") for k in keeps)
 
         def kept(module: object, prefix: str, into: type[object]) -> object:
             part = into.__new__(into)
@@ -464,20 +471,20 @@ class {base}({model}):
             for table in ("_parameters", "_buffers", "_modules"):
                 entries = dict(module.__dict__[table])
                 for place, (name, value) in enumerate(entries.items()):
-                    # A child by its name, or by its place: "body.0" is a named nn.Sequential's
-                    # first child, as slicing it counts.
+                    # A child by its name, or by its place: "body.0" is a named
+                    # nn.Sequential's first child, as slicing it counts.
                     paths = [prefix + name]
                     if table == "_modules":
                         paths.append(prefix + str(place))
-                    whole = any(p == k or p.startswith(k + ".") for p in paths for k in keeps)
-                    inside = [p for p in paths if any(k.startswith(p + ".") for k in keeps)]
-                    if value is None or whole:
+                    inside = [p for p in paths if below(p)]
+                    if value is None or any(covered(p) for p in paths):
                         continue
                     if not inside:
                         entries[name] = None
                     elif table == "_modules":
                         entries[name] = kept(value, inside[0] + ".", type(value))
-                    # else a parameter or buffer whose attribute the stage reads: kept whole
+                    # else a parameter or buffer whose attribute the stage reads:
+                    # kept whole
                 part.__dict__[table] = entries
             return part
 
@@ -486,9 +493,10 @@ class {base}({model}):
 
         stage = kept(model, "", cls)
         assert isinstance(stage, cls)
-        # A plain object the stage uses may hold modules of the model (a tied head that is
-        # not a module and calls the embedding's weight): the stage keeps those too, so
-        # that their parameters are its own (its optimizer and gradients reach them).
+        # A plain object the stage uses may hold modules of the model (a tied head
+        # that is not a module and calls the embedding's weight): the stage keeps
+        # those too, so that their parameters are its own (its optimizer and
+        # gradients reach them).
         paths = {{id(module): path for path, module in model.named_modules() if path}}
         used = [
             paths[id(part)]
