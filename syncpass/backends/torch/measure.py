@@ -398,8 +398,7 @@ def _tensors(value: object, seen: set[int] | None = None) -> Iterator[torch.Tens
     if isinstance(value, torch.Tensor):
         yield value
         return
-    dataclass = dataclasses.is_dataclass(value) and not isinstance(value, type)
-    if not (isinstance(value, (tuple, list, dict)) or dataclass):
+    if not (isinstance(value, (tuple, list, dict)) or _is_dataclass_value(value)):
         return
     seen = set() if seen is None else seen
     if id(value) in seen:
@@ -755,24 +754,10 @@ class _Boundary(torch.autograd.Function):
 
 
 def _gradient_tensors(value: object, found: dict[int, torch.Tensor], seen: set[int]) -> None:
-    if isinstance(value, torch.Tensor):
-        if value.requires_grad:
-            found.setdefault(id(value), value)
-        return
-    if not (isinstance(value, (tuple, list, dict)) or _is_dataclass_value(value)):
-        return
-    if id(value) in seen:
-        return
-    seen.add(id(value))
-    items: Iterable[object]
-    if isinstance(value, dict):
-        items = value.values()
-    elif isinstance(value, (tuple, list)):
-        items = value
-    else:
-        items = [getattr(value, field.name) for field in dataclasses.fields(value)]  # type: ignore[arg-type]
-    for item in items:
-        _gradient_tensors(item, found, seen)
+    """Add to ``found`` the tensors in ``value`` (:func:`_tensors`) that need a gradient."""
+    for tensor in _tensors(value, seen):
+        if tensor.requires_grad:
+            found.setdefault(id(tensor), tensor)
 
 
 def _is_dataclass_value(value: object) -> bool:
