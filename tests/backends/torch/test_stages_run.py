@@ -659,11 +659,11 @@ def test_a_missing_file_alongside_is_refused_before_any_process_starts(
 RECORDED = REPO / "tests" / "data" / "recorded_layers.py"
 
 
-def _recorded_split(tmp_path: Path, cuts: str) -> tuple[Path, str]:
-    """The recorded-loop model rewritten into 3 stages at ``cuts``: the file, and its stage
+def _split_at(tmp_path: Path, model: Path, cuts: str) -> tuple[Path, str]:
+    """The data model ``model`` rewritten into 3 stages at ``cuts``: the file, and its stage
     classes' text."""
-    source = tmp_path / "recorded_layers.py"
-    shutil.copy(RECORDED, source)
+    source = tmp_path / model.name
+    shutil.copy(model, source)
     out = tmp_path / "sync.py"
     argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
     assert main([*argv, "--cuts", cuts, "-o", str(out)]) == 0
@@ -677,7 +677,7 @@ def test_a_loop_over_a_tuple_the_forward_builds_is_split_per_layer_and_verifies(
     # x-transformers' form: `for ind, (kind, (norm, proj, residual), scale) in
     # enumerate(zip(*variables))` over per-layer tuples the forward builds and reorders,
     # an iterator advanced inside, the first layer's dataclass kept for the later ones.
-    out, text = _recorded_split(tmp_path, "layers.2,layers.4")
+    out, text = _split_at(tmp_path, RECORDED, "layers.2,layers.4")
     assert "planned inside" not in capsys.readouterr().err
     header = "for ind, (kind, (norm, proj, residual), scale) in "
     comment = "  # syncpass: iteration i runs self.layers[i]"
@@ -702,7 +702,7 @@ def test_a_stage_that_builds_the_loops_tuple_and_runs_none_of_its_layers_verifie
     # x-transformers split before its first layer: the first stage builds `variables` from
     # self.layers (which the next stage builds again) and runs no layer. It holds the
     # container with every layer None, not None itself.
-    out, text = _recorded_split(tmp_path, "builtins.iter@L46,layers.2")
+    out, text = _split_at(tmp_path, RECORDED, "builtins.iter@L46,layers.2")
     first = text.split("Stage1(")[0]
     assert "variables = (self.layer_types, self.layers, self.layer_scales)" in first
     assert '"layers.(other stages\')"' in first
@@ -721,12 +721,7 @@ def test_a_tensor_under_two_names_is_sent_once_and_the_split_run_verifies(
 ) -> None:
     # T5's decoder: encoder_hidden_states is encoder_outputs.last_hidden_state. Here a
     # dataclass's field and a tuple's item, each under a name of its own, cross every cut.
-    source = tmp_path / "same_tensor_sends.py"
-    shutil.copy(SAME, source)
-    out = tmp_path / "sync.py"
-    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
-    assert main([*argv, "--cuts", "layers.0,layers.2", "-o", str(out)]) == 0
-    text = out.read_text().split("# syncpass stages")[1]
+    out, text = _split_at(tmp_path, SAME, "layers.0,layers.2")
     assert text.count("return h, memory.states, *pair\n") == 2
     once = "context is memory.states, sent once; gate is pair[1], sent once"
     assert text.count(once) == 2
