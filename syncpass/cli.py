@@ -699,7 +699,7 @@ def _run_rewrite(args: argparse.Namespace, adjust: Callable[[Costs], Costs] | No
             "analysis": analysis_to_json(result.graph),
         }
         write_atomically(args.report, json.dumps(document, indent=2) + "\n")
-    if args.diff:
+    if args.diff and result.changed:  # a file only laid out anew has no diff to show
         sys.stdout.writelines(
             difflib.unified_diff(
                 result.original.splitlines(keepends=True),

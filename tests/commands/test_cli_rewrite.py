@@ -103,6 +103,8 @@ def test_a_file_its_formatter_laid_out_anew_is_up_to_date_and_left_as_it_is(
     capsys.readouterr()
     assert rewrite(str(source), "--check", *args) == 0
     assert "is up to date" in capsys.readouterr().err
+    assert rewrite(str(source), "--diff", *args) == 0
+    assert capsys.readouterr().out == ""  # no diff of layout alone
     assert rewrite(str(source), "--in-place", *args) == 0
     assert source.read_text() == formatted
     # Another plan is other code: stale, and written.
