@@ -659,14 +659,21 @@ def test_a_missing_file_alongside_is_refused_before_any_process_starts(
 RECORDED = REPO / "tests" / "data" / "recorded_layers.py"
 
 
-def _split_at(tmp_path: Path, model: Path, cuts: str) -> tuple[Path, str]:
-    """The data model ``model`` rewritten into 3 stages at ``cuts``: the file, and its stage
-    classes' text."""
+def _rewritten(tmp_path: Path, model: Path, stages: int, *options: str) -> Path:
+    """The data model ``model``, copied into ``tmp_path``, rewritten into ``stages`` eager
+    stages with ``options``: the file written."""
     source = tmp_path / model.name
     shutil.copy(model, source)
     out = tmp_path / "sync.py"
-    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "3"]
-    assert main([*argv, "--cuts", cuts, "-o", str(out)]) == 0
+    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", str(stages)]
+    assert main([*argv, *options, "-o", str(out)]) == 0
+    return out
+
+
+def _split_at(tmp_path: Path, model: Path, cuts: str) -> tuple[Path, str]:
+    """The data model ``model`` rewritten into 3 stages at ``cuts``: the file, and its stage
+    classes' text."""
+    out = _rewritten(tmp_path, model, 3, "--cuts", cuts)
     return out, out.read_text().split("# syncpass stages")[1]
 
 
@@ -765,11 +772,9 @@ def test_a_stack_handed_to_init_and_called_through_a_local_function_splits_and_v
 def test_a_stage_that_sends_one_tuple_alone_returns_its_tensors(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    source = tmp_path / "lone_tuple_send.py"
-    shutil.copy(REPO / "tests" / "data" / "lone_tuple_send.py", source)
-    out = tmp_path / "sync.py"
-    argv = ["rewrite", str(source), "--example", f"{source}:example", "--stages", "2"]
-    assert main([*argv, "--strategy", "manual", "-o", str(out)]) == 0, capsys.readouterr().err
+    out = _rewritten(
+        tmp_path, REPO / "tests" / "data" / "lone_tuple_send.py", 2, "--strategy", "manual"
+    )
     capsys.readouterr()
     text = out.read_text()
     compile(text, str(out), "exec")  # ``return *outs`` would be a syntax error
