@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import io
 import queue
-import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -25,6 +24,7 @@ from typing import Any, TypeVar
 from syncpass.core.errors import SyncpassError, unexpected_error
 from syncpass.runtime.processes import (
     crash_frames,
+    exit_signal,
     forget_crash_logs,
     log_crashes,
     process_context,
@@ -169,14 +169,13 @@ def _exited(code: object, what: str) -> Any:
 
 
 def _death(child: Any, what: str) -> str:
-    exitcode = child.exitcode
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
+    name = exit_signal(child)
+    if name is not None:
         crash = " (a crash in native code)" if name in ("SIGSEGV", "SIGBUS", "SIGILL") else ""
         frames = crash_frames(child)
         where = f" in {', '.join(frames)}" if frames else ""
         return f"{what} died from {name}{crash}{where}; nothing was written"
-    return f"{what} ended its process with status {exitcode} before reporting; nothing was written"
+    return (
+        f"{what} ended its process with status {child.exitcode} before reporting; nothing "
+        "was written"
+    )

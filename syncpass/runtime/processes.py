@@ -101,7 +101,7 @@ _crash_log_file: list[object] = []
 
 def log_crashes() -> None:
     """In a started process: on a fatal signal, write its threads' Python stacks to
-    :func:`crash_log` of its pid, which :func:`crash_report` reads for the error."""
+    :func:`crash_log` of its pid, which :func:`crash_frames` reads for the error."""
     handle = crash_log(os.getpid()).open("w")
     _crash_log_file.append(handle)
     faulthandler.enable(handle)
@@ -111,15 +111,16 @@ def log_crashes() -> None:
 CRASH_FRAMES = 4
 
 
-def exit_signal(process: BaseProcess) -> str:
-    """The signal that ended ``process``, for an error (``" (SIGSEGV)"``), or ``""``."""
+def exit_signal(process: BaseProcess) -> str | None:
+    """The name of the signal that ended ``process`` (``"SIGSEGV"``, ``"signal 77"`` for
+    one Python does not name), or ``None`` when it exited with a status of its own."""
     code = process.exitcode
     if code is None or code >= 0:
-        return ""
+        return None
     try:
-        return f" ({signal.Signals(-code).name})"
+        return signal.Signals(-code).name
     except ValueError:
-        return ""
+        return f"signal {-code}"
 
 
 def crash_frames(process: BaseProcess) -> tuple[str, ...]:

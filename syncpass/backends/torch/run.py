@@ -294,9 +294,10 @@ def _note_silent_deaths(
             if frames
             else " (its own error output, if any, is above)"
         )
+        name = exit_signal(process)
         failures[rank] = WorkerFailed(
             rank,
-            f"the process exited with status {process.exitcode}{exit_signal(process)} "
+            f"the process exited with status {process.exitcode}{f' ({name})' if name else ''} "
             f"before reporting{where}",
         )
 
